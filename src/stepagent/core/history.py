@@ -1,0 +1,357 @@
+"""``HistoryManager``: one thread's in-memory history and everything its next commit will persist.
+
+What it guarantees:
+
+- **Buffer discipline.** Streamed assistant content lives in a turn buffer and reaches history only
+  through :meth:`flush_turn` / :meth:`flush_turn_trimming_reasoning`; appending to history or syncing while
+  the buffer holds content raises :class:`~stepagent.errors.InvariantViolation`.
+- **Tail matching.** A tool result is accepted only as the answer to the trailing, unanswered tool call.
+  Anything else appended after an unanswered call first injects ``Tool call interrupted by user``.
+- **Dedup.** An input whose logical message id was already folded in is ignored; a result for an
+  already-answered call is absorbed (its id recorded so a redelivery is cheap).
+- **Atomic sync.** :meth:`sync` persists new rows, processed ids, answered calls, dispatch intents,
+  subscription, deferral and metadata changes as one :class:`~stepagent.stores.base.Commit`, conditioned
+  on the head version the manager loaded (a concurrent writer makes it fail, never interleave).
+- **Order bookkeeping.** Every item carries its own-log order (``None`` for inherited items), so spawn
+  points and compaction splits are computed from orders, not index arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepagent.errors import InvariantViolation
+from stepagent.history_items import (
+    AssistantText,
+    EventItem,
+    HistoryItem,
+    Reasoning,
+    Summary,
+    ToolCallItem,
+    ToolResultItem,
+    answered_call_id,
+)
+from stepagent.messages import ToolResult
+from stepagent.stores.base import (
+    Commit,
+    ConversationStore,
+    DeferredInput,
+    DispatchIntent,
+    StateStore,
+    ThreadInfo,
+    ancestor_chain,
+    load_history_with_ancestors,
+)
+
+INTERRUPTED_TEXT = "Tool call interrupted by user"
+
+
+@dataclass(slots=True)
+class _PendingCommit:
+    rows: list[tuple[HistoryItem, str]] = field(default_factory=list)
+    processed: list[str] = field(default_factory=list)
+    answered: list[str] = field(default_factory=list)
+    intents: list[DispatchIntent] = field(default_factory=list)
+    subscriptions_added: list[str] = field(default_factory=list)
+    subscriptions_removed: list[str] = field(default_factory=list)
+    deferred_added: list[DeferredInput] = field(default_factory=list)
+    deferred_removed: list[str] = field(default_factory=list)
+    metadata: tuple[str, Any] | None = None
+
+    def to_commit(self, expected_version: int) -> Commit:
+        return Commit(
+            expected_version=expected_version,
+            rows=list(self.rows),
+            processed_message_ids=list(dict.fromkeys(self.processed)),
+            answered_tool_calls=list(dict.fromkeys(self.answered)),
+            intents_added=list(self.intents),
+            subscriptions_added=list(self.subscriptions_added),
+            subscriptions_removed=list(self.subscriptions_removed),
+            deferred_added=list(self.deferred_added),
+            deferred_removed=list(self.deferred_removed),
+            metadata=self.metadata,
+        )
+
+
+class HistoryManager:
+    """The history of one thread for one step (step mode) or one driver lifetime (local mode)."""
+
+    def __init__(
+        self,
+        conversation: ConversationStore,
+        state: StateStore,
+        thread_id: str,
+        *,
+        info: ThreadInfo | None,
+        ancestors: list[str],
+        items: list[HistoryItem],
+        orders: list[int | None],
+        compacted_up_to: int | None,
+        ancestor_prefix_len: int,
+        metadata: Any,
+    ) -> None:
+        self.conversation = conversation
+        self.state = state
+        self.thread_id = thread_id
+        self.info = info
+        self.ancestors = ancestors
+        self.root_thread_id = ancestors[0] if ancestors else thread_id
+        self.history = items
+        self._orders = orders
+        self.compacted_up_to = compacted_up_to
+        self.ancestor_prefix_len = ancestor_prefix_len
+        self._metadata = metadata
+        self.version = info.version if info else 0
+        self._next_order = (info.tail if info else 0) + 1
+        self._pending = _PendingCommit()
+        self._turn: list[tuple[HistoryItem, str]] = []
+        self._interrupted: list[str] = []
+        self._processed: dict[str, bool] = {}
+        self._answered: set[str] = {cid for item in items if (cid := answered_call_id(item)) is not None}
+        self.rows_read = 0
+
+    # ---- construction ---------------------------------------------------------------------------------
+
+    @classmethod
+    async def load(cls, conversation: ConversationStore, state: StateStore, thread_id: str) -> HistoryManager:
+        """Rebuild the thread from the stores. An unknown thread loads empty and creates no record."""
+        info = await conversation.get_thread(thread_id)
+        chain = await ancestor_chain(conversation, thread_id) if info and info.parent_id else []
+        loaded = await load_history_with_ancestors(conversation, thread_id, chain)
+        ancestors = [link.thread_id for link in chain]
+        root = ancestors[0] if ancestors else thread_id
+        manager = cls(
+            conversation,
+            state,
+            thread_id,
+            info=info,
+            ancestors=ancestors,
+            items=loaded.items,
+            orders=loaded.orders,
+            compacted_up_to=loaded.compacted_up_to,
+            ancestor_prefix_len=loaded.ancestor_prefix_len,
+            metadata=await state.get_metadata(root),
+        )
+        manager.rows_read = loaded.rows_read
+        return manager
+
+    # ---- dedup lookups ----------------------------------------------------------------------------------
+
+    async def prefetch(self, message_ids: Iterable[str] = (), tool_call_ids: Iterable[str] = ()) -> None:
+        """Resolve dedup questions for a whole batch in at most two store reads."""
+        wanted = [m for m in dict.fromkeys(message_ids) if m not in self._processed]
+        if wanted:
+            done = await self.state.filter_processed(self.thread_id, wanted)
+            self._processed.update({m: m in done for m in wanted})
+        calls = list(dict.fromkeys(tool_call_ids))
+        tail = self.pending_tool_call()
+        if tail is not None:
+            calls.append(tail.id)
+        calls = [c for c in calls if c not in self._answered]
+        if calls:
+            self._answered.update(await self.state.filter_answered(self.thread_id, calls))
+
+    async def is_processed(self, message_id: str) -> bool:
+        if message_id not in self._processed:
+            await self.prefetch([message_id])
+        return self._processed[message_id]
+
+    def is_answered(self, tool_call_id: str) -> bool:
+        return tool_call_id in self._answered
+
+    # ---- folding inputs ---------------------------------------------------------------------------------
+
+    async def handle_content(self, item: HistoryItem, message_id: str) -> bool:
+        """Fold one input-derived item into history; ``False`` when it was a duplicate or did not apply.
+
+        Results for an answered call are absorbed (their message id recorded as processed). A result
+        that does not answer the trailing call is ignored without being recorded, so a later redelivery
+        is evaluated afresh."""
+        if await self.is_processed(message_id):
+            return False
+        if isinstance(item, ToolResultItem) or (isinstance(item, EventItem) and item.invocation is None):
+            result_id = item.result.id
+            if result_id not in self._answered:
+                await self.prefetch(tool_call_ids=[result_id])
+            if result_id in self._answered:
+                self.record_processed(message_id)
+                return False
+            tail = self.pending_tool_call()
+            if tail is None or tail.id != result_id:
+                return False
+        else:
+            self._interrupt_pending_tool_call()
+        self._append(item, message_id)
+        self.record_processed(message_id)
+        return True
+
+    def record_processed(self, message_id: str) -> None:
+        """Mark an input as folded in: it will be committed with the next sync."""
+        if not self._processed.get(message_id):
+            self._processed[message_id] = True
+            self._pending.processed.append(message_id)
+
+    def append_generated(self, item: HistoryItem, message_id: str) -> None:
+        """Append a runtime-generated item (sync-tool or unknown-tool result, interruption)."""
+        self._append(item, message_id)
+
+    def pending_tool_call(self) -> ToolCallItem | None:
+        """The trailing tool call if it is still unanswered."""
+        if self.history and isinstance(last := self.history[-1], ToolCallItem):
+            if last.call.id not in self._answered:
+                return last
+        return None
+
+    def _interrupt_pending_tool_call(self) -> None:
+        pending = self.pending_tool_call()
+        if pending is None:
+            return
+        call = pending.call
+        self._interrupted.append(call.id)
+        result = ToolResult.text(call.id, INTERRUPTED_TEXT, call_id=call.call_id)
+        self._append(ToolResultItem(result=result), f"{call.id}-interrupted")
+
+    def _append(self, item: HistoryItem, message_id: str) -> None:
+        if self._turn:
+            raise InvariantViolation("bug: history append while the turn buffer holds un-flushed content")
+        self.history.append(item)
+        self._orders.append(self._next_order)
+        self._next_order += 1
+        self._pending.rows.append((item, message_id))
+        answered = answered_call_id(item)
+        if answered is not None:
+            self._answered.add(answered)
+            self._pending.answered.append(answered)
+
+    # ---- the turn buffer --------------------------------------------------------------------------------
+
+    def handle_completion(self, item: HistoryItem, completion_id: str) -> None:
+        """Buffer one streamed assistant item. Consecutive text coalesces into the first chunk's item."""
+        if not isinstance(item, AssistantText | Reasoning | ToolCallItem):
+            raise InvariantViolation(f"bug: {type(item).__name__} is not assistant output")
+        if isinstance(item, AssistantText) and self._turn and isinstance(self._turn[-1][0], AssistantText):
+            previous, first_id = self._turn[-1]
+            assert isinstance(previous, AssistantText)
+            self._turn[-1] = (AssistantText(previous.text + item.text), first_id)
+            return
+        self._turn.append((item, completion_id))
+
+    def flush_turn(self) -> None:
+        turn, self._turn = self._turn, []
+        for item, message_id in turn:
+            self._append(item, message_id)
+
+    def flush_turn_trimming_reasoning(self) -> None:
+        """Flush, minus trailing reasoning and blank text: a committed turn never ends on reasoning."""
+        while self._turn and (
+            isinstance(self._turn[-1][0], Reasoning)
+            or (isinstance(last := self._turn[-1][0], AssistantText) and not last.text.strip())
+        ):
+            self._turn.pop()
+        self.flush_turn()
+
+    def discard_turn(self) -> None:
+        self._turn.clear()
+
+    @property
+    def turn_buffer_is_empty(self) -> bool:
+        return not self._turn
+
+    def current_turn_view(self) -> list[HistoryItem]:
+        """Committed history followed by the buffered partial turn (for replay to a client mid-stream)."""
+        return [*self.history, *(item for item, _ in self._turn)]
+
+    # ---- other pending changes ---------------------------------------------------------------------------
+
+    def add_intent(self, intent: DispatchIntent) -> None:
+        self._pending.intents.append(intent)
+
+    def track_subscription(self, tool_call_id: str) -> None:
+        self._pending.subscriptions_added.append(tool_call_id)
+
+    def remove_subscription(self, tool_call_id: str) -> None:
+        self._pending.subscriptions_removed.append(tool_call_id)
+
+    def defer(self, deferred: DeferredInput) -> None:
+        self._pending.deferred_added.append(deferred)
+
+    def undefer(self, message_id: str) -> None:
+        self._pending.deferred_removed.append(message_id)
+
+    def update_metadata(self, metadata: Any) -> None:
+        self._metadata = metadata
+        self._pending.metadata = (self.root_thread_id, metadata)
+
+    @property
+    def metadata(self) -> Any:
+        return self._metadata
+
+    @property
+    def has_uncommitted_changes(self) -> bool:
+        return not self._pending.to_commit(self.version).is_empty()
+
+    # ---- commit -----------------------------------------------------------------------------------------
+
+    async def sync(self) -> bool:
+        """Commit everything pending in one atomic, version-checked write. ``False`` if nothing was pending."""
+        if self._turn:
+            raise InvariantViolation("bug: sync() called with un-flushed turn buffer content")
+        commit = self._pending.to_commit(self.version)
+        if commit.is_empty():
+            return False
+        self.info = await self.conversation.commit(self.thread_id, commit)
+        self.version = self.info.version
+        self._pending = _PendingCommit()
+        return True
+
+    # ---- thread tree and compaction -------------------------------------------------------------------------
+
+    @property
+    def thread_stack(self) -> list[str]:
+        """Root first, ending with this thread."""
+        return [*self.ancestors, self.thread_id]
+
+    def take_interrupted_tool_calls(self) -> list[str]:
+        interrupted, self._interrupted = self._interrupted, []
+        return interrupted
+
+    def safe_spawn_point(self) -> int:
+        """The own-log order a child may inherit up to: everything except a trailing run of unanswered
+        tool calls. Inherited items count as 0; an own summary counts as the order it covers."""
+        for item, order in zip(reversed(self.history), reversed(self._orders), strict=True):
+            if isinstance(item, ToolCallItem) and item.call.id not in self._answered:
+                continue
+            return order or 0
+        return 0
+
+    async def apply_compaction(self) -> bool:
+        """Replace what the latest own summary covers by the summary. ``False`` if there is none or it
+        covers rows this manager has not seen."""
+        summary = await self.conversation.latest_summary(self.thread_id)
+        if summary is None:
+            return False
+        known = max((o for o in self._orders if o is not None), default=0)
+        if summary.up_to_order > max(known, self.compacted_up_to or 0):
+            return False
+        kept = [
+            (item, order)
+            for item, order in zip(self.history, self._orders, strict=True)
+            if order is not None and order > summary.up_to_order and not isinstance(item, Summary)
+        ]
+        self.history = [summary, *(item for item, _ in kept)]
+        self._orders = [summary.up_to_order, *(order for _, order in kept)]
+        self.compacted_up_to = summary.up_to_order
+        self.ancestor_prefix_len = 0
+        return True
+
+    def find_tool_call(self, tool_call_id: str) -> ToolCallItem | None:
+        """The first tool call with this id in the visible history (inherited prefix included)."""
+        for item in self.history:
+            if isinstance(item, ToolCallItem) and item.call.id == tool_call_id:
+                return item
+        return None
+
+    def own_items(self) -> Sequence[tuple[int | None, HistoryItem]]:
+        return list(zip(self._orders, self.history, strict=True))

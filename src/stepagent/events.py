@@ -1,0 +1,154 @@
+"""Observer events: what a step tells the outside world while and after it runs.
+
+Ordering contract (per step): input echoes and choice/OAuth/compaction events in input order →
+``UserChoiceDismissed`` for interrupted calls → ``CompletionStarted`` → stream events → ``TurnCommitted``
+(the rows this step made durable, with their orders) → ``CompletionFinished`` → dispatch errors as
+``Info``. ``TurnCommitted`` and ``CompletionFinished`` are emitted only after the commit succeeded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from stepagent.messages import UserChoiceRequired
+from stepagent.providers.base import Usage
+from stepagent.stores.base import StoredRow
+
+
+@dataclass(frozen=True, slots=True)
+class UserInput:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultReceived:
+    segments: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionEventReceived:
+    name: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class OAuthRequiredEvent:
+    auth_url: str
+    tool_call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionApplied:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionStarted:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunk:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingStarted:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingChunk:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkingEnded:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStarted:
+    name: str
+    arguments: dict[str, Any]
+    tool_call_id: str
+    display_as: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCommitted:
+    """Rows made durable by this step's commit(s), in order."""
+
+    rows: list[StoredRow]
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionFinished:
+    usage: Usage | None = None
+    context_window: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class UserChoiceRequiredEvent:
+    choice: UserChoiceRequired
+
+
+@dataclass(frozen=True, slots=True)
+class UserChoiceDismissed:
+    choice_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Info:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailed:
+    """The step failed with a (transient) error; the input will be retried."""
+
+    message: str
+    retrying: bool
+
+
+AgentEvent = (
+    UserInput
+    | ToolResultReceived
+    | SubscriptionEventReceived
+    | OAuthRequiredEvent
+    | CompactionApplied
+    | CompletionStarted
+    | TextChunk
+    | ThinkingStarted
+    | ThinkingChunk
+    | ThinkingEnded
+    | ToolCallStarted
+    | TurnCommitted
+    | CompletionFinished
+    | UserChoiceRequiredEvent
+    | UserChoiceDismissed
+    | Info
+    | StepFailed
+)
+
+
+class Observer(Protocol):
+    def on_event(self, thread_id: str, event: AgentEvent) -> None: ...
+
+
+@dataclass(slots=True)
+class EventCollector:
+    """An observer that records ``(thread_id, event)`` pairs."""
+
+    events: list[tuple[str, AgentEvent]] = field(default_factory=list)
+
+    def on_event(self, thread_id: str, event: AgentEvent) -> None:
+        self.events.append((thread_id, event))
+
+    def take(self) -> list[tuple[str, AgentEvent]]:
+        events, self.events = self.events, []
+        return events
+
+    def of(self, thread_id: str) -> list[AgentEvent]:
+        return [event for tid, event in self.events if tid == thread_id]

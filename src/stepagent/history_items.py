@@ -1,0 +1,207 @@
+"""Stored history items — one content block each — and their versioned codec.
+
+A model turn "text + tool call" is two items. Kinds (the reference's ``kind`` tag):
+
+- ``user``               one user content block (text, image, media); never a tool result
+- ``assistant``          one assistant block: text (:class:`AssistantText`) or signed reasoning (:class:`Reasoning`)
+- ``tool_call``          one tool call, with an optional display string
+- ``tool_result``        one tool result, with optional display segments
+- ``subscription_event`` an inline synthetic event: the ``receive_event__injected`` call and its result,
+                         attributed to the original call ``tool_call_id``
+
+:class:`Summary` is never stored as a row: the loader materialises a compaction summary as the first item.
+
+Codec: :func:`encode_item` writes ``{"v": 1, "kind": ..., ...}`` in the reference's JSON shapes;
+:func:`decode_item` reads version 1 and unversioned reference rows, and rejects anything else loudly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from stepagent.errors import InvariantViolation
+from stepagent.messages import (
+    ImageContent,
+    MediaContent,
+    TextContent,
+    ToolCall,
+    ToolResult,
+    UserContent,
+)
+
+CODEC_VERSION = 1
+SUMMARY_PREFIX = "[Compacted conversation summary]\n"
+INJECTED_TOOL_NAME = "receive_event__injected"
+
+
+@dataclass(frozen=True, slots=True)
+class UserItem:
+    content: TextContent | ImageContent | MediaContent
+
+    @property
+    def text(self) -> str | None:
+        return self.content.text if isinstance(self.content, TextContent) else None
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantText:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    """A complete reasoning block. ``signature`` is what providers require to accept it back;
+    ``redacted`` holds an encrypted block's opaque data (then ``text`` is empty)."""
+
+    text: str
+    signature: str | None = None
+    redacted: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallItem:
+    call: ToolCall
+    display_as: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResultItem:
+    result: ToolResult
+    display_segments: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventItem:
+    """An inline synthetic event: ``invocation`` (a ``receive_event__injected`` call) answered by ``result``.
+
+    ``tool_call_id`` is the original subscribe/spawn call the event belongs to."""
+
+    result: ToolResult
+    tool_call_id: str
+    child_thread_id: str | None = None
+    invocation: ToolCall | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A compaction summary covering the owning thread's orders ``1..up_to_order`` (and what it inherited)."""
+
+    text: str
+    up_to_order: int
+
+    @property
+    def rendered(self) -> str:
+        return SUMMARY_PREFIX + self.text
+
+
+HistoryItem = UserItem | AssistantText | Reasoning | ToolCallItem | ToolResultItem | EventItem | Summary
+
+
+def answered_call_id(item: HistoryItem) -> str | None:
+    """The tool call id an item answers (results and self-contained events), else ``None``."""
+    if isinstance(item, ToolResultItem | EventItem):
+        return item.result.id
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Codec
+
+_USER_CONTENT: TypeAdapter[TextContent | ImageContent | MediaContent] = TypeAdapter(UserContent)
+_TOOL_CALL: TypeAdapter[ToolCall] = TypeAdapter(ToolCall)
+_TOOL_RESULT: TypeAdapter[ToolResult] = TypeAdapter(ToolResult)
+
+
+def item_to_dict(item: HistoryItem) -> dict[str, Any]:
+    """The item as a JSON-ready dict in the reference's shape plus ``"v"``."""
+    out: dict[str, Any] = {"v": CODEC_VERSION}
+    match item:
+        case UserItem(content=content):
+            out.update(kind="user", content=content.model_dump())
+        case AssistantText(text=text):
+            out.update(kind="assistant", content={"text": text})
+        case Reasoning(text=text, signature=signature, redacted=redacted):
+            block: dict[str, Any] = {"reasoning": [text] if text else [], "signature": signature}
+            if redacted is not None:
+                block["redacted"] = redacted
+            out.update(kind="assistant", content=block)
+        case ToolCallItem(call=call, display_as=display_as):
+            out.update(kind="tool_call", call=call.model_dump())
+            if display_as is not None:
+                out["display_as"] = display_as
+        case ToolResultItem(result=result, display_segments=segments):
+            out.update(kind="tool_result", result=result.model_dump())
+            if segments is not None:
+                out["display_segments"] = segments
+        case EventItem(result=result, tool_call_id=original, child_thread_id=child, invocation=invocation):
+            out.update(kind="subscription_event", result=result.model_dump(), tool_call_id=original)
+            if child is not None:
+                out["child_thread_id"] = child
+            if invocation is not None:
+                out["invocation"] = invocation.model_dump()
+        case Summary():
+            raise InvariantViolation("a compaction summary is stored as a summary, never as a history row")
+    return out
+
+
+def encode_item(item: HistoryItem) -> str:
+    """Deterministic compact JSON for storage (same item → same bytes)."""
+    return json.dumps(item_to_dict(item), ensure_ascii=False, separators=(",", ":"), sort_keys=False)
+
+
+class CorruptRowError(InvariantViolation):
+    """A stored row that this version cannot read. Never skipped silently."""
+
+
+def item_from_dict(raw: dict[str, Any]) -> HistoryItem:
+    version = raw.get("v", 0)
+    if version not in (0, CODEC_VERSION):
+        raise CorruptRowError(f"history row has codec version {version!r}; this build reads up to {CODEC_VERSION}")
+    kind = raw.get("kind")
+    try:
+        if kind == "user":
+            return UserItem(content=_USER_CONTENT.validate_python(raw["content"]))
+        if kind == "assistant":
+            content = raw["content"]
+            if "text" in content:
+                return AssistantText(text=str(content["text"]))
+            if "reasoning" in content or "redacted" in content:
+                parts = content.get("reasoning") or []
+                return Reasoning(
+                    text="".join(str(p) for p in parts),
+                    signature=content.get("signature"),
+                    redacted=content.get("redacted"),
+                )
+            raise CorruptRowError(f"assistant row with unknown content keys {sorted(content)}")
+        if kind == "tool_call":
+            return ToolCallItem(call=_TOOL_CALL.validate_python(raw["call"]), display_as=raw.get("display_as"))
+        if kind == "tool_result":
+            return ToolResultItem(
+                result=_TOOL_RESULT.validate_python(raw["result"]),
+                display_segments=raw.get("display_segments"),
+            )
+        if kind == "subscription_event":
+            invocation = raw.get("invocation")
+            return EventItem(
+                result=_TOOL_RESULT.validate_python(raw["result"]),
+                tool_call_id=str(raw["tool_call_id"]),
+                child_thread_id=raw.get("child_thread_id"),
+                invocation=_TOOL_CALL.validate_python(invocation) if invocation is not None else None,
+            )
+    except (KeyError, TypeError, ValidationError) as exc:
+        raise CorruptRowError(f"unreadable {kind} history row: {exc}") from None
+    raise CorruptRowError(f"history row has unknown kind {kind!r}")
+
+
+def decode_item(data: str | bytes) -> HistoryItem:
+    try:
+        raw = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise CorruptRowError(f"history row is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise CorruptRowError("history row is not a JSON object")
+    return item_from_dict(raw)

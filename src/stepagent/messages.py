@@ -1,0 +1,354 @@
+"""The wire model: ``InputMessage``, its content kinds and synthetic kinds.
+
+Every input to a thread is one ``InputMessage`` (the SQS body). The JSON is compatible with the reference
+runtime in both directions: its own examples parse, and what we emit parses there. Content is tagged by
+``type`` (``text``, ``image``, ``audio``, ``video``, ``document``, ``toolresult``, ``oauth_required``,
+``user_choice_required``); ``synthetic`` is a tagged object or the legacy bare string (a non-associative
+subscription event). The optional ``id`` is our extension: the logical message id used for dedup.
+
+:func:`parse_input_message` is the only entry point for untrusted bodies; it raises
+:class:`~stepagent.errors.MalformedMessageError` naming the field and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from stepagent.errors import MalformedMessageError
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Content blocks (inside tool results, and user content)
+
+
+class TextBlock(_Model):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImageBlock(_Model):
+    """A base64 image. Accepts ``data`` as a string or rig's ``{"type":"base64","value":...}`` object,
+    and ``media_type`` or RAP's camelCase ``mediaType``."""
+
+    type: Literal["image"] = "image"
+    data: str
+    media_type: str | None = Field(default=None, alias="media_type")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalise(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            raw = dict(raw)
+            data = raw.get("data")
+            if isinstance(data, dict) and "value" in data:
+                raw["data"] = data["value"]
+            if "media_type" not in raw and "mediaType" in raw:
+                raw["media_type"] = raw.pop("mediaType")
+        return raw
+
+    @model_serializer
+    def _dump(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "image", "data": self.data}
+        if self.media_type is not None:
+            out["media_type"] = self.media_type
+        return out
+
+
+ResultBlock = Annotated[TextBlock | ImageBlock, Field(discriminator="type")]
+
+
+class ToolResult(_Model):
+    """A tool call's answer: ``id`` matches the call's ``id``; ``call_id`` is the provider's secondary id."""
+
+    type: Literal["toolresult"] = "toolresult"
+    id: str
+    call_id: str | None = None
+    content: list[ResultBlock] = Field(min_length=1)
+
+    @model_serializer
+    def _dump(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "toolresult", "id": self.id}
+        if self.call_id is not None:
+            out["call_id"] = self.call_id
+        out["content"] = [block.model_dump() for block in self.content]
+        return out
+
+    @classmethod
+    def text(cls, tool_call_id: str, text: str, call_id: str | None = None) -> ToolResult:
+        return cls(id=tool_call_id, call_id=call_id, content=[TextBlock(text=text)])
+
+    def first_text(self) -> str | None:
+        first = self.content[0]
+        return first.text if isinstance(first, TextBlock) else None
+
+    def joined_text(self) -> str:
+        return "\n".join(b.text for b in self.content if isinstance(b, TextBlock))
+
+    def with_id(self, new_id: str, call_id: str | None = None) -> ToolResult:
+        return ToolResult(id=new_id, call_id=call_id, content=list(self.content))
+
+
+class ToolCall(_Model):
+    """A model's tool call. Serialised in the reference's rig shape (``function.name/arguments``)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    call_id: str | None = None
+    signature: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_rig(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and "function" in raw:
+            function = raw["function"] or {}
+            raw = {k: v for k, v in raw.items() if k != "function"}
+            raw["name"] = function.get("name")
+            raw["arguments"] = function.get("arguments", {})
+        return raw
+
+    @model_serializer
+    def _dump(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "call_id": self.call_id,
+            "function": {"name": self.name, "arguments": self.arguments},
+            "signature": self.signature,
+            "additional_params": None,
+        }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# User content kinds
+
+
+class TextContent(_Model):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ImageContent(ImageBlock):
+    pass
+
+
+class MediaContent(_Model):
+    """Audio, video or document user content: stored as given, never interpreted by the runtime."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    type: Literal["audio", "video", "document"]
+
+
+class OAuthRequired(_Model):
+    """A tool needs the user to authorise at ``auth_url``. Never enters history."""
+
+    type: Literal["oauth_required"] = "oauth_required"
+    id: str
+    call_id: str | None = None
+    auth_url: str
+
+
+class UserChoiceRequired(_Model):
+    """A tool asks the user to pick one of ``choices``; the answer is POSTed to ``response_url``."""
+
+    type: Literal["user_choice_required"] = "user_choice_required"
+    id: str
+    call_id: str | None = None
+    prompt: str
+    choices: list[str] = Field(min_length=1)
+    default: int = 0
+    response_url: str
+
+    @model_validator(mode="after")
+    def _default_in_range(self) -> UserChoiceRequired:
+        if not 0 <= self.default < len(self.choices):
+            raise ValueError(f"default {self.default} is not a valid index into {len(self.choices)} choices")
+        return self
+
+
+UserContent = Annotated[TextContent | ImageContent | MediaContent, Field(discriminator="type")]
+Content = Annotated[
+    TextContent | ImageContent | MediaContent | ToolResult | OAuthRequired | UserChoiceRequired,
+    Field(discriminator="type"),
+]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Synthetic kinds
+
+
+class SubscriptionEvent(_Model):
+    type: Literal["subscription_event"] = "subscription_event"
+    tool_call_id: str
+    associative: bool = False
+    final: bool = False
+
+
+class ThreadReport(_Model):
+    type: Literal["thread_report"] = "thread_report"
+    tool_call_id: str
+    child_thread_id: str
+
+
+class ParentMessage(_Model):
+    type: Literal["parent_message"] = "parent_message"
+    tool_call_id: str
+
+
+class Compaction(_Model):
+    type: Literal["compaction"] = "compaction"
+
+
+class CompactionComplete(_Model):
+    type: Literal["compaction_complete"] = "compaction_complete"
+
+
+Synthetic = Annotated[
+    SubscriptionEvent | ThreadReport | ParentMessage | Compaction | CompactionComplete,
+    Field(discriminator="type"),
+]
+
+#: Synthetic kinds injected into the receiving thread as a ``receive_event__injected`` call/result pair.
+INLINE_SYNTHETIC = (ThreadReport, ParentMessage)
+
+
+def is_inline_synthetic(synthetic: object) -> bool:
+    """Thread reports, parent messages and associative subscription events are inlined."""
+    if isinstance(synthetic, INLINE_SYNTHETIC):
+        return True
+    return isinstance(synthetic, SubscriptionEvent) and synthetic.associative
+
+
+def is_deferrable_synthetic(synthetic: object) -> bool:
+    """Events that wait for a pending non-passive tool call instead of interrupting it."""
+    return isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The message
+
+
+class InputMessage(_Model):
+    """One input to one thread (``group_id``)."""
+
+    content: Content
+    group_id: str = Field(min_length=1)
+    metadata: Any = None
+    synthetic: Synthetic | None = None
+    display_as: list[dict[str, Any]] | None = None
+    subscription: bool = False
+    id: str | None = Field(default=None, min_length=1)
+
+    @field_validator("synthetic", mode="before")
+    @classmethod
+    def _legacy_synthetic(cls, raw: Any) -> Any:
+        # The reference's legacy form: a bare string is a non-associative subscription event.
+        if isinstance(raw, str):
+            return {"type": "subscription_event", "tool_call_id": raw}
+        return raw
+
+    @field_validator("display_as")
+    @classmethod
+    def _segments_are_typed(cls, segments: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for index, segment in enumerate(segments or []):
+            if not isinstance(segment.get("type"), str):
+                raise ValueError(f"segment {index} needs a string 'type'")
+        return segments
+
+    @model_validator(mode="after")
+    def _synthetic_shape(self) -> InputMessage:
+        if isinstance(self.synthetic, SubscriptionEvent | ThreadReport | ParentMessage) and not isinstance(
+            self.content, ToolResult
+        ):
+            raise ValueError(f"a synthetic {self.synthetic.type} message must carry a toolresult content")
+        return self
+
+    @model_serializer
+    def _dump(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "content": self.content.model_dump(),
+            "group_id": self.group_id,
+            "metadata": self.metadata,
+            "synthetic": self.synthetic.model_dump() if self.synthetic is not None else None,
+            "display_as": self.display_as,
+            "subscription": self.subscription,
+        }
+        if self.id is not None:
+            out["id"] = self.id
+        return out
+
+    # ---- constructors ----------------------------------------------------------------------------------
+
+    @classmethod
+    def user_text(cls, group_id: str, text: str, *, id: str | None = None, metadata: Any = None) -> InputMessage:
+        return cls(content=TextContent(text=text), group_id=group_id, id=id, metadata=metadata)
+
+    @classmethod
+    def tool_result(
+        cls, group_id: str, result: ToolResult, *, synthetic: Any = None, subscription: bool = False
+    ) -> InputMessage:
+        return cls(content=result, group_id=group_id, synthetic=synthetic, subscription=subscription)
+
+    # ---- predicates ------------------------------------------------------------------------------------
+
+    @property
+    def is_user_text(self) -> bool:
+        return self.synthetic is None and isinstance(self.content, TextContent)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(), ensure_ascii=False, separators=(",", ":"))
+
+
+_INPUT_ADAPTER: TypeAdapter[InputMessage] = TypeAdapter(InputMessage)
+
+
+_UNION_TAGS = frozenset(
+    {"text", "image", "audio", "video", "document", "toolresult", "oauth_required", "user_choice_required",
+     "subscription_event", "thread_report", "parent_message", "compaction", "compaction_complete"}
+)
+
+
+def _describe(error: ValidationError) -> tuple[str, str]:
+    """The first error as (dotted field path, reason), without pydantic's union-tag path segments."""
+    first = error.errors()[0]
+    parts: list[str] = []
+    previous: object = None
+    for part in first["loc"]:
+        is_tag = isinstance(part, str) and (part in _UNION_TAGS or part.startswith("function-"))
+        if not (is_tag and (previous in ("content", "synthetic") or isinstance(previous, int))):
+            parts.append(str(part))
+        previous = part
+    return ".".join(parts) or "(message)", str(first["msg"])
+
+
+def parse_input_message(body: str | bytes | dict[str, Any]) -> InputMessage:
+    """Parse an untrusted message body; raise ``MalformedMessageError`` naming the field and the reason."""
+    if isinstance(body, bytes | str):
+        try:
+            raw = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise MalformedMessageError(f"message body is not valid JSON: {exc}") from None
+    else:
+        raw = body
+    if not isinstance(raw, dict):
+        raise MalformedMessageError(f"message body must be a JSON object, got {type(raw).__name__}")
+    try:
+        return _INPUT_ADAPTER.validate_python(raw)
+    except ValidationError as exc:
+        field, reason = _describe(exc)
+        raise MalformedMessageError(f"invalid input message: {field}: {reason}", field=field) from None

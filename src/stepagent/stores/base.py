@@ -1,0 +1,275 @@
+"""Store ports: ``ConversationStore`` (thread tree + ordered logs + summaries + the atomic commit) and
+``StateStore`` (per-thread key/value state), plus the shared ancestor/compaction loader.
+
+Guarantees every implementation must give (the contract suite in ``tests/contract`` checks them):
+
+- A thread's log is append-only with 1-based, gap-free orders; rows become visible only through a
+  :class:`Commit`, which is atomic: rows, processed message ids, answered tool calls, dispatch intents,
+  subscription and deferral changes all land, or none do.
+- A commit is conditioned on the thread's head ``version``; if another writer committed first it raises
+  :class:`~stepagent.errors.ConcurrentWriteError` and changes nothing.
+- Dedup reads touch only the ids asked for (``filter_processed``), never a thread-sized set.
+- Compaction summaries are keyed by the order they cover; rows are never deleted by compaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from stepagent.history_items import HistoryItem, Summary
+from stepagent.messages import InputMessage, UserChoiceRequired
+
+
+class ThreadKind(StrEnum):
+    ROOT = "root"
+    CHILD = "child"
+    SUBSCRIPTION_EVENT = "subscription_event"
+    COMPACTION = "compaction"
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadInfo:
+    """A thread-tree record joined with its head (commit version and last committed order)."""
+
+    thread_id: str
+    root_id: str
+    parent_id: str | None = None
+    spawn_order: int | None = None
+    spawn_tool_call_id: str | None = None
+    kind: ThreadKind = ThreadKind.ROOT
+    closed: bool = False
+    version: int = 0
+    tail: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRow:
+    order: int
+    message_id: str
+    item: HistoryItem
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchIntent:
+    """A committed promise to dispatch one asynchronous tool call (the outbox).
+
+    The tool call id is the idempotency key: every (re-)dispatch of this intent uses it."""
+
+    tool_call_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+    call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeferredInput:
+    """An event held back while a non-passive tool call is pending; delivered after its result."""
+
+    message_id: str
+    message: InputMessage
+
+
+@dataclass(slots=True)
+class Commit:
+    """Everything one step persists, applied atomically and only if the head is still at
+    ``expected_version``. ``rows`` get orders ``tail+1, tail+2, ...``."""
+
+    expected_version: int
+    rows: Sequence[tuple[HistoryItem, str]] = ()
+    processed_message_ids: Sequence[str] = ()
+    answered_tool_calls: Sequence[str] = ()
+    intents_added: Sequence[DispatchIntent] = ()
+    subscriptions_added: Sequence[str] = ()
+    subscriptions_removed: Sequence[str] = ()
+    deferred_added: Sequence[DeferredInput] = ()
+    deferred_removed: Sequence[str] = ()
+    metadata: tuple[str, Any] | None = None  # (root thread id, new value)
+
+    def is_empty(self) -> bool:
+        return not (
+            self.rows
+            or self.processed_message_ids
+            or self.answered_tool_calls
+            or self.intents_added
+            or self.subscriptions_added
+            or self.subscriptions_removed
+            or self.deferred_added
+            or self.deferred_removed
+            or self.metadata is not None
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedHistory:
+    """What :func:`load_history_with_ancestors` returns.
+
+    ``orders[i]`` is the own-log order of ``items[i]`` (the summary's ``up_to_order`` for an own summary),
+    or ``None`` for items inherited from ancestors."""
+
+    items: list[HistoryItem]
+    orders: list[int | None]
+    compacted_up_to: int | None
+    ancestor_prefix_len: int
+    rows_read: int = 0
+
+
+class ConversationStore(Protocol):
+    """Thread tree, per-thread ordered logs, compaction summaries and the atomic step commit."""
+
+    async def get_thread(self, thread_id: str) -> ThreadInfo | None:
+        """The thread record with its head, or ``None`` for a thread that was never created."""
+        ...
+
+    async def spawn_thread(
+        self,
+        parent_id: str,
+        *,
+        child_id: str,
+        spawn_tool_call_id: str,
+        kind: ThreadKind,
+        spawn_order: int | None = None,
+    ) -> ThreadInfo:
+        """Create a child record (idempotent by ``child_id``). ``spawn_order`` defaults to the parent's tail.
+        The parent's record is created as a root first if it has none."""
+        ...
+
+    def load_rows(self, thread_id: str, after: int = 0, up_to: int | None = None) -> AsyncIterator[StoredRow]:
+        """Committed rows with ``after < order <= min(up_to, tail)``, ascending, streamed page by page."""
+        ...
+
+    async def commit(self, thread_id: str, commit: Commit) -> ThreadInfo:
+        """Apply ``commit`` atomically (creating a root record on a first commit); return the new head."""
+        ...
+
+    async def close_thread(self, thread_id: str) -> None: ...
+
+    async def save_summary(self, thread_id: str, summary: Summary) -> None:
+        """Store a compaction summary keyed by ``summary.up_to_order`` (a second save with the same
+        order replaces the first)."""
+        ...
+
+    async def latest_summary(self, thread_id: str, up_to: int | None = None) -> Summary | None:
+        """The summary with the highest ``up_to_order`` that is ``<= up_to`` (any when ``None``)."""
+        ...
+
+
+class StateStore(Protocol):
+    """Per-thread state that is not history: dedup markers, metadata, subscriptions, choices, outbox,
+    deferred events."""
+
+    async def filter_processed(self, thread_id: str, message_ids: Sequence[str]) -> set[str]:
+        """The subset of ``message_ids`` already folded into the thread."""
+        ...
+
+    async def filter_answered(self, thread_id: str, tool_call_ids: Sequence[str]) -> set[str]:
+        """The subset of ``tool_call_ids`` already answered in the thread."""
+        ...
+
+    async def mark_processed(self, thread_id: str, message_ids: Sequence[str]) -> None:
+        """Record ids outside a commit (absorbed duplicates, whose history effect is nothing)."""
+        ...
+
+    async def get_metadata(self, root_id: str) -> Any: ...
+
+    async def set_metadata(self, root_id: str, metadata: Any) -> None: ...
+
+    async def active_subscriptions(self, thread_id: str) -> set[str]: ...
+
+    async def add_subscription(self, thread_id: str, tool_call_id: str) -> None: ...
+
+    async def remove_subscription(self, thread_id: str, tool_call_id: str) -> None: ...
+
+    async def pending_choices(self, thread_id: str) -> list[UserChoiceRequired]: ...
+
+    async def add_pending_choice(self, thread_id: str, choice: UserChoiceRequired) -> None:
+        """Insert, or replace the choice with the same id."""
+        ...
+
+    async def remove_pending_choice(self, thread_id: str, choice_id: str) -> None: ...
+
+    async def open_intents(self, thread_id: str) -> list[DispatchIntent]:
+        """Committed dispatch intents not yet marked done, in commit order."""
+        ...
+
+    async def mark_intent_done(self, thread_id: str, tool_call_id: str) -> None: ...
+
+    async def deferred_inputs(self, thread_id: str) -> list[DeferredInput]:
+        """Deferred events in the order they were deferred."""
+        ...
+
+
+@dataclass(slots=True)
+class AncestorLink:
+    thread_id: str
+    cutoff: int
+
+
+async def ancestor_chain(store: ConversationStore, thread_id: str) -> list[AncestorLink]:
+    """``[(ancestor, cutoff)]`` root first, excluding ``thread_id``; each cutoff is the spawn order of the
+    thread directly below that ancestor on the path (how much of the ancestor's log the path inherits)."""
+    chain: list[AncestorLink] = []
+    info = await store.get_thread(thread_id)
+    seen = {thread_id}
+    while info is not None and info.parent_id is not None:
+        if info.parent_id in seen:
+            raise ValueError(f"thread tree has a cycle at {info.parent_id}")
+        seen.add(info.parent_id)
+        chain.append(AncestorLink(info.parent_id, info.spawn_order or 0))
+        info = await store.get_thread(info.parent_id)
+    chain.reverse()
+    return chain
+
+
+@dataclass(slots=True)
+class _Builder:
+    items: list[HistoryItem] = field(default_factory=list)
+    orders: list[int | None] = field(default_factory=list)
+    rows_read: int = 0
+
+    async def extend(
+        self, store: ConversationStore, thread_id: str, after: int, up_to: int | None, own: bool
+    ) -> None:
+        async for row in store.load_rows(thread_id, after=after, up_to=up_to):
+            self.items.append(row.item)
+            self.orders.append(row.order if own else None)
+            self.rows_read += 1
+
+
+async def load_history_with_ancestors(
+    store: ConversationStore, thread_id: str, chain: Sequence[AncestorLink] | None = None
+) -> LoadedHistory:
+    """Reconstruct the model-facing history of ``thread_id`` (reference-core §2.6):
+
+    1. the thread's own latest summary, if any, then its rows after it — ancestors are not loaded;
+    2. otherwise the closest ancestor summary that lies within what the path inherited, the rest of that
+       ancestor's inherited rows, each later ancestor's inherited rows, then the thread's own rows.
+    """
+    built = _Builder()
+    own_summary = await store.latest_summary(thread_id)
+    if own_summary is not None:
+        built.items.append(own_summary)
+        built.orders.append(own_summary.up_to_order)
+        await built.extend(store, thread_id, own_summary.up_to_order, None, own=True)
+        return LoadedHistory(built.items, built.orders, own_summary.up_to_order, 0, built.rows_read)
+
+    if chain is None:
+        chain = await ancestor_chain(store, thread_id)
+    start = 0
+    after = 0
+    for index in range(len(chain) - 1, -1, -1):
+        link = chain[index]
+        summary = await store.latest_summary(link.thread_id, up_to=link.cutoff)
+        if summary is not None:
+            built.items.append(summary)
+            built.orders.append(None)
+            start, after = index, summary.up_to_order
+            break
+    for index in range(start, len(chain)):
+        link = chain[index]
+        await built.extend(store, link.thread_id, after if index == start else 0, link.cutoff, own=False)
+    prefix = len(built.items)
+    await built.extend(store, thread_id, 0, None, own=True)
+    return LoadedHistory(built.items, built.orders, None, prefix, built.rows_read)
