@@ -90,10 +90,13 @@ class QueueError(TransientError):
 class ProviderError(StepagentError):
     """The model provider failed. ``retryable`` says whether the same request may succeed later."""
 
-    def __init__(self, message: str, *, retryable: bool, status: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool, status: int | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(message)
         self._retryable = retryable
         self.status = status
+        self.retry_after = retry_after  # seconds the provider asked us to wait (``Retry-After``)
 
     @property
     def retryable(self) -> bool:

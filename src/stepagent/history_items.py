@@ -160,7 +160,9 @@ class CorruptRowError(InvariantViolation):
 def item_from_dict(raw: dict[str, Any]) -> HistoryItem:
     version = raw.get("v", 0)
     if version not in (0, CODEC_VERSION):
-        raise CorruptRowError(f"history row has codec version {version!r}; this build reads up to {CODEC_VERSION}")
+        raise CorruptRowError(
+            f"history row has codec version {version!r}; this build reads up to {CODEC_VERSION}"
+        )
     kind = raw.get("kind")
     try:
         if kind == "user":
@@ -178,7 +180,9 @@ def item_from_dict(raw: dict[str, Any]) -> HistoryItem:
                 )
             raise CorruptRowError(f"assistant row with unknown content keys {sorted(content)}")
         if kind == "tool_call":
-            return ToolCallItem(call=_TOOL_CALL.validate_python(raw["call"]), display_as=raw.get("display_as"))
+            return ToolCallItem(
+                call=_TOOL_CALL.validate_python(raw["call"]), display_as=raw.get("display_as")
+            )
         if kind == "tool_result":
             return ToolResultItem(
                 result=_TOOL_RESULT.validate_python(raw["result"]),

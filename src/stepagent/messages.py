@@ -21,6 +21,7 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -270,13 +271,18 @@ class InputMessage(_Model):
                 raise ValueError(f"segment {index} needs a string 'type'")
         return segments
 
-    @model_validator(mode="after")
-    def _synthetic_shape(self) -> InputMessage:
-        if isinstance(self.synthetic, SubscriptionEvent | ThreadReport | ParentMessage) and not isinstance(
-            self.content, ToolResult
+    @field_validator("synthetic")
+    @classmethod
+    def _synthetic_shape(cls, synthetic: Any, info: ValidationInfo) -> Any:
+        # A field validator (``content`` is validated first) so the error names the ``synthetic`` field.
+        content = info.data.get("content")
+        if (
+            isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage)
+            and content is not None
+            and not isinstance(content, ToolResult)
         ):
-            raise ValueError(f"a synthetic {self.synthetic.type} message must carry a toolresult content")
-        return self
+            raise ValueError(f"a synthetic {synthetic.type} message must carry a toolresult content")
+        return synthetic
 
     @model_serializer
     def _dump(self) -> dict[str, Any]:
@@ -295,7 +301,9 @@ class InputMessage(_Model):
     # ---- constructors ----------------------------------------------------------------------------------
 
     @classmethod
-    def user_text(cls, group_id: str, text: str, *, id: str | None = None, metadata: Any = None) -> InputMessage:
+    def user_text(
+        cls, group_id: str, text: str, *, id: str | None = None, metadata: Any = None
+    ) -> InputMessage:
         return cls(content=TextContent(text=text), group_id=group_id, id=id, metadata=metadata)
 
     @classmethod
@@ -318,8 +326,21 @@ _INPUT_ADAPTER: TypeAdapter[InputMessage] = TypeAdapter(InputMessage)
 
 
 _UNION_TAGS = frozenset(
-    {"text", "image", "audio", "video", "document", "toolresult", "oauth_required", "user_choice_required",
-     "subscription_event", "thread_report", "parent_message", "compaction", "compaction_complete"}
+    {
+        "text",
+        "image",
+        "audio",
+        "video",
+        "document",
+        "toolresult",
+        "oauth_required",
+        "user_choice_required",
+        "subscription_event",
+        "thread_report",
+        "parent_message",
+        "compaction",
+        "compaction_complete",
+    }
 )
 
 

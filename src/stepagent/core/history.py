@@ -40,6 +40,7 @@ from stepagent.stores.base import (
     DeferredInput,
     DispatchIntent,
     StateStore,
+    StoredRow,
     ThreadInfo,
     ancestor_chain,
     load_history_with_ancestors,
@@ -111,6 +112,8 @@ class HistoryManager:
         self._processed: dict[str, bool] = {}
         self._answered: set[str] = {cid for item in items if (cid := answered_call_id(item)) is not None}
         self.rows_read = 0
+        #: Rows made durable by this manager's syncs, in order (what observers and outputs report).
+        self.committed_rows: list[StoredRow] = []
 
     # ---- construction ---------------------------------------------------------------------------------
 
@@ -148,7 +151,7 @@ class HistoryManager:
         calls = list(dict.fromkeys(tool_call_ids))
         tail = self.pending_tool_call()
         if tail is not None:
-            calls.append(tail.id)
+            calls.append(tail.call.id)
         calls = [c for c in calls if c not in self._answered]
         if calls:
             self._answered.update(await self.state.filter_answered(self.thread_id, calls))
@@ -179,7 +182,7 @@ class HistoryManager:
                 self.record_processed(message_id)
                 return False
             tail = self.pending_tool_call()
-            if tail is None or tail.id != result_id:
+            if tail is None or tail.call.id != result_id:
                 return False
         else:
             self._interrupt_pending_tool_call()
@@ -199,9 +202,9 @@ class HistoryManager:
 
     def pending_tool_call(self) -> ToolCallItem | None:
         """The trailing tool call if it is still unanswered."""
-        if self.history and isinstance(last := self.history[-1], ToolCallItem):
-            if last.call.id not in self._answered:
-                return last
+        last = self.history[-1] if self.history else None
+        if isinstance(last, ToolCallItem) and last.call.id not in self._answered:
+            return last
         return None
 
     def _interrupt_pending_tool_call(self) -> None:
@@ -289,6 +292,10 @@ class HistoryManager:
         return self._metadata
 
     @property
+    def has_pending_rows(self) -> bool:
+        return bool(self._pending.rows)
+
+    @property
     def has_uncommitted_changes(self) -> bool:
         return not self._pending.to_commit(self.version).is_empty()
 
@@ -303,6 +310,11 @@ class HistoryManager:
             return False
         self.info = await self.conversation.commit(self.thread_id, commit)
         self.version = self.info.version
+        first_order = self.info.tail - len(commit.rows) + 1
+        self.committed_rows.extend(
+            StoredRow(order=first_order + index, message_id=message_id, item=item)
+            for index, (item, message_id) in enumerate(commit.rows)
+        )
         self._pending = _PendingCommit()
         return True
 

@@ -38,6 +38,8 @@ class ModelRequest:
     history: list[HistoryItem]
     tools: list[ToolSpec]
     model: ModelInfo
+    # The requesting thread's stack, root first (the current thread last); empty when unknown.
+    thread_stack: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

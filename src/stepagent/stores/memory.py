@@ -77,7 +77,9 @@ class InMemoryConversationStore:
         threads[child_id] = child
         return child
 
-    async def load_rows(self, thread_id: str, after: int = 0, up_to: int | None = None) -> AsyncIterator[StoredRow]:
+    async def load_rows(
+        self, thread_id: str, after: int = 0, up_to: int | None = None
+    ) -> AsyncIterator[StoredRow]:
         info = self.backend.threads.get(thread_id)
         if info is None:
             return

@@ -116,6 +116,10 @@ class Toolset:
     def add(self, tool: Tool) -> None:
         if not tool.name:
             raise ConfigurationError(f"tool {tool!r} has no name")
+        if tool.name == "receive_event__injected":
+            raise ConfigurationError(
+                "the tool name 'receive_event__injected' is reserved for injected events"
+            )
         if tool.name in self.tools:
             raise ConfigurationError(f"two tools are named {tool.name!r}; tool names must be unique")
         self.tools[tool.name] = tool

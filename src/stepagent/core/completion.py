@@ -1,0 +1,270 @@
+"""The completion round loop: stream model output into the turn buffer, act on at most one tool call per
+round, loop back after synchronous tools and unknown-tool errors.
+
+Guarantees:
+
+- Retries (retryable provider errors, streams that end without ``Final``) discard the partial turn and
+  rebuild the request from committed history; they are bounded by attempts and by the caller's deadline.
+- Once a round's tool call was emitted, the rest of the stream is ignored (so the call stays the tail of
+  history) and a later stream failure ends the round instead of retrying it.
+- A synchronous tool runs only after the history holding its call — and a dispatch intent for it — is
+  committed, so a crash mid-tool is re-driven by the next step instead of wedging the thread.
+- Loop-backs are capped per step, so a model that keeps calling unknown tools cannot spin forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from stepagent.core import texts
+from stepagent.core.history import HistoryManager
+from stepagent.core.ids import completion_id
+from stepagent.errors import ProviderError, ToolError, TransientError
+from stepagent.events import (
+    AgentEvent,
+    Info,
+    TextChunk,
+    ThinkingChunk,
+    ThinkingEnded,
+    ThinkingStarted,
+    ToolCallStarted,
+    ToolResultReceived,
+)
+from stepagent.history_items import INJECTED_TOOL_NAME, AssistantText, Reasoning, ToolCallItem, ToolResultItem
+from stepagent.messages import ToolCall, ToolResult
+from stepagent.providers.base import (
+    Final,
+    ModelProvider,
+    ModelRequest,
+    ReasoningComplete,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallComplete,
+    ToolCallDelta,
+    Usage,
+)
+from stepagent.stores.base import DispatchIntent
+from stepagent.tools.base import Tool, ToolContext, Toolset
+
+MAX_ROUNDS_PER_STEP = 25
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Backoff for retryable provider failures. ``remaining`` returns the seconds the caller has left
+    (the Lambda's remaining time); a retry that would not fit is not attempted."""
+
+    max_attempts: int = 4
+    base_delay: float = 1.0
+    max_delay: float = 30.0
+    safety_margin: float = 10.0
+    remaining: Callable[[], float] | None = None
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    def delay(self, attempt: int, error: ProviderError | None) -> float:
+        if error is not None and error.retry_after is not None and error.retry_after >= 0:
+            return min(error.retry_after, self.max_delay)
+        jitter = random.uniform(0.8, 1.0)  # spreads concurrent retries apart
+        return min(self.base_delay * 2.0 ** (attempt - 1), self.max_delay) * jitter
+
+    def allows(self, attempt: int, delay: float) -> bool:
+        if attempt >= self.max_attempts:
+            return False
+        return self.remaining is None or self.remaining() - delay > self.safety_margin
+
+
+@dataclass(slots=True)
+class CompletionOutcome:
+    action: ToolCallItem | None = None
+    usage: Usage | None = None
+    error: ProviderError | None = None
+    executed_sync_calls: list[str] = field(default_factory=list)
+    cancelled: bool = False
+
+
+ContextFactory = Callable[[str, str | None], ToolContext]
+
+
+@dataclass(slots=True)
+class CompletionRunner:
+    history: HistoryManager
+    provider: ModelProvider
+    toolset: Toolset
+    system_prompt: str
+    make_context: ContextFactory
+    emit: Callable[[AgentEvent], None]
+    message_id: str
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    cancel: asyncio.Event | None = None
+    _counter: int = 0
+    _thinking: bool = False
+
+    def _request(self) -> ModelRequest:
+        return ModelRequest(
+            system=self.system_prompt,
+            history=list(self.history.history),
+            tools=self.toolset.specs(),
+            model=self.provider.info,
+            thread_stack=self.history.thread_stack,
+        )
+
+    def _next_id(self) -> str:
+        cid = completion_id(self.history.thread_id, self.message_id, self._counter)
+        self._counter += 1
+        return cid
+
+    def _end_thinking(self) -> None:
+        if self._thinking:
+            self._thinking = False
+            self.emit(ThinkingEnded())
+
+    async def run(self) -> CompletionOutcome:
+        outcome = CompletionOutcome()
+        for _ in range(MAX_ROUNDS_PER_STEP):
+            loop_back = await self._round(outcome)
+            if not loop_back or outcome.error is not None or outcome.cancelled:
+                return outcome
+        self.emit(Info(f"Stopped after {MAX_ROUNDS_PER_STEP} model rounds in one step"))
+        return outcome
+
+    async def _round(self, outcome: CompletionOutcome) -> bool:
+        """One round with retries. Returns whether another round should follow."""
+        attempt = 0
+        while True:
+            attempt += 1
+            state = _RoundState()
+            try:
+                finished = await self._stream(state, outcome)
+            except ProviderError as error:
+                self._end_thinking()
+                if state.emitted_call:
+                    return state.loop_back  # the call is committed as the tail: finish, never retry
+                if not error.retryable:
+                    self.history.flush_turn_trimming_reasoning()
+                    outcome.error = error
+                    return False
+                if await self._backoff(attempt, error, f"Stream error ({error}), retrying..."):
+                    continue
+                self.history.discard_turn()
+                raise
+            if finished or state.emitted_call or outcome.cancelled:
+                return state.loop_back
+            # The stream ended without Final and before any tool call: the turn is incomplete.
+            if await self._backoff(attempt, None, "Stream error (unexpected end), retrying..."):
+                continue
+            self.history.discard_turn()
+            raise ProviderError("the model stream kept ending before it finished", retryable=True)
+
+    async def _backoff(self, attempt: int, error: ProviderError | None, message: str) -> bool:
+        delay = self.retry.delay(attempt, error)
+        if not self.retry.allows(attempt, delay):
+            return False
+        self.history.discard_turn()
+        self.emit(Info(message))
+        await self.retry.sleep(delay)
+        return True
+
+    async def _stream(self, state: _RoundState, outcome: CompletionOutcome) -> bool:
+        """Consume one stream. Returns ``True`` when it ended with ``Final``."""
+        history = self.history
+        if not history.turn_buffer_is_empty:
+            raise AssertionError("bug: a round started with a non-empty turn buffer")
+        async for event in self.provider.stream(self._request()):
+            if self.cancel is not None and self.cancel.is_set():
+                self._end_thinking()
+                history.flush_turn_trimming_reasoning()
+                outcome.cancelled = True
+                return False
+            if isinstance(event, ReasoningComplete) and event.signature is None and event.redacted is None:
+                continue  # providers reject unsigned reasoning when it is sent back
+            chunk_id = self._next_id()
+            if state.emitted_call and not isinstance(event, Final):
+                continue  # keep the dispatched call the tail of history
+            match event:
+                case TextDelta(text=text):
+                    self._end_thinking()
+                    history.handle_completion(AssistantText(text), chunk_id)
+                    self.emit(TextChunk(text))
+                case ReasoningDelta(text=text):
+                    if not self._thinking:
+                        self._thinking = True
+                        self.emit(ThinkingStarted())
+                    self.emit(ThinkingChunk(text))
+                case ReasoningComplete(text=text, signature=signature, redacted=redacted):
+                    self._end_thinking()
+                    history.handle_completion(Reasoning(text, signature, redacted), chunk_id)
+                case ToolCallDelta(name=name, arguments_delta=delta):
+                    self.emit(ThinkingChunk(f"Invoking tool: {name}" if name else delta))
+                case ToolCallComplete(call=call):
+                    self._end_thinking()
+                    state.emitted_call = True
+                    await self._on_tool_call(call, chunk_id, state, outcome)
+                case Final(usage=usage):
+                    self._end_thinking()
+                    history.flush_turn()
+                    if usage is not None:
+                        outcome.usage = usage
+                    return True
+        return False
+
+    async def _on_tool_call(
+        self, call: ToolCall, chunk_id: str, state: _RoundState, outcome: CompletionOutcome
+    ) -> None:
+        history = self.history
+        tool = self.toolset.get(call.name)
+        display = tool.display(call.arguments) if tool is not None else None
+        history.handle_completion(ToolCallItem(call=call, display_as=display), chunk_id)
+        history.flush_turn()
+        if call.name == INJECTED_TOOL_NAME or tool is None:
+            forbidden = call.name == INJECTED_TOOL_NAME
+            text = texts.FORBIDDEN_TOOL if forbidden else texts.UNKNOWN_TOOL.format(name=call.name)
+            result = ToolResult.text(call.id, text, call_id=call.call_id)
+            history.append_generated(ToolResultItem(result=result), f"{call.id}-unknown-tool")
+            state.loop_back = True
+            return
+        self.emit(
+            ToolCallStarted(
+                name=call.name, arguments=call.arguments, tool_call_id=call.id, display_as=display
+            )
+        )
+        if not tool.inline:
+            outcome.action = ToolCallItem(call=call, display_as=display)
+            return
+        # Commit the call (and an intent to run it) before running it: a crash from here on is re-driven.
+        history.add_intent(DispatchIntent(call.id, call.name, call.arguments, call.call_id))
+        await history.sync()
+        result = await run_inline_tool(tool, call, self.make_context(call.id, call.call_id))
+        first = result.first_text()
+        if first is not None:
+            self.emit(ToolResultReceived(segments=[{"type": "text", "content": first}]))
+        history.append_generated(ToolResultItem(result=result), f"{call.id}-sync-result-{self._counter}")
+        self._counter += 1
+        outcome.executed_sync_calls.append(call.id)
+        state.loop_back = True
+
+
+@dataclass(slots=True)
+class _RoundState:
+    emitted_call: bool = False
+    loop_back: bool = False
+
+
+async def run_inline_tool(tool: Tool, call: ToolCall, context: ToolContext) -> ToolResult:
+    """Run a synchronous tool; failures the model should see become ``Error: ...`` results. Transient
+    infrastructure errors propagate so the step is retried."""
+    try:
+        result = await tool.execute(call.arguments, context)
+    except TransientError:
+        raise
+    except ToolError as error:
+        return ToolResult.text(call.id, f"Error: {error}", call_id=call.call_id)
+    except Exception as error:  # a user tool's bug must reach the model, not kill the thread
+        return ToolResult.text(call.id, texts.DISPATCH_FAILED.format(error=error), call_id=call.call_id)
+    if result is None:
+        return ToolResult.text(
+            call.id, f"Error: synchronous tool '{tool.name}' returned no result", call_id=call.call_id
+        )
+    return result.with_id(call.id, call_id=call.call_id)

@@ -1,0 +1,293 @@
+"""Folding one input into a thread: the reference's ``prepare_input`` decision procedure, hardened.
+
+Rules, in order (the first that applies decides):
+
+1. already processed (logical message id) → ignored, nothing written (metadata is not rewritten either);
+2. ``compaction_complete`` → apply the thread's latest summary in memory; ``compaction`` → spawn a
+   compaction child;
+3. metadata present → replaces the root's metadata (committed with the step);
+4. OAuth / user-choice notices → events (a choice is persisted first); never history;
+5. synthetic events → resolved against the original tool call (visible history, then the durable log,
+   so compaction cannot orphan them); subscription events must belong to an active subscription;
+   non-associative events go to a freshly spawned event child; the rest are inlined as a
+   ``receive_event__injected`` call/result pair;
+6. everything else → a ``user`` or ``tool_result`` item through ``HistoryManager.handle_content``.
+
+Children are spawned from committed history only (the thread is synced first) and all ids are derived
+from the input's logical id, so a re-run after a crash finds the same child and re-sends the same message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from stepagent.core import texts
+from stepagent.core.history import HistoryManager
+from stepagent.core.ids import derived_id
+from stepagent.errors import ConcurrentWriteError
+from stepagent.events import (
+    AgentEvent,
+    CompactionApplied,
+    Info,
+    OAuthRequiredEvent,
+    SubscriptionEventReceived,
+    ToolResultReceived,
+    UserChoiceDismissed,
+    UserChoiceRequiredEvent,
+    UserInput,
+)
+from stepagent.history_items import (
+    INJECTED_TOOL_NAME,
+    EventItem,
+    HistoryItem,
+    ToolCallItem,
+    ToolResultItem,
+    UserItem,
+)
+from stepagent.messages import (
+    Compaction,
+    CompactionComplete,
+    InputMessage,
+    OAuthRequired,
+    ParentMessage,
+    SubscriptionEvent,
+    TextContent,
+    ThreadReport,
+    ToolCall,
+    ToolResult,
+    UserChoiceRequired,
+)
+from stepagent.senders.base import InputSender
+from stepagent.stores.base import Commit, ConversationStore, StateStore, ThreadKind
+
+INTERRUPT_MARKER = "<interrupt>"
+
+
+@dataclass(slots=True)
+class Preparer:
+    """Prepares a thread's inputs for one step."""
+
+    history: HistoryManager
+    conversation: ConversationStore
+    state: StateStore
+    sender: InputSender
+    emit: Callable[[AgentEvent], None]
+    pending_choices: list[UserChoiceRequired] = field(default_factory=list)
+    _subscriptions: set[str] | None = None
+
+    @property
+    def thread_id(self) -> str:
+        return self.history.thread_id
+
+    async def prepare(self, message: InputMessage, message_id: str) -> bool:
+        """Fold ``message`` in; ``True`` when it changed history so the model should respond."""
+        history = self.history
+        if await history.is_processed(message_id):
+            return False
+        synthetic = message.synthetic
+        if isinstance(synthetic, CompactionComplete):
+            await history.apply_compaction()
+            history.record_processed(message_id)
+            self.emit(CompactionApplied())
+            return False
+        if isinstance(synthetic, Compaction):
+            await self._spawn_compaction_child(message_id)
+            history.record_processed(message_id)
+            return False
+        if message.metadata is not None:
+            history.update_metadata(message.metadata)
+        content = message.content
+        if isinstance(content, OAuthRequired):
+            history.record_processed(message_id)
+            self.emit(OAuthRequiredEvent(auth_url=content.auth_url, tool_call_id=content.id))
+            return False
+        if isinstance(content, UserChoiceRequired):
+            await self.state.add_pending_choice(self.thread_id, content)
+            self.pending_choices[:] = [c for c in self.pending_choices if c.id != content.id] + [content]
+            history.record_processed(message_id)
+            self.emit(UserChoiceRequiredEvent(choice=content))
+            return False
+        if isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage):
+            assert isinstance(content, ToolResult)  # guaranteed by InputMessage validation
+            return await self._prepare_event(message, synthetic, content, message_id)
+
+        item: HistoryItem
+        if isinstance(content, ToolResult):
+            item = ToolResultItem(result=content, display_segments=message.display_as)
+        else:
+            item = UserItem(content=content)
+        if not await history.handle_content(item, message_id):
+            return False
+        if isinstance(content, ToolResult):
+            if message.subscription:
+                history.track_subscription(content.id)
+            text = content.first_text()
+            if text is not None:
+                segments = [*(message.display_as or []), {"type": "text", "content": text}]
+                self.emit(ToolResultReceived(segments=segments))
+            await self._dismiss_choice(content.id)
+        elif isinstance(content, TextContent):
+            self.emit(UserInput(text=content.text.removeprefix(INTERRUPT_MARKER).lstrip()))
+        return True
+
+    # ---- synthetic events -----------------------------------------------------------------------------
+
+    async def _prepare_event(
+        self,
+        message: InputMessage,
+        synthetic: SubscriptionEvent | ThreadReport | ParentMessage,
+        content: ToolResult,
+        message_id: str,
+    ) -> bool:
+        history = self.history
+        original_id = synthetic.tool_call_id
+        if isinstance(synthetic, SubscriptionEvent) and original_id not in await self._active_subscriptions():
+            self.emit(Info(f"Dropped an event for unknown or cancelled subscription {original_id}"))
+            history.record_processed(message_id)
+            return False
+        original = await self._find_call(original_id)
+        if original is None:
+            self.emit(Info(f"Dropped an event for tool call {original_id}, which is not in this thread"))
+            history.record_processed(message_id)
+            return False
+        if isinstance(synthetic, SubscriptionEvent) and not synthetic.associative:
+            await self._route_to_event_child(original, content, message_id)
+            if synthetic.final:
+                history.remove_subscription(original_id)
+            history.record_processed(message_id)
+            return False
+
+        invocation_id = derived_id("event", self.thread_id, message_id)
+        invocation = ToolCall(
+            id=invocation_id,
+            name=INJECTED_TOOL_NAME,
+            arguments={
+                "original_args": original.call.arguments,
+                "original_tool_call_id": original_id,
+                "original_tool_name": original.call.name,
+            },
+        )
+        child = synthetic.child_thread_id if isinstance(synthetic, ThreadReport) else None
+        item = EventItem(
+            result=content.with_id(invocation_id, call_id=content.call_id),
+            tool_call_id=original_id,
+            child_thread_id=child,
+            invocation=invocation,
+        )
+        if not await history.handle_content(item, message_id):
+            return False
+        if isinstance(synthetic, SubscriptionEvent) and synthetic.final:
+            history.remove_subscription(original_id)
+        text = content.first_text()
+        if text is not None:
+            if child is not None:
+                name = f"Report from child thread {child}"
+            else:
+                name = f"{original.call.name}({json.dumps(original.call.arguments, separators=(',', ':'))})"
+            self.emit(SubscriptionEventReceived(name=name, text=text))
+        return True
+
+    async def _active_subscriptions(self) -> set[str]:
+        if self._subscriptions is None:
+            self._subscriptions = await self.state.active_subscriptions(self.thread_id)
+        return self._subscriptions
+
+    async def _find_call(self, tool_call_id: str) -> ToolCallItem | None:
+        """The original call: in the visible history, else in the durable logs (own log, then what the
+        thread inherited), which compaction never deletes."""
+        found = self.history.find_tool_call(tool_call_id)
+        if found is not None:
+            return found
+        if self.history.compacted_up_to is None and not self.history.history:
+            return None
+        sources: list[tuple[str, int | None]] = [(self.thread_id, self.history.compacted_up_to or 0)]
+        info = self.history.info
+        while info is not None and info.parent_id is not None:
+            sources.append((info.parent_id, info.spawn_order))
+            info = await self.conversation.get_thread(info.parent_id)
+        for thread_id, up_to in sources:
+            async for row in self.conversation.load_rows(thread_id, 0, up_to):
+                if isinstance(row.item, ToolCallItem) and row.item.call.id == tool_call_id:
+                    return row.item
+        return None
+
+    async def _route_to_event_child(self, original: ToolCallItem, event: ToolResult, message_id: str) -> None:
+        """Process a non-associative subscription event in a new child that inherits committed history."""
+        await self.history.sync()
+        safe = self.history.safe_spawn_point()
+        child_id = derived_id("event-child", self.thread_id, message_id)
+        spawn_call_id = derived_id("event-spawn", self.thread_id, message_id)
+        event_call_id = derived_id("event-call", self.thread_id, message_id)
+        child = await self.conversation.spawn_thread(
+            self.thread_id,
+            child_id=child_id,
+            spawn_tool_call_id=original.call.id,
+            kind=ThreadKind.SUBSCRIPTION_EVENT,
+            spawn_order=safe,
+        )
+        spawn_call = ToolCall(
+            id=spawn_call_id,
+            name="spawn_thread",
+            arguments={"instructions": texts.SUBSCRIPTION_CHILD_SPAWN_INSTRUCTIONS},
+        )
+        seed = ToolResult.text(
+            spawn_call_id, texts.SUBSCRIPTION_CHILD_SEED.format(child=child_id, parent=self.thread_id)
+        )
+        event_call = ToolCall(
+            id=event_call_id,
+            name=INJECTED_TOOL_NAME,
+            arguments={
+                "original_tool_name": original.call.name,
+                "original_tool_call_id": original.call.id,
+                "original_args": original.call.arguments,
+            },
+        )
+        rows: list[tuple[HistoryItem, str]] = [
+            (ToolCallItem(call=spawn_call), f"{spawn_call_id}-spawn-call"),
+            (ToolResultItem(result=seed), f"{spawn_call_id}-spawn-result"),
+            (ToolCallItem(call=event_call), f"{event_call_id}-event-call"),
+        ]
+        await self._seed_child(child.thread_id, child.version, rows, answered=[spawn_call_id])
+        outgoing = InputMessage.tool_result(child_id, event.with_id(event_call_id))
+        await self.sender.send(outgoing, event_call_id)
+
+    async def _spawn_compaction_child(self, message_id: str) -> None:
+        await self.history.sync()
+        safe = self.history.safe_spawn_point()
+        child_id = derived_id("compaction-child", self.thread_id, message_id)
+        spawn_call_id = derived_id("compaction-call", self.thread_id, message_id)
+        child = await self.conversation.spawn_thread(
+            self.thread_id,
+            child_id=child_id,
+            spawn_tool_call_id=spawn_call_id,
+            kind=ThreadKind.COMPACTION,
+            spawn_order=safe,
+        )
+        begin = ToolCallItem(call=ToolCall(id=spawn_call_id, name=texts.COMPACTION_TOOL_NAME))
+        await self._seed_child(child.thread_id, child.version, [(begin, f"{spawn_call_id}-compaction-call")])
+        instructions = ToolResult.text(spawn_call_id, texts.COMPACTION_INSTRUCTIONS.format(child=child_id))
+        await self.sender.send(InputMessage.tool_result(child_id, instructions), spawn_call_id)
+
+    async def _seed_child(
+        self,
+        child_id: str,
+        version: int,
+        rows: list[tuple[HistoryItem, str]],
+        answered: list[str] | None = None,
+    ) -> None:
+        if version != 0:
+            return  # seeded by an earlier run of this step
+        # A concurrent re-run of this step may have seeded it with the same rows first.
+        with contextlib.suppress(ConcurrentWriteError):
+            await self.conversation.commit(
+                child_id, Commit(expected_version=0, rows=rows, answered_tool_calls=answered or [])
+            )
+
+    async def _dismiss_choice(self, tool_call_id: str) -> None:
+        if any(choice.id == tool_call_id for choice in self.pending_choices):
+            await self.state.remove_pending_choice(self.thread_id, tool_call_id)
+            self.pending_choices[:] = [c for c in self.pending_choices if c.id != tool_call_id]
+            self.emit(UserChoiceDismissed(choice_id=tool_call_id))

@@ -1,0 +1,310 @@
+"""One step of one thread: re-drive the outbox → prepare inputs → interruption side effects → complete →
+**commit** → observe → dispatch.
+
+Durability (DESIGN §3):
+
+- Sync before dispatch: the asynchronous call and its dispatch intent are committed, atomically with the
+  step's inputs and rows, before the tool is dispatched.
+- Outbox: an intent is marked done only after its dispatch; every step first re-drives open intents with
+  the same idempotency key (the tool call id), so no crash point leaves an unanswered, undispatched call.
+- Resume: a redelivered input that is already processed, on a thread whose history still ends with
+  something the model has not answered, makes the step run the completion it owes.
+- Deferral: while a non-passive tool call is pending, reports/events/parent messages are stored durably
+  and delivered after the call's result (user text still interrupts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from stepagent.core import texts
+from stepagent.core.completion import CompletionRunner, RetryPolicy, run_inline_tool
+from stepagent.core.history import HistoryManager
+from stepagent.core.prepare import Preparer
+from stepagent.errors import ToolError, TransientError
+from stepagent.events import (
+    AgentEvent,
+    CompletionFinished,
+    CompletionStarted,
+    Info,
+    Observer,
+    StepFailed,
+    TurnCommitted,
+    UserChoiceDismissed,
+)
+from stepagent.history_items import EventItem, ToolResultItem, UserItem
+from stepagent.messages import InputMessage, ToolCall, ToolResult, UserChoiceRequired, is_deferrable_synthetic
+from stepagent.providers.base import ModelProvider, Usage
+from stepagent.senders.base import InputSender
+from stepagent.stores.base import ConversationStore, DeferredInput, DispatchIntent, StateStore
+from stepagent.tools.base import FunctionRunner, LifecycleNotifier, TimerBackend, ToolContext, Toolset
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class StepConfig:
+    """Everything a step needs besides the stores."""
+
+    provider: ModelProvider
+    toolset: Toolset
+    sender: InputSender
+    extra_system_prompt: str | None = None
+    callback_url: str | None = None
+    timers: TimerBackend | None = None
+    runner: FunctionRunner | None = None
+    notifier: LifecycleNotifier | None = None
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    thread_id: str
+    completed: bool = False
+    usage: Usage | None = None
+    context_window: int = 0
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepInput:
+    message: InputMessage
+    message_id: str
+
+
+class ThreadStep:
+    """Runs one step for one thread. Create one per (thread, batch)."""
+
+    def __init__(
+        self,
+        conversation: ConversationStore,
+        state: StateStore,
+        config: StepConfig,
+        observer: Observer,
+        thread_id: str,
+        *,
+        cancel: asyncio.Event | None = None,
+    ) -> None:
+        self.conversation = conversation
+        self.state = state
+        self.config = config
+        self.observer = observer
+        self.thread_id = thread_id
+        self.cancel = cancel
+        self.history: HistoryManager | None = None
+
+    def emit(self, event: AgentEvent) -> None:
+        self.observer.on_event(self.thread_id, event)
+
+    # ---- the step -----------------------------------------------------------------------------------------
+
+    async def run(self, inputs: Sequence[StepInput]) -> StepOutcome:
+        history = self.history = await HistoryManager.load(self.conversation, self.state, self.thread_id)
+        tool_result_ids = [i.message.content.id for i in inputs if isinstance(i.message.content, ToolResult)]
+        await history.prefetch([i.message_id for i in inputs], tool_result_ids)
+
+        owes_completion = await self._redrive_outbox(history)
+        if history.info is not None and history.info.closed:
+            await self._commit_and_report(history)
+            return StepOutcome(self.thread_id)
+
+        batch = await self._apply_deferral(history, list(inputs))
+        preparer = Preparer(history, self.conversation, self.state, self.config.sender, self.emit)
+        preparer.pending_choices.extend(await self._choices_if_needed(batch))
+        ready = False
+        last_ready_id = inputs[-1].message_id if inputs else "redrive"
+        saw_duplicate = False
+        for item in batch:
+            if await history.is_processed(item.message_id):
+                saw_duplicate = True
+            if await preparer.prepare(item.message, item.message_id):
+                ready = True
+                last_ready_id = item.message_id
+        await self._interruption_side_effects(history)
+
+        if not ready and (owes_completion or (saw_duplicate and self._awaits_model(history))):
+            ready = True
+        if not ready:
+            await self._commit_and_report(history)
+            return StepOutcome(self.thread_id)
+        return await self._complete_commit_dispatch(history, last_ready_id)
+
+    async def _complete_commit_dispatch(self, history: HistoryManager, message_id: str) -> StepOutcome:
+        model = self.config.provider.info
+        self.emit(CompletionStarted())
+        runner = CompletionRunner(
+            history=history,
+            provider=self.config.provider,
+            toolset=self.config.toolset,
+            system_prompt=self._system_prompt(history),
+            make_context=lambda call_id, provider_call_id: self._context(history, call_id, provider_call_id),
+            emit=self.emit,
+            message_id=message_id,
+            retry=self.config.retry,
+            cancel=self.cancel,
+        )
+        outcome = await runner.run()
+        intent = None
+        if outcome.action is not None:
+            call = outcome.action.call
+            intent = DispatchIntent(call.id, call.name, call.arguments, call.call_id)
+            history.add_intent(intent)
+        await self._commit_and_report(history)
+        for call_id in outcome.executed_sync_calls:
+            await self.state.mark_intent_done(self.thread_id, call_id)
+        self.emit(CompletionFinished(usage=outcome.usage, context_window=model.context_window))
+        error = None
+        if outcome.error is not None:
+            error = f"The model failed: {outcome.error}"
+            self.emit(StepFailed(message=error, retrying=False))
+        if intent is not None:
+            await self._dispatch(history, intent)
+        return StepOutcome(self.thread_id, True, outcome.usage, model.context_window, error)
+
+    async def _commit_and_report(self, history: HistoryManager) -> None:
+        if history.info is None and not history.has_pending_rows:
+            return  # never create a thread record just to remember dropped inputs
+        before = len(history.committed_rows)
+        await history.sync()
+        if len(history.committed_rows) > before:
+            self.emit(TurnCommitted(rows=history.committed_rows[before:]))
+
+    # ---- outbox -----------------------------------------------------------------------------------------------
+
+    async def _redrive_outbox(self, history: HistoryManager) -> bool:
+        """Dispatch intents a previous run committed but did not finish. Returns whether a re-run
+        synchronous tool left a result the model has not seen yet."""
+        intents = await self.state.open_intents(self.thread_id)
+        if not intents:
+            return False
+        await history.prefetch(tool_call_ids=[i.tool_call_id for i in intents])
+        owes_completion = False
+        for intent in intents:
+            if history.is_answered(intent.tool_call_id):
+                await self.state.mark_intent_done(self.thread_id, intent.tool_call_id)
+                continue
+            tool = self.config.toolset.get(intent.tool_name)
+            if tool is not None and tool.inline:
+                pending = history.pending_tool_call()
+                if pending is None or pending.call.id != intent.tool_call_id:
+                    await self.state.mark_intent_done(self.thread_id, intent.tool_call_id)
+                    continue
+                call = ToolCall(
+                    id=intent.tool_call_id,
+                    name=intent.tool_name,
+                    arguments=intent.arguments,
+                    call_id=intent.call_id,
+                )
+                result = await run_inline_tool(tool, call, self._context(history, call.id, call.call_id))
+                history.append_generated(ToolResultItem(result=result), f"{call.id}-sync-result-redrive")
+                await self._commit_and_report(history)
+                await self.state.mark_intent_done(self.thread_id, intent.tool_call_id)
+                owes_completion = True
+            else:
+                self.emit(Info(f"Re-dispatching tool call {intent.tool_call_id} ({intent.tool_name})"))
+                await self._dispatch(history, intent)
+        return owes_completion
+
+    async def _dispatch(self, history: HistoryManager, intent: DispatchIntent) -> None:
+        """Dispatch an asynchronous call. Failures the model should know about become its result;
+        transient infrastructure errors propagate (the intent stays open and is re-driven)."""
+        context = self._context(history, intent.tool_call_id, intent.call_id)
+        tool = self.config.toolset.get(intent.tool_name)
+        try:
+            if tool is None:
+                raise ToolError(f"tool '{intent.tool_name}' is no longer available")
+            await tool.execute(intent.arguments, context)
+        except TransientError:
+            raise
+        except ToolError as error:
+            await context.send_result(f"Error: {error}")
+        except Exception as error:  # a tool's bug must reach the model, not wedge the thread
+            log.exception("tool %s failed to dispatch", intent.tool_name)
+            await context.send_result(texts.DISPATCH_FAILED.format(error=error))
+            self.emit(Info(f"Error: {error}"))
+        await self.state.mark_intent_done(self.thread_id, intent.tool_call_id)
+
+    # ---- deferral -----------------------------------------------------------------------------------------------
+
+    async def _apply_deferral(self, history: HistoryManager, batch: list[StepInput]) -> list[StepInput]:
+        pending = history.pending_tool_call()
+        tool = self.config.toolset.get(pending.call.name) if pending is not None else None
+        active = pending is not None and (tool is None or not tool.passive)
+        if active and pending is not None:
+            settled = any(
+                i.message.is_user_text
+                or (
+                    i.message.synthetic is None
+                    and isinstance(i.message.content, ToolResult)
+                    and i.message.content.id == pending.call.id
+                )
+                for i in batch
+            )
+            if not settled:
+                kept = []
+                for item in batch:
+                    if is_deferrable_synthetic(item.message.synthetic) and not await history.is_processed(
+                        item.message_id
+                    ):
+                        history.defer(DeferredInput(item.message_id, item.message))
+                    else:
+                        kept.append(item)
+                return kept
+        deferred = await self.state.deferred_inputs(self.thread_id)
+        for held in deferred:
+            history.undefer(held.message_id)
+        return batch + [StepInput(d.message, d.message_id) for d in deferred]
+
+    # ---- helpers --------------------------------------------------------------------------------------------------
+
+    async def _choices_if_needed(self, batch: Sequence[StepInput]) -> list[UserChoiceRequired]:
+        """Pending choices matter only when a tool result may answer one; skip the read otherwise."""
+        if any(isinstance(i.message.content, ToolResult) and i.message.synthetic is None for i in batch):
+            return await self.state.pending_choices(self.thread_id)
+        return []
+
+    async def _interruption_side_effects(self, history: HistoryManager) -> None:
+        for call_id in history.take_interrupted_tool_calls():
+            notifier = self.config.notifier
+            if notifier is not None:
+                try:
+                    await notifier.cancel_tool_call(self.thread_id, call_id)
+                except Exception:  # best effort: the call's result is ignored either way
+                    log.warning("could not notify tool servers of interrupted call %s", call_id)
+            await self.state.remove_pending_choice(self.thread_id, call_id)
+            self.emit(UserChoiceDismissed(choice_id=call_id))
+
+    @staticmethod
+    def _awaits_model(history: HistoryManager) -> bool:
+        return bool(history.history) and isinstance(
+            history.history[-1], UserItem | ToolResultItem | EventItem
+        )
+
+    def _system_prompt(self, history: HistoryManager) -> str:
+        prompt = texts.DEFAULT_SYSTEM_PROMPT + texts.THREAD_SUFFIX.format(
+            thread_id=history.thread_id, root_thread_id=history.root_thread_id
+        )
+        if self.config.extra_system_prompt:
+            prompt += "\n\n" + self.config.extra_system_prompt
+        return prompt
+
+    def _context(self, history: HistoryManager, tool_call_id: str, call_id: str | None) -> ToolContext:
+        metadata = history.metadata
+        user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+        return ToolContext(
+            thread_id=self.thread_id,
+            tool_call_id=tool_call_id,
+            call_id=call_id,
+            thread_stack=history.thread_stack,
+            sender=self.config.sender,
+            conversation=self.conversation,
+            state=self.state,
+            user_id=user_id if isinstance(user_id, str) else None,
+            callback_url=self.config.callback_url,
+            timers=self.config.timers,
+            runner=self.config.runner,
+            notifier=self.config.notifier,
+        )

@@ -1,0 +1,79 @@
+"""Model-facing strings. Exact texts matter: tests and downstream parsers match on them (reference
+Appendix A), so they live in one place."""
+
+from __future__ import annotations
+
+DEFAULT_SYSTEM_PROMPT = """You are a helpful agent running on stepagent. You work in conversation threads.
+
+- Use tools when they help. Asynchronous tools answer later: when you call one, your turn ends and you are \
+woken up with its result.
+- For independent sub-tasks, spawn a child thread with `spawn_thread`; pass the full thread stack from the \
+root to the current thread as `child_of`. Children report back automatically; do not do a child's task \
+yourself.
+- Immediately after a `spawn_thread` result that says you are INSIDE a child thread, repeat and \
+internalize the instructions, ignore the parent's plans, do the task, `report_to_parent`, then \
+`close_thread` with your own thread ID.
+- Be concise."""
+
+THREAD_SUFFIX = "\n\nYour current thread ID is `{thread_id}`. The root thread ID is `{root_thread_id}`."
+
+CHILD_SEED = (
+    "You are now INSIDE the thread that you requested to create. Your thread ID is {child}. Your next task "
+    "is to exactly follow these instructions: {instructions}\n. Start by repeating to yourself the "
+    "instructions, ignoring thinking from the parent context. Make sure to not be confused by the parent "
+    "context. If the parent was planning to spawn more threads, you should not."
+)
+SUBSCRIPTION_CHILD_SPAWN_INSTRUCTIONS = "Spawning thread to process incoming event."
+SUBSCRIPTION_CHILD_SEED = (
+    "You are now INSIDE the thread for processing the single event above. Your thread ID is {child}, the "
+    "parent which is still subscribing is {parent}. Process the single subscription event above, report to "
+    "the parent if appropriate, then close the thread after processing this event. Your outputs are NOT "
+    "VISIBLE to the user, if you want to show them something, send a report to your parent."
+)
+COMPACTION_INSTRUCTIONS = (
+    "This tool call was synthetically injected by the harness. You are now INSIDE a compaction thread. You "
+    "can see the full conversation history inherited from your parent thread, including all ancestor "
+    "thread context. Summarize ALL of this content into a concise but comprehensive summary that preserves: "
+    "all important context, decisions made, current task progress, relevant code changes and file paths, "
+    "and any pending work. Then call close_thread with your thread ID ({child}) and include the summary in "
+    "report_to_parent."
+)
+COMPACTION_TOOL_NAME = "__harness_begin_compaction__"
+COMPACTION_COMPLETE = "Compaction complete"
+
+FORBIDDEN_TOOL = (
+    "Error: you cannot directly invoke receive_event__injected, invocations will automatically be injected "
+    "when events arrive."
+)
+UNKNOWN_TOOL = "Error: tool '{name}' does not exist"
+DISPATCH_FAILED = "Error: Tool call failed: {error}"
+
+SPAWN_OK = (
+    "Child thread is successfully spawned and has ID: {child}. You will be notified automatically when the "
+    "child has anything to report. Make sure that you **do not** do the task assigned to the child thread."
+)
+SPAWN_STACK_MISMATCH = (
+    "Error: child_of {given} does not match the actual thread stack {actual}. You may be confused and think "
+    "you are in the parent thread, but you are not. You are in thread {thread}. Do NOT spawn threads — focus "
+    "on your assigned task."
+)
+REPORT = "Report from child thread: {report}"
+REPORT_FROM_EVENT_CHILD = (
+    "Report from temporary child thread created to process a subscription event:\n{report}"
+)
+REPORT_ACK = "Report sent to parent thread."
+CLOSED_WITH_REPORT = "Child thread with ID {thread} has shut down. Report from child thread: {report}"
+CLOSED = "Child thread with ID {thread} has shut down"
+EVENT_CHILD_CLOSED = (
+    "An event from your subscription {subscription} was processed by a child thread {thread}. The "
+    "subscription remains active. Report from the child:\n{report}"
+)
+PARENT_MESSAGE = "Message from parent thread: {message}"
+PARENT_MESSAGE_ACK = "Message sent to child thread."
+SUBSCRIPTION_CANCELLED = "Subscription '{id}' cancelled successfully."
+
+
+def rust_debug_list(values: list[str]) -> str:
+    """Render a list of strings as the reference does (Rust ``{:?}``): ``["a", "b"]``."""
+    escaped = (v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
+    return "[" + ", ".join(f'"{v}"' for v in escaped) + "]"

@@ -1,0 +1,72 @@
+"""Step mode: ``AgentSystem.step(batch)`` — the entry point the queue worker calls.
+
+A batch is grouped by thread (first-appearance order of threads, arrival order within a thread); the
+threads run concurrently, each as one :class:`~stepagent.core.step.ThreadStep`. A thread's failure is
+reported for that thread only: the other threads' steps run to completion (each commit is atomic, so
+nothing is ever left half-written), and the caller decides per thread what to retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from stepagent.core.step import StepConfig, StepInput, StepOutcome, ThreadStep
+from stepagent.events import EventCollector, Observer
+from stepagent.messages import InputMessage
+from stepagent.stores.base import ConversationStore, StateStore
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadResult:
+    thread_id: str
+    outcome: StepOutcome | None = None
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def group_by_thread(batch: Sequence[StepInput]) -> dict[str, list[StepInput]]:
+    groups: dict[str, list[StepInput]] = {}
+    for item in batch:
+        groups.setdefault(item.message.group_id, []).append(item)
+    return groups
+
+
+class AgentSystem:
+    """Runs steps against a pair of stores with one configuration."""
+
+    def __init__(self, conversation: ConversationStore, state: StateStore, config: StepConfig) -> None:
+        self.conversation = conversation
+        self.state = state
+        self.config = config
+
+    async def step_thread(
+        self,
+        thread_id: str,
+        inputs: Sequence[StepInput],
+        observer: Observer,
+        *,
+        cancel: asyncio.Event | None = None,
+    ) -> StepOutcome:
+        step = ThreadStep(self.conversation, self.state, self.config, observer, thread_id, cancel=cancel)
+        return await step.run(inputs)
+
+    async def step(
+        self, batch: Sequence[StepInput | tuple[InputMessage, str]], observer: Observer | None = None
+    ) -> list[ThreadResult]:
+        """Run one step per thread in ``batch``; return one result per thread, in first-appearance order."""
+        observer = observer if observer is not None else EventCollector()
+        inputs = [item if isinstance(item, StepInput) else StepInput(*item) for item in batch]
+        groups = group_by_thread(inputs)
+
+        async def run(thread_id: str, items: list[StepInput]) -> ThreadResult:
+            try:
+                return ThreadResult(thread_id, await self.step_thread(thread_id, items, observer))
+            except Exception as error:  # reported per thread; the caller fails only this thread's records
+                return ThreadResult(thread_id, error=error)
+
+        return list(await asyncio.gather(*(run(t, items) for t, items in groups.items())))

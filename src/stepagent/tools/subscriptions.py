@@ -1,0 +1,65 @@
+"""Built-in ``cancel_subscription`` (synchronous) and ``sleep_until_event_or_input`` (asynchronous,
+passive: it never answers, the next input interrupts it)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from stepagent.core import texts
+from stepagent.errors import ToolError
+from stepagent.messages import ToolResult
+from stepagent.tools.base import Tool, ToolContext
+
+log = logging.getLogger(__name__)
+
+
+class CancelSubscription(Tool):
+    name = "cancel_subscription"
+    description = (
+        "Cancel an active subscription by its tool call ID. This sends a cancellation notification to the "
+        "tool server and removes the subscription from tracking. You can only cancel subscriptions that "
+        "were created by the current thread."
+    )
+    parameters = {
+        "type": "object",
+        "properties": {
+            "tool_call_id": {
+                "type": "string",
+                "description": "The tool call ID that started the subscription.",
+            }
+        },
+        "required": ["tool_call_id"],
+    }
+    inline = True
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        subscription = arguments.get("tool_call_id")
+        if not isinstance(subscription, str) or not subscription:
+            raise ToolError("tool_call_id is required")
+        if subscription not in await context.state.active_subscriptions(context.thread_id):
+            raise ToolError(f"no active subscription found for tool call ID '{subscription}'")
+        if context.notifier is not None:
+            try:
+                await context.notifier.cancel_tool_call(context.thread_id, subscription)
+            except Exception:  # best effort: the subscription is dropped from tracking regardless
+                log.warning("could not notify the tool server of cancelled subscription %s", subscription)
+        await context.state.remove_subscription(context.thread_id, subscription)
+        text = texts.SUBSCRIPTION_CANCELLED.format(id=subscription)
+        return ToolResult.text(context.tool_call_id, text, call_id=context.call_id)
+
+
+class SleepUntilEventOrInput(Tool):
+    name = "sleep_until_event_or_input"
+    description = (
+        "Sleep indefinitely until an external event or user input arrives. Use this when you have completed "
+        "all current tasks and are waiting for something to happen (e.g., a webhook, a scheduled event, or "
+        "user input). The agent will pause and automatically resume when new input is received."
+    )
+    passive = True
+
+    def display(self, arguments: dict[str, Any]) -> str:
+        return "Sleeping until event or input"
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> None:
+        return None

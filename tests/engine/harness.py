@@ -1,0 +1,145 @@
+"""Test harness for step-mode engine tests: in-memory stores, an in-process queue, a scripted model that
+replays one stream per request, and small recording tools."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepagent.core.completion import RetryPolicy
+from stepagent.core.history import HistoryManager
+from stepagent.core.step import StepConfig, StepInput
+from stepagent.errors import ProviderError
+from stepagent.events import EventCollector
+from stepagent.history_items import HistoryItem
+from stepagent.messages import InputMessage, ToolCall, ToolResult
+from stepagent.providers.base import (
+    Final,
+    ModelInfo,
+    ModelRequest,
+    StreamEvent,
+    TextDelta,
+    ToolCallComplete,
+    Usage,
+)
+from stepagent.senders.inprocess import InProcessSender
+from stepagent.stores.memory import memory_stores
+from stepagent.system.inprocess import InProcessQueueDriver
+from stepagent.system.step_mode import AgentSystem, ThreadResult
+from stepagent.tools.base import Tool, ToolContext, Toolset
+from stepagent.tools.builtins import builtin_tools
+
+
+async def no_sleep(_: float) -> None:
+    return None
+
+
+def text(*chunks: str, usage: Usage | None = None) -> list[StreamEvent | Exception]:
+    return [*(TextDelta(c) for c in chunks), Final(usage=usage)]
+
+
+def call(name: str, tool_call_id: str, **arguments: Any) -> ToolCallComplete:
+    return ToolCallComplete(ToolCall(id=tool_call_id, name=name, arguments=arguments))
+
+
+@dataclass
+class ReplayProvider:
+    """Answers request *n* with ``streams[n]``. An ``Exception`` item is raised at that point of the
+    stream; a stream without ``Final`` simply ends (a cut connection)."""
+
+    streams: list[list[StreamEvent | Exception]] = field(default_factory=list)
+    requests: list[ModelRequest] = field(default_factory=list)
+    model: ModelInfo = field(default_factory=lambda: ModelInfo("replay", context_window=1000))
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.model
+
+    def then(self, *events: StreamEvent | Exception) -> ReplayProvider:
+        self.streams.append(list(events))
+        return self
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        self.requests.append(request)
+        if not self.streams:
+            raise AssertionError(f"unexpected model request #{len(self.requests)}")
+        for event in self.streams.pop(0):
+            if isinstance(event, Exception):
+                raise event
+            yield event
+
+
+def retryable(message: str = "overloaded") -> ProviderError:
+    return ProviderError(message, retryable=True, status=529)
+
+
+@dataclass
+class RecordingTool(Tool):
+    """An asynchronous tool that records its dispatches (the result is delivered by the test)."""
+
+    tool_name: str = "lookup"
+    dispatches: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    fail_with: Exception | None = None
+
+    def __post_init__(self) -> None:
+        self.name = self.tool_name  # type: ignore[misc]
+        self.description = "Look something up."  # type: ignore[misc]
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> None:
+        self.dispatches.append((context.tool_call_id, arguments))
+        if self.fail_with is not None:
+            raise self.fail_with
+
+
+@dataclass
+class EchoSyncTool(Tool):
+    def __post_init__(self) -> None:
+        self.name = "echo_sync"  # type: ignore[misc]
+        self.description = "Echo."  # type: ignore[misc]
+        self.inline = True  # type: ignore[misc]
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
+        return ToolResult.text(context.tool_call_id, f"echo: {arguments.get('text')}")
+
+
+class Harness:
+    def __init__(self, provider: Any, tools: Sequence[Tool] = (), *, builtins: bool = True) -> None:
+        self.conversation, self.state = memory_stores()
+        self.sender = InProcessSender()
+        self.observer = EventCollector()
+        self.provider = provider
+        toolset = Toolset.of([*tools, *(builtin_tools() if builtins else [])])
+        self.config = StepConfig(
+            provider=provider, toolset=toolset, sender=self.sender, retry=RetryPolicy(sleep=no_sleep)
+        )
+        self.system = AgentSystem(self.conversation, self.state, self.config)
+        self.driver = InProcessQueueDriver(self.system, self.sender)
+
+    async def send(self, message: InputMessage, message_id: str) -> None:
+        await self.sender.send(message, message_id)
+
+    async def say(self, thread: str, text: str, message_id: str) -> list[ThreadResult]:
+        await self.sender.send(InputMessage.user_text(thread, text), message_id)
+        return await self.run()
+
+    async def run(self) -> list[ThreadResult]:
+        results = await self.driver.run_until_idle(self.observer)
+        for result in results:
+            if result.error is not None:
+                raise result.error
+        return results
+
+    async def step(self, *items: tuple[InputMessage, str]) -> list[ThreadResult]:
+        return await self.system.step([StepInput(m, i) for m, i in items], self.observer)
+
+    async def history(self, thread: str) -> list[HistoryItem]:
+        return (await HistoryManager.load(self.conversation, self.state, thread)).history
+
+    async def stored(self, thread: str) -> list[tuple[int, str, str]]:
+        """The thread's own committed rows as (order, message id, encoded item)."""
+        from stepagent.history_items import encode_item
+
+        return [
+            (r.order, r.message_id, encode_item(r.item)) async for r in self.conversation.load_rows(thread)
+        ]
