@@ -1,0 +1,503 @@
+"""Python function tools: ``@tool``, loading a user's toolset, and the in-process function runner.
+
+``@tool`` (or ``@tool(inline=True, name=..., description=..., timeout=...)``) turns a plain or async function
+with type hints into a :class:`FunctionTool`. Guarantees:
+
+- The JSON schema comes from the signature via pydantic: one property per parameter, ``required`` = the
+  parameters without defaults, per-parameter descriptions from a Google-style ``Args:`` docstring section,
+  no ``title`` noise, ``additionalProperties: false``. The description is the docstring's first paragraph.
+- A bad definition (``*args``/``**kwargs``, a missing annotation, an invalid name) fails at decoration time
+  with a :class:`~stepagent.errors.ConfigurationError`.
+- The decorated object is still callable exactly like the original function.
+- :meth:`FunctionTool.invoke` never raises anything but :class:`~stepagent.errors.ToolError` for problems the
+  model should see: invalid arguments (naming the argument), the function raising (``Type: message``), a
+  timeout. Return values become text: ``str`` as is, anything else as JSON.
+- Inline tools run inside the step and return their result; the others are handed to the context's
+  :class:`~stepagent.tools.base.FunctionRunner` and answer later through the input queue.
+
+:func:`load_toolset` reads ``STEPAGENT_TOOLS=package.module:name``. :class:`InProcessFunctionRunner` runs
+function tools in this process (local mode and tests); in AWS the tool runner Lambda
+(``handlers/tool_runner.py``) replaces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import importlib
+import inspect
+import json
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, ParamSpec, TypeVar, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from stepagent.errors import ConfigurationError, ToolError
+from stepagent.messages import ToolResult
+from stepagent.tools.base import Tool, ToolContext, Toolset
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_TIMEOUT = 60.0
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what every supported provider accepts as a tool name
+_ARG_SECTIONS = frozenset({"args", "arguments", "parameters", "params", "keyword args", "keyword arguments"})
+_SECTION = re.compile(
+    r"^(args|arguments|parameters|params|keyword args|keyword arguments|returns?|yields?|raises|"
+    r"examples?|notes?|attributes|see also|warnings?|todo|references)\s*:\s*$",
+    re.IGNORECASE,
+)
+_ARG_LINE = re.compile(r"^\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+# Schema keys whose values are data, not sub-schemas: never strip a "title" inside them.
+_VALUE_KEYS = frozenset({"default", "const", "enum", "examples"})
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Docstrings and schemas
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """(first paragraph joined into one line, {parameter: description}) from a Google-style docstring."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    summary: list[str] = []
+    for line in lines:
+        if not line.strip() or _SECTION.match(line.strip()):
+            break
+        summary.append(line.strip())
+
+    params: dict[str, str] = {}
+    in_args = False
+    section_indent = 0
+    item_indent: int | None = None
+    current: str | None = None
+    for line in lines:
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip())
+        if _SECTION.match(stripped) and (not in_args or indent <= section_indent):
+            in_args = stripped.rstrip(": ").lower() in _ARG_SECTIONS
+            section_indent, item_indent, current = indent, None, None
+            continue
+        if not in_args or not stripped:
+            continue
+        if indent <= section_indent:  # dedent: the section is over
+            in_args = False
+            continue
+        if item_indent is None:
+            item_indent = indent
+        if indent <= item_indent:
+            match = _ARG_LINE.match(stripped)
+            current = match.group(1) if match else None
+            if match:
+                params[current] = match.group(2).strip()  # type: ignore[index]
+        elif current is not None:
+            params[current] = f"{params[current]} {stripped}".strip()
+    return " ".join(summary), params
+
+
+def _clean_schema(node: Any) -> Any:
+    """Drop pydantic's generated ``title`` strings, leaving data values and property names alone."""
+    if isinstance(node, list):
+        return [_clean_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _clean_schema(sub) for name, sub in value.items()}
+        elif key in _VALUE_KEYS:
+            out[key] = value
+        else:
+            out[key] = _clean_schema(value)
+    return out
+
+
+def _arguments_model(
+    func: Callable[..., Any], tool_name: str, descriptions: Mapping[str, str]
+) -> tuple[type[BaseModel], list[tuple[str, str]]]:
+    """A pydantic model over the parameters, and (field name, parameter name) pairs.
+
+    Fields are named ``arg0, arg1, ...`` with the parameter name as alias, so parameters named like
+    ``BaseModel`` attributes (``json``, ``schema``, ``model_config``) cannot clash."""
+    try:
+        signature = inspect.signature(func)
+        hints = get_type_hints(func, include_extras=True)
+    except (TypeError, ValueError, NameError) as exc:
+        raise ConfigurationError(f"tool {tool_name!r}: cannot read the signature: {exc}") from None
+    fields: dict[str, Any] = {}
+    names: list[tuple[str, str]] = []
+    for index, (pname, param) in enumerate(signature.parameters.items()):
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            raise ConfigurationError(
+                f"tool {tool_name!r}: parameter {pname!r} must be a named parameter (no *args, **kwargs, "
+                "or positional-only parameters): the model passes arguments by name"
+            )
+        if pname not in hints:
+            raise ConfigurationError(
+                f"tool {tool_name!r}: parameter {pname!r} has no type annotation; the schema needs one"
+            )
+        default = ... if param.default is param.empty else param.default
+        field_name = f"arg{index}"
+        fields[field_name] = (hints[pname], Field(default, alias=pname, description=descriptions.get(pname)))
+        names.append((field_name, pname))
+    try:
+        model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    except Exception as exc:  # pydantic raises several types for unsupported annotations
+        raise ConfigurationError(f"tool {tool_name!r}: unsupported parameter type: {exc}") from None
+    return model, names
+
+
+def _schema(model: type[BaseModel], tool_name: str) -> dict[str, Any]:
+    try:
+        raw = _clean_schema(model.model_json_schema(by_alias=True))
+    except Exception as exc:  # e.g. a parameter type without a JSON schema
+        raise ConfigurationError(f"tool {tool_name!r}: cannot build the JSON schema: {exc}") from None
+    schema: dict[str, Any] = {"type": "object", "properties": raw.pop("properties", {})}
+    if "required" in raw:
+        schema["required"] = raw.pop("required")
+    raw.pop("type", None)
+    raw.pop("additionalProperties", None)
+    schema.update(raw)  # "$defs" for nested models
+    schema["additionalProperties"] = False
+    return schema
+
+
+def _describe_errors(error: ValidationError) -> str:
+    parts: list[str] = []
+    for detail in error.errors():
+        loc = ".".join(str(part) for part in detail["loc"])
+        if not loc:
+            parts.append(f"arguments: {detail['msg']}")
+        elif detail["type"] == "missing":
+            parts.append(f"missing required argument '{loc}'")
+        elif detail["type"] == "extra_forbidden":
+            parts.append(f"unexpected argument '{loc}'")
+        else:
+            parts.append(f"argument '{loc}': {detail['msg']}")
+    return "; ".join(parts)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    return str(value)
+
+
+def result_text(value: Any) -> str:
+    """A function's return value as tool-result text: ``str`` as is, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=_json_default)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The tool
+
+
+class FunctionTool(Tool, Generic[P, R]):
+    """A tool backed by a Python function. Calling the object calls the function unchanged."""
+
+    # Copied from the function by functools.update_wrapper; declared so type checkers know them.
+    __name__: str
+    __wrapped__: Callable[P, R]
+
+    def __init__(
+        self,
+        func: Callable[P, R],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        inline: bool = False,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> None:
+        if isinstance(func, FunctionTool) or not callable(func):
+            raise ConfigurationError(f"@tool needs a plain or async function, got {func!r}")
+        tool_name = name if name is not None else getattr(func, "__name__", "")
+        if not _NAME.match(tool_name):
+            raise ConfigurationError(
+                f"tool name {tool_name!r} is invalid: use 1-64 letters, digits, '_' or '-'"
+            )
+        if timeout is not None and timeout <= 0:
+            raise ConfigurationError(f"tool {tool_name!r}: timeout must be positive, got {timeout!r}")
+        summary, arg_docs = parse_docstring(inspect.getdoc(func))
+        model, fields = _arguments_model(func, tool_name, arg_docs)
+        self._func = func
+        # The same function, called with validated keyword arguments (which ParamSpec cannot express).
+        self._untyped: Callable[..., Any] = func
+        self._model = model
+        self._fields = fields
+        self._is_async = inspect.iscoroutinefunction(func)
+        self.timeout = timeout
+        functools.update_wrapper(self, func)
+        # Tool declares these as ClassVars (for class-based tools); a function tool sets them per
+        # instance, which shadows the class attributes at runtime. setattr keeps mypy's ClassVar check quiet.
+        setattr(self, "name", tool_name)  # noqa: B010
+        setattr(self, "description", description if description is not None else summary)  # noqa: B010
+        setattr(self, "parameters", _schema(model, tool_name))  # noqa: B010
+        setattr(self, "inline", inline)  # noqa: B010
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._func(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<FunctionTool {self.name!r} inline={self.inline}>"
+
+    @property
+    def function(self) -> Callable[P, R]:
+        return self._func
+
+    def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """Validated keyword arguments for the function; ``ToolError`` naming each bad argument."""
+        try:
+            parsed = self._model.model_validate(arguments)
+        except ValidationError as exc:
+            raise ToolError(f"invalid arguments for tool '{self.name}': {_describe_errors(exc)}") from None
+        return {pname: getattr(parsed, field) for field, pname in self._fields}
+
+    async def invoke(self, arguments: Mapping[str, Any]) -> str:
+        """Validate, run (with the timeout), and render the result as text. Raises only ``ToolError``
+        (and ``CancelledError``)."""
+        kwargs = self.validate(arguments)
+        if self._is_async:
+            value = await self._with_timeout(self._call_async(kwargs))
+        elif self.inline:
+            # Inline sync tools are meant to be fast and pure: run them directly, no thread, no timeout.
+            value = self._call_sync(kwargs)
+        else:
+            # On timeout the worker thread cannot be killed; it finishes in the background, result ignored.
+            value = await self._with_timeout(asyncio.to_thread(self._call_sync, kwargs))
+        try:
+            return result_text(value)
+        except (TypeError, ValueError) as exc:
+            raise ToolError(
+                f"tool '{self.name}' returned a value that is not JSON-serialisable: {exc}"
+            ) from None
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult | None:
+        if self.inline:
+            text = await self.invoke(arguments)
+            return ToolResult.text(context.tool_call_id, text, call_id=context.call_id)
+        if context.runner is None:
+            raise ConfigurationError(
+                f"no function runner configured: cannot dispatch function tool '{self.name}' "
+                "(configure the tool runner, or declare the tool with @tool(inline=True))"
+            )
+        await context.runner.submit(self.name, arguments, context)
+        return None
+
+    async def _with_timeout(self, awaitable: Any) -> Any:
+        if self.timeout is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, self.timeout)
+        except TimeoutError:
+            # Only wait_for's own timeout gets here: the function's exceptions (including its own
+            # TimeoutErrors) were already turned into ToolErrors by _call_async/_call_sync.
+            raise ToolError(f"tool '{self.name}' timed out after {self.timeout:g} s") from None
+
+    async def _call_async(self, kwargs: dict[str, Any]) -> Any:
+        try:
+            return await self._untyped(**kwargs)
+        except ToolError:
+            raise  # the function chose the model-facing message itself
+        except Exception as exc:
+            raise ToolError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _call_sync(self, kwargs: dict[str, Any]) -> Any:
+        try:
+            return self._untyped(**kwargs)
+        except ToolError:
+            raise
+        except Exception as exc:
+            raise ToolError(f"{type(exc).__name__}: {exc}") from exc
+
+
+@overload
+def tool(func: Callable[P, R], /) -> FunctionTool[P, R]: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    inline: bool = False,
+    timeout: float | None = DEFAULT_TIMEOUT,
+) -> Callable[[Callable[P, R]], FunctionTool[P, R]]: ...
+
+
+def tool(
+    func: Callable[P, R] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    inline: bool = False,
+    timeout: float | None = DEFAULT_TIMEOUT,
+) -> FunctionTool[P, R] | Callable[[Callable[P, R]], FunctionTool[P, R]]:
+    """Make a tool from a function: ``@tool``, or ``@tool(inline=..., name=..., timeout=...)`` with options.
+
+    ``inline=True`` runs the tool inside the step (fast, pure functions only); otherwise the function
+    runner executes it off the step. ``timeout`` (seconds, ``None`` = no limit) bounds async functions
+    and non-inline sync functions.
+    """
+
+    def decorate(function: Callable[P, R]) -> FunctionTool[P, R]:
+        return FunctionTool(function, name=name, description=description, inline=inline, timeout=timeout)
+
+    if func is not None:
+        return decorate(func)
+    return decorate
+
+
+# ----------------------------------------------------------------------------------------------------------
+# STEPAGENT_TOOLS
+
+_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def load_toolset(spec: str) -> list[Tool]:
+    """Load the tools named by ``STEPAGENT_TOOLS`` (``package.module:name``): a ``Tool``, a list or tuple of
+    tools (``@tool`` functions are tools), or a ``Toolset``. Every problem is a ``ConfigurationError``."""
+    where = f"STEPAGENT_TOOLS={spec!r}"
+    spec = spec.strip()
+    if not _SPEC.match(spec):
+        raise ConfigurationError(f"{where} is not of the form 'package.module:name'")
+    module_name, attribute = spec.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise ConfigurationError(
+                f"{where}: module {module_name!r} not found (is it installed or on PYTHONPATH?)"
+            ) from None
+        raise ConfigurationError(f"{where}: importing {module_name!r} failed: {exc}") from exc
+    except Exception as exc:
+        raise ConfigurationError(
+            f"{where}: importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    value: Any = module
+    for part in attribute.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise ConfigurationError(
+                f"{where}: module {module_name!r} has no attribute {attribute!r}"
+            ) from None
+    tools = _as_tools(value, where)
+    try:
+        Toolset.of(tools)  # unique names, checked once here rather than at first use
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{where}: {exc}") from None
+    return tools
+
+
+def _as_tools(value: Any, where: str) -> list[Tool]:
+    if isinstance(value, Toolset):
+        return list(value)
+    if isinstance(value, Tool):
+        return [value]
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            if not isinstance(item, Tool):
+                raise ConfigurationError(f"{where}: item {index} is {_describe(item)}, not a tool")
+        return list(value)
+    raise ConfigurationError(
+        f"{where}: expected a Tool, a list of tools or a Toolset, got {_describe(value)}"
+    )
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, type) and issubclass(value, Tool):
+        return f"the Tool class {value.__name__} (list an instance: {value.__name__}())"
+    if inspect.isfunction(value) or inspect.ismethod(value):
+        return f"the plain function {value.__name__!r} (decorate it with @tool)"
+    return f"a {type(value).__name__}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The in-process runner
+
+
+class InProcessFunctionRunner:
+    """A :class:`~stepagent.tools.base.FunctionRunner` that runs function tools in this process.
+
+    For local mode and tests; in AWS the tool runner Lambda replaces it. By default ``submit`` runs the tool
+    to completion before returning (simple and deterministic). With ``background=True`` it starts a task
+    and returns at once, as a real queue would; :meth:`join` waits for those tasks and re-raises the first
+    unexpected failure (a ``ToolError`` is never a failure: it is sent as ``Error: ...``).
+
+    The result goes back through ``context.send_result`` (dedup id = the tool call id), so a re-dispatched
+    call re-runs the function but the receiving thread keeps only one result.
+    """
+
+    def __init__(self, tools: Iterable[Tool] | Mapping[str, Tool] = (), *, background: bool = False) -> None:
+        values: Iterable[Tool] = tools.values() if isinstance(tools, Mapping) else tools
+        # Only function tools run here; other asynchronous tools dispatch by their own means.
+        self._tools: dict[str, FunctionTool[..., Any]] = {
+            t.name: t for t in values if isinstance(t, FunctionTool)
+        }
+        self._background = background
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._failures: list[BaseException] = []
+
+    @property
+    def tools(self) -> Mapping[str, FunctionTool[..., Any]]:
+        return self._tools
+
+    def add(self, function_tool: FunctionTool[..., Any]) -> None:
+        self._tools[function_tool.name] = function_tool
+
+    async def submit(self, tool_name: str, arguments: dict[str, Any], context: ToolContext) -> None:
+        if not self._background:
+            await self.run(tool_name, arguments, context)
+            return
+        key = (context.thread_id, context.tool_call_id)
+        if key in self._tasks:
+            return  # the same call is already running; a second run could only produce a duplicate
+        task = asyncio.create_task(self.run(tool_name, arguments, context), name=f"tool {tool_name} {key}")
+        self._tasks[key] = task
+        task.add_done_callback(functools.partial(self._finished, key))
+
+    async def run(self, tool_name: str, arguments: dict[str, Any], context: ToolContext) -> None:
+        """Run one call now and send its result (or ``Error: <message>``) to the calling thread."""
+        function_tool = self._tools.get(tool_name)
+        if function_tool is None:
+            text = f"Error: no function tool named '{tool_name}' is registered with this runner"
+        else:
+            try:
+                text = await function_tool.invoke(arguments)
+            except ToolError as exc:
+                text = f"Error: {exc}"
+        await context.send_result(text)
+
+    async def join(self) -> None:
+        """Wait until no background call is running; re-raise the first unexpected failure."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        if self._failures:
+            failure = self._failures.pop(0)
+            raise failure
+
+    async def aclose(self) -> None:
+        """Cancel running background calls and wait for them to end."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _finished(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        self._tasks.pop(key, None)
+        if not task.cancelled() and task.exception() is not None:
+            self._failures.append(task.exception())  # type: ignore[arg-type]
