@@ -240,8 +240,7 @@ class CompletionRunner:
         first = result.first_text()
         if first is not None:
             self.emit(ToolResultReceived(segments=[{"type": "text", "content": first}]))
-        history.append_generated(ToolResultItem(result=result), f"{call.id}-sync-result-{self._counter}")
-        self._counter += 1
+        history.append_generated(ToolResultItem(result=result), sync_result_id(call.id))
         outcome.executed_sync_calls.append(call.id)
         state.loop_back = True
 
@@ -250,6 +249,11 @@ class CompletionRunner:
 class _RoundState:
     emitted_call: bool = False
     loop_back: bool = False
+
+
+def sync_result_id(tool_call_id: str) -> str:
+    """The row id of a synchronous tool's result: the same whether it ran in its step or was re-driven."""
+    return f"{tool_call_id}-sync-result"
 
 
 async def run_inline_tool(tool: Tool, call: ToolCall, context: ToolContext) -> ToolResult:

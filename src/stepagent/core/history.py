@@ -111,6 +111,7 @@ class HistoryManager:
         self._interrupted: list[str] = []
         self._processed: dict[str, bool] = {}
         self._answered: set[str] = {cid for item in items if (cid := answered_call_id(item)) is not None}
+        self._answer_checked: set[str] = set()  # call ids whose answered status was read from the store
         self.rows_read = 0
         #: Rows made durable by this manager's syncs, in order (what observers and outputs report).
         self.committed_rows: list[StoredRow] = []
@@ -148,13 +149,14 @@ class HistoryManager:
         if wanted:
             done = await self.state.filter_processed(self.thread_id, wanted)
             self._processed.update({m: m in done for m in wanted})
-        calls = list(dict.fromkeys(tool_call_ids))
+        calls = list(tool_call_ids)
         tail = self.pending_tool_call()
         if tail is not None:
             calls.append(tail.call.id)
-        calls = [c for c in calls if c not in self._answered]
+        calls = [c for c in dict.fromkeys(calls) if c not in self._answered and c not in self._answer_checked]
         if calls:
             self._answered.update(await self.state.filter_answered(self.thread_id, calls))
+            self._answer_checked.update(calls)
 
     async def is_processed(self, message_id: str) -> bool:
         if message_id not in self._processed:

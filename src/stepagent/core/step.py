@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stepagent.core import texts
-from stepagent.core.completion import CompletionRunner, RetryPolicy, run_inline_tool
+from stepagent.core.completion import CompletionRunner, RetryPolicy, run_inline_tool, sync_result_id
 from stepagent.core.history import HistoryManager
 from stepagent.core.prepare import Preparer
 from stepagent.errors import ToolError, TransientError
@@ -199,7 +199,7 @@ class ThreadStep:
                     call_id=intent.call_id,
                 )
                 result = await run_inline_tool(tool, call, self._context(history, call.id, call.call_id))
-                history.append_generated(ToolResultItem(result=result), f"{call.id}-sync-result-redrive")
+                history.append_generated(ToolResultItem(result=result), sync_result_id(call.id))
                 await self._commit_and_report(history)
                 await self.state.mark_intent_done(self.thread_id, intent.tool_call_id)
                 owes_completion = True

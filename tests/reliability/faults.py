@@ -1,0 +1,106 @@
+"""Crash injection at I/O boundaries, and a FIFO queue that redelivers what was not acknowledged.
+
+``InjectedCrash`` derives from ``BaseException`` so that no ``except Exception`` in the runtime can
+swallow it: it models the process dying (a Lambda timeout or OOM) between two I/O calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepagent.messages import InputMessage
+
+
+class InjectedCrash(BaseException):
+    pass
+
+
+@dataclass
+class FaultPlan:
+    """Counts I/O calls across every wrapped object; raises ``InjectedCrash`` before call ``crash_at``."""
+
+    crash_at: int | None = None
+    calls: int = 0
+    log: list[str] = field(default_factory=list)
+    crashed: bool = False
+
+    def tick(self, name: str) -> None:
+        self.calls += 1
+        self.log.append(name)
+        if self.crash_at is not None and self.calls == self.crash_at and not self.crashed:
+            self.crashed = True
+            raise InjectedCrash(f"crash before I/O #{self.calls} ({name})")
+
+
+class Faulty:
+    """Wraps an object so each of its async methods (and async generators) counts as one I/O call."""
+
+    def __init__(self, inner: Any, plan: FaultPlan, label: str) -> None:
+        self._inner = inner
+        self._plan = plan
+        self._label = label
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if inspect.isasyncgenfunction(attr):
+            return self._wrap_gen(attr, name)
+        if inspect.iscoroutinefunction(attr):
+            return self._wrap(attr, name)
+        return attr
+
+    def _wrap(self, method: Callable[..., Any], name: str) -> Callable[..., Any]:
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            self._plan.tick(f"{self._label}.{name}")
+            return await method(*args, **kwargs)
+
+        return call
+
+    def _wrap_gen(
+        self, method: Callable[..., AsyncIterator[Any]], name: str
+    ) -> Callable[..., AsyncIterator[Any]]:
+        async def gen(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            self._plan.tick(f"{self._label}.{name}")
+            async for item in method(*args, **kwargs):
+                yield item
+
+        return gen
+
+
+@dataclass
+class Received:
+    message: InputMessage
+    message_id: str
+
+
+@dataclass
+class FifoQueue:
+    """An SQS-FIFO-like queue: one message group in flight at a time, unacknowledged messages are
+    delivered again, optional deduplication by (group, dedup id)."""
+
+    dedupe: bool = True
+    messages: list[Received] = field(default_factory=list)
+    seen: set[tuple[str, str]] = field(default_factory=set)
+    sends: list[tuple[str, str]] = field(default_factory=list)
+
+    async def send(self, message: InputMessage, dedup_id: str) -> None:
+        self.sends.append((message.group_id, dedup_id))
+        key = (message.group_id, dedup_id)
+        if self.dedupe and key in self.seen:
+            return
+        self.seen.add(key)
+        logical = message if message.id is not None else message.model_copy(update={"id": dedup_id})
+        self.messages.append(Received(logical, logical.id or dedup_id))
+
+    def receive(self, limit: int = 10) -> list[Received]:
+        """The oldest group's first ``limit`` messages (not removed until acknowledged)."""
+        if not self.messages:
+            return []
+        group = self.messages[0].message.group_id
+        return [m for m in self.messages if m.message.group_id == group][:limit]
+
+    def ack(self, received: list[Received]) -> None:
+        ids = {id(r) for r in received}
+        self.messages = [m for m in self.messages if id(m) not in ids]
