@@ -1,0 +1,11 @@
+"""stepagent: a serverless runtime for AI agents that live on a queue.
+
+Public entry points: :func:`tool` (turn a function into a tool), :class:`InputMessage` (the wire
+format), :class:`AgentSystem` (step mode).
+"""
+
+from stepagent.messages import InputMessage
+from stepagent.system.step_mode import AgentSystem
+from stepagent.tools.functions import tool
+
+__all__ = ["AgentSystem", "InputMessage", "tool"]
