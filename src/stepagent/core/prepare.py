@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stepagent.core import texts
-from stepagent.core.history import HistoryManager
+from stepagent.core.history import INTERRUPTED_TEXT, HistoryManager
 from stepagent.core.ids import derived_id
 from stepagent.errors import ConcurrentWriteError
 from stepagent.events import (
@@ -76,6 +76,8 @@ class Preparer:
     sender: InputSender
     emit: Callable[[AgentEvent], None]
     pending_choices: list[UserChoiceRequired] = field(default_factory=list)
+    #: Tools whose late results (after an interruption answered the call) are still shown, as events.
+    passive_tools: frozenset[str] = frozenset()
     _subscriptions: set[str] | None = None
 
     @property
@@ -113,6 +115,11 @@ class Preparer:
         if isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage):
             assert isinstance(content, ToolResult)  # guaranteed by InputMessage validation
             return await self._prepare_event(message, synthetic, content, message_id)
+
+        if isinstance(content, ToolResult):
+            late = await self._interrupted_passive_call(content.id)
+            if late is not None:
+                return await self._inline(late, content, message_id, child=None)
 
         item: HistoryItem
         if isinstance(content, ToolResult):
@@ -160,27 +167,35 @@ class Preparer:
             history.record_processed(message_id)
             return False
 
+        child = synthetic.child_thread_id if isinstance(synthetic, ThreadReport) else None
+        if not await self._inline(original, content, message_id, child=child):
+            return False
+        if isinstance(synthetic, SubscriptionEvent) and synthetic.final:
+            history.remove_subscription(original_id)
+        return True
+
+    async def _inline(
+        self, original: ToolCallItem, content: ToolResult, message_id: str, *, child: str | None
+    ) -> bool:
+        """Append ``content`` as a ``receive_event__injected`` call/result pair attributed to ``original``."""
         invocation_id = derived_id("event", self.thread_id, message_id)
         invocation = ToolCall(
             id=invocation_id,
             name=INJECTED_TOOL_NAME,
             arguments={
                 "original_args": original.call.arguments,
-                "original_tool_call_id": original_id,
+                "original_tool_call_id": original.call.id,
                 "original_tool_name": original.call.name,
             },
         )
-        child = synthetic.child_thread_id if isinstance(synthetic, ThreadReport) else None
         item = EventItem(
             result=content.with_id(invocation_id, call_id=content.call_id),
-            tool_call_id=original_id,
+            tool_call_id=original.call.id,
             child_thread_id=child,
             invocation=invocation,
         )
-        if not await history.handle_content(item, message_id):
+        if not await self.history.handle_content(item, message_id):
             return False
-        if isinstance(synthetic, SubscriptionEvent) and synthetic.final:
-            history.remove_subscription(original_id)
         text = content.first_text()
         if text is not None:
             if child is not None:
@@ -189,6 +204,17 @@ class Preparer:
                 name = f"{original.call.name}({json.dumps(original.call.arguments, separators=(',', ':'))})"
             self.emit(SubscriptionEventReceived(name=name, text=text))
         return True
+
+    async def _interrupted_passive_call(self, tool_call_id: str) -> ToolCallItem | None:
+        """The call, if ``tool_call_id`` names a passive tool's call (a timer) that an interruption
+        answered: its late result is news for the model, not a duplicate."""
+        original = self.history.find_tool_call(tool_call_id)
+        if original is None or original.call.name not in self.passive_tools:
+            return None
+        for item in self.history.history:
+            if isinstance(item, ToolResultItem) and item.result.id == tool_call_id:
+                return original if item.result.first_text() == INTERRUPTED_TEXT else None
+        return None
 
     async def _active_subscriptions(self) -> set[str]:
         if self._subscriptions is None:

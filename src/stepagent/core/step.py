@@ -112,7 +112,10 @@ class ThreadStep:
             return StepOutcome(self.thread_id)
 
         batch = await self._apply_deferral(history, list(inputs))
-        preparer = Preparer(history, self.conversation, self.state, self.config.sender, self.emit)
+        passive = frozenset(t.name for t in self.config.toolset if t.passive)
+        preparer = Preparer(
+            history, self.conversation, self.state, self.config.sender, self.emit, passive_tools=passive
+        )
         preparer.pending_choices.extend(await self._choices_if_needed(batch))
         ready = False
         last_ready_id = inputs[-1].message_id if inputs else "redrive"
