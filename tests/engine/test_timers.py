@@ -10,7 +10,6 @@ from stepagent.errors import ToolError
 from stepagent.history_items import AssistantText, EventItem, ToolResultItem, UserItem
 from stepagent.providers.base import Final
 from stepagent.tools.sleep import InProcessTimers, Sleep, SleepUntil, resolve_local_time
-
 from tests.engine.harness import Harness, ReplayProvider, call, text
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -41,7 +40,7 @@ async def test_sleep_wakes_the_thread_when_due() -> None:
 
 
 async def test_redispatched_timer_is_scheduled_once() -> None:
-    h, timers = timed_harness(ReplayProvider())
+    _, timers = timed_harness(ReplayProvider())
     from stepagent.messages import InputMessage, ToolResult
 
     message = InputMessage.tool_result("t1", ToolResult.text("z1", "Slept for 1 seconds"))
