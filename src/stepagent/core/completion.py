@@ -15,8 +15,9 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from stepagent.core import texts
@@ -33,8 +34,16 @@ from stepagent.events import (
     ToolCallStarted,
     ToolResultReceived,
 )
-from stepagent.history_items import INJECTED_TOOL_NAME, AssistantText, Reasoning, ToolCallItem, ToolResultItem
-from stepagent.messages import ToolCall, ToolResult
+from stepagent.history_items import (
+    INJECTED_TOOL_NAME,
+    AssistantText,
+    EventItem,
+    HistoryItem,
+    Reasoning,
+    ToolCallItem,
+    ToolResultItem,
+)
+from stepagent.messages import ImageBlock, TextBlock, ToolCall, ToolResult
 from stepagent.providers.base import (
     Final,
     ModelProvider,
@@ -105,7 +114,7 @@ class CompletionRunner:
     def _request(self) -> ModelRequest:
         return ModelRequest(
             system=self.system_prompt,
-            history=list(self.history.history),
+            history=model_view(self.history.history, self.provider.info.supports_image_input),
             tools=self.toolset.specs(),
             model=self.provider.info,
             thread_stack=self.history.thread_stack,
@@ -208,6 +217,11 @@ class CompletionRunner:
                     if usage is not None:
                         outcome.usage = usage
                     return True
+        if self.cancel is not None and self.cancel.is_set():
+            # Cancelled while waiting for the next chunk: keep the visible partial turn, never retry.
+            self._end_thinking()
+            history.flush_turn_trimming_reasoning()
+            outcome.cancelled = True
         return False
 
     async def _on_tool_call(
@@ -232,9 +246,13 @@ class CompletionRunner:
         )
         if not tool.inline:
             outcome.action = ToolCallItem(call=call, display_as=display)
+            if tool.referenced_later:
+                history.index_call(call)
             return
         # Commit the call (and an intent to run it) before running it: a crash from here on is re-driven.
         history.add_intent(DispatchIntent(call.id, call.name, call.arguments, call.call_id))
+        if tool.referenced_later:
+            history.index_call(call)
         await history.sync()
         result = await run_inline_tool(tool, call, self.make_context(call.id, call.call_id))
         first = result.first_text()
@@ -249,6 +267,26 @@ class CompletionRunner:
 class _RoundState:
     emitted_call: bool = False
     loop_back: bool = False
+
+
+def model_view(history: Sequence[HistoryItem], supports_image_input: bool) -> list[HistoryItem]:
+    """The history as the model is shown it: for a model without image input, every image block inside a
+    tool result (or event result) is replaced by a text placeholder. Stored history is never changed."""
+    if supports_image_input:
+        return list(history)
+    view: list[HistoryItem] = []
+    for item in history:
+        if isinstance(item, ToolResultItem | EventItem) and any(
+            isinstance(block, ImageBlock) for block in item.result.content
+        ):
+            content = [
+                TextBlock(text=texts.IMAGE_OMITTED) if isinstance(block, ImageBlock) else block
+                for block in item.result.content
+            ]
+            result = ToolResult(id=item.result.id, call_id=item.result.call_id, content=content)
+            item = dataclasses.replace(item, result=result)
+        view.append(item)
+    return view
 
 
 def sync_result_id(tool_call_id: str) -> str:

@@ -33,7 +33,7 @@ from stepagent.history_items import (
     ToolResultItem,
     answered_call_id,
 )
-from stepagent.messages import ToolResult
+from stepagent.messages import ToolCall, ToolResult
 from stepagent.stores.base import (
     Commit,
     ConversationStore,
@@ -60,6 +60,7 @@ class _PendingCommit:
     deferred_added: list[DeferredInput] = field(default_factory=list)
     deferred_removed: list[str] = field(default_factory=list)
     metadata: tuple[str, Any] | None = None
+    indexed_calls: list[ToolCall] = field(default_factory=list)
 
     def to_commit(self, expected_version: int) -> Commit:
         return Commit(
@@ -73,6 +74,7 @@ class _PendingCommit:
             deferred_added=list(self.deferred_added),
             deferred_removed=list(self.deferred_removed),
             metadata=self.metadata,
+            indexed_calls=list(self.indexed_calls),
         )
 
 
@@ -275,6 +277,13 @@ class HistoryManager:
 
     def track_subscription(self, tool_call_id: str) -> None:
         self._pending.subscriptions_added.append(tool_call_id)
+        found = self.find_tool_call(tool_call_id)
+        if found is not None:
+            self.index_call(found.call)
+
+    def index_call(self, call: ToolCall) -> None:
+        """Keep ``call`` findable by id after compaction hides it (events and reports refer to it)."""
+        self._pending.indexed_calls.append(call)
 
     def remove_subscription(self, tool_call_id: str) -> None:
         self._pending.subscriptions_removed.append(tool_call_id)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -78,6 +79,8 @@ class Preparer:
     pending_choices: list[UserChoiceRequired] = field(default_factory=list)
     #: Tools whose late results (after an interruption answered the call) are still shown, as events.
     passive_tools: frozenset[str] = frozenset()
+    clock: Callable[[], float] = time.time
+    compaction_lease_seconds: float = 3600.0
     _subscriptions: set[str] | None = None
 
     @property
@@ -92,11 +95,18 @@ class Preparer:
         synthetic = message.synthetic
         if isinstance(synthetic, CompactionComplete):
             await history.apply_compaction()
+            await self.state.release_compaction(self.thread_id)
             history.record_processed(message_id)
             self.emit(CompactionApplied())
             return False
         if isinstance(synthetic, Compaction):
-            await self._spawn_compaction_child(message_id)
+            # The durable claim makes compactions of one thread exclusive, across steps and processes;
+            # the lease frees it if a compaction child never finishes.
+            lease = self.compaction_lease_seconds
+            if await self.state.claim_compaction(self.thread_id, message_id, self.clock(), lease):
+                await self._spawn_compaction_child(message_id)
+            else:
+                self.emit(Info("A compaction of this thread is already in progress"))
             history.record_processed(message_id)
             return False
         if message.metadata is not None:
@@ -222,22 +232,15 @@ class Preparer:
         return self._subscriptions
 
     async def _find_call(self, tool_call_id: str) -> ToolCallItem | None:
-        """The original call: in the visible history, else in the durable logs (own log, then what the
-        thread inherited), which compaction never deletes."""
+        """The original call: in the visible history, else in the durable call index of this thread or an
+        ancestor (spawn and subscription calls are indexed when committed), which compaction never hides."""
         found = self.history.find_tool_call(tool_call_id)
         if found is not None:
             return found
-        if self.history.compacted_up_to is None and not self.history.history:
-            return None
-        sources: list[tuple[str, int | None]] = [(self.thread_id, self.history.compacted_up_to or 0)]
-        info = self.history.info
-        while info is not None and info.parent_id is not None:
-            sources.append((info.parent_id, info.spawn_order))
-            info = await self.conversation.get_thread(info.parent_id)
-        for thread_id, up_to in sources:
-            async for row in self.conversation.load_rows(thread_id, 0, up_to):
-                if isinstance(row.item, ToolCallItem) and row.item.call.id == tool_call_id:
-                    return row.item
+        for thread_id in reversed(self.history.thread_stack):
+            call = await self.state.indexed_call(thread_id, tool_call_id)
+            if call is not None:
+                return ToolCallItem(call=call)
         return None
 
     async def _route_to_event_child(self, original: ToolCallItem, event: ToolResult, message_id: str) -> None:

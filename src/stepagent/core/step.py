@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from stepagent.core import texts
 from stepagent.core.completion import CompletionRunner, RetryPolicy, run_inline_tool, sync_result_id
 from stepagent.core.history import HistoryManager
+from stepagent.core.ids import derived_id
 from stepagent.core.prepare import Preparer
 from stepagent.errors import ToolError, TransientError
 from stepagent.events import (
@@ -36,10 +38,18 @@ from stepagent.events import (
     UserChoiceDismissed,
 )
 from stepagent.history_items import EventItem, ToolResultItem, UserItem
-from stepagent.messages import InputMessage, ToolCall, ToolResult, UserChoiceRequired, is_deferrable_synthetic
+from stepagent.messages import (
+    Compaction,
+    InputMessage,
+    TextContent,
+    ToolCall,
+    ToolResult,
+    UserChoiceRequired,
+    is_deferrable_synthetic,
+)
 from stepagent.providers.base import ModelProvider, Usage
 from stepagent.senders.base import InputSender
-from stepagent.stores.base import ConversationStore, DeferredInput, DispatchIntent, StateStore
+from stepagent.stores.base import ConversationStore, DeferredInput, DispatchIntent, StateStore, ThreadKind
 from stepagent.tools.base import FunctionRunner, LifecycleNotifier, TimerBackend, ToolContext, Toolset
 
 log = logging.getLogger(__name__)
@@ -58,6 +68,15 @@ class StepConfig:
     runner: FunctionRunner | None = None
     notifier: LifecycleNotifier | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: Compact a thread when a completion's usage passes this share of the model's context window.
+    compaction_threshold: float = 0.75
+    compaction_lease_seconds: float = 3600.0
+    clock: Callable[[], float] = time.time
+
+
+def should_compact(usage: Usage | None, context_window: int, threshold: float = 0.75) -> bool:
+    """The reference's rule: total tokens strictly above the threshold of a known context window."""
+    return usage is not None and context_window > 0 and usage.total_tokens > context_window * threshold
 
 
 @dataclass(slots=True)
@@ -114,7 +133,14 @@ class ThreadStep:
         batch = await self._apply_deferral(history, list(inputs))
         passive = frozenset(t.name for t in self.config.toolset if t.passive)
         preparer = Preparer(
-            history, self.conversation, self.state, self.config.sender, self.emit, passive_tools=passive
+            history,
+            self.conversation,
+            self.state,
+            self.config.sender,
+            self.emit,
+            passive_tools=passive,
+            clock=self.config.clock,
+            compaction_lease_seconds=self.config.compaction_lease_seconds,
         )
         preparer.pending_choices.extend(await self._choices_if_needed(batch))
         ready = False
@@ -165,7 +191,25 @@ class ThreadStep:
             self.emit(StepFailed(message=error, retrying=False))
         if intent is not None:
             await self._dispatch(history, intent)
+        await self._maybe_trigger_compaction(history, outcome.usage, model.context_window)
         return StepOutcome(self.thread_id, True, outcome.usage, model.context_window, error)
+
+    async def _maybe_trigger_compaction(
+        self, history: HistoryManager, usage: Usage | None, window: int
+    ) -> None:
+        """Ask this thread to compact itself. The request is an input like any other, so it is ordered
+        with the thread's other inputs; its preparation takes the durable claim, so a request sent while a
+        compaction runs is dropped there. The id depends on the committed version: a re-run of this step
+        re-sends the same request."""
+        if not should_compact(usage, window, self.config.compaction_threshold):
+            return
+        if history.info is not None and history.info.kind == ThreadKind.COMPACTION:
+            return
+        request = InputMessage(content=TextContent(text=""), group_id=self.thread_id, synthetic=Compaction())
+        await self.config.sender.send(
+            request, derived_id("compaction-request", self.thread_id, str(history.version))
+        )
+        self.emit(Info("✦ Auto-compaction triggered (context > 75%)"))
 
     async def _commit_and_report(self, history: HistoryManager) -> None:
         if history.info is None and not history.has_pending_rows:

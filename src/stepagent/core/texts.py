@@ -47,6 +47,7 @@ FORBIDDEN_TOOL = (
 )
 UNKNOWN_TOOL = "Error: tool '{name}' does not exist"
 DISPATCH_FAILED = "Error: Tool call failed: {error}"
+IMAGE_OMITTED = "[image omitted: the current model does not support image inputs]"
 
 SPAWN_OK = (
     "Child thread is successfully spawned and has ID: {child}. You will be notified automatically when the "

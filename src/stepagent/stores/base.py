@@ -20,7 +20,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from stepagent.history_items import HistoryItem, Summary
-from stepagent.messages import InputMessage, UserChoiceRequired
+from stepagent.messages import InputMessage, ToolCall, UserChoiceRequired
 
 
 class ThreadKind(StrEnum):
@@ -87,10 +87,13 @@ class Commit:
     deferred_added: Sequence[DeferredInput] = ()
     deferred_removed: Sequence[str] = ()
     metadata: tuple[str, Any] | None = None  # (root thread id, new value)
+    #: Calls that later inputs refer to (spawn and subscription calls), kept findable after compaction.
+    indexed_calls: Sequence[ToolCall] = ()
 
     def is_empty(self) -> bool:
         return not (
-            self.rows
+            self.indexed_calls
+            or self.rows
             or self.processed_message_ids
             or self.answered_tool_calls
             or self.intents_added
@@ -198,6 +201,19 @@ class StateStore(Protocol):
 
     async def deferred_inputs(self, thread_id: str) -> list[DeferredInput]:
         """Deferred events in the order they were deferred."""
+        ...
+
+    async def indexed_call(self, thread_id: str, tool_call_id: str) -> ToolCall | None:
+        """A call committed through ``Commit.indexed_calls`` (one point read)."""
+        ...
+
+    async def claim_compaction(self, thread_id: str, claim_id: str, now: float, lease_seconds: float) -> bool:
+        """Atomically mark a compaction of ``thread_id`` as in progress. ``False`` if another claim holds
+        (unexpired at ``now``); re-claiming with the same ``claim_id`` succeeds (idempotent)."""
+        ...
+
+    async def release_compaction(self, thread_id: str) -> None:
+        """Clear the in-progress mark (the summary landed, or the compaction was abandoned)."""
         ...
 
 

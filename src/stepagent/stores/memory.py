@@ -15,7 +15,7 @@ from typing import Any
 
 from stepagent.errors import ConcurrentWriteError
 from stepagent.history_items import Summary, decode_item, encode_item
-from stepagent.messages import UserChoiceRequired
+from stepagent.messages import ToolCall, UserChoiceRequired
 from stepagent.stores.base import Commit, DeferredInput, DispatchIntent, StoredRow, ThreadInfo, ThreadKind
 
 
@@ -27,6 +27,8 @@ class _ThreadState:
     choices: dict[str, UserChoiceRequired] = field(default_factory=dict)
     intents: dict[str, DispatchIntent] = field(default_factory=dict)
     deferred: dict[str, DeferredInput] = field(default_factory=dict)
+    calls: dict[str, ToolCall] = field(default_factory=dict)
+    compaction: tuple[str, float] | None = None  # (claim id, expires at)
 
 
 @dataclass(slots=True)
@@ -111,6 +113,8 @@ class InMemoryConversationStore:
             state.deferred[deferred.message_id] = deferred
         for message_id in commit.deferred_removed:
             state.deferred.pop(message_id, None)
+        for call in commit.indexed_calls:
+            state.calls[call.id] = call
         if commit.metadata is not None:
             root_id, value = commit.metadata
             backend.metadata[root_id] = copy.deepcopy(value)
@@ -186,6 +190,20 @@ class InMemoryStateStore:
 
     async def deferred_inputs(self, thread_id: str) -> list[DeferredInput]:
         return list(self._state(thread_id).deferred.values())
+
+    async def indexed_call(self, thread_id: str, tool_call_id: str) -> ToolCall | None:
+        return self._state(thread_id).calls.get(tool_call_id)
+
+    async def claim_compaction(self, thread_id: str, claim_id: str, now: float, lease_seconds: float) -> bool:
+        state = self._state(thread_id)
+        held = state.compaction
+        if held is not None and held[0] != claim_id and held[1] > now:
+            return False
+        state.compaction = (claim_id, now + lease_seconds)
+        return True
+
+    async def release_compaction(self, thread_id: str) -> None:
+        self._state(thread_id).compaction = None
 
 
 def memory_stores() -> tuple[InMemoryConversationStore, InMemoryStateStore]:

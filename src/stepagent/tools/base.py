@@ -88,6 +88,9 @@ class Tool:
     parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
     inline: ClassVar[bool] = False
     passive: ClassVar[bool] = False
+    #: Later inputs (reports, parent messages) refer to this tool's calls by id, so the runtime indexes
+    #: them durably: they stay resolvable after compaction hides them.
+    referenced_later: ClassVar[bool] = False
 
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)

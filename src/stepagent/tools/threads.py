@@ -57,6 +57,7 @@ class SpawnThread(Tool):
         "required": ["instructions", "child_of"],
     }
     inline = True
+    referenced_later = True
 
     async def execute(self, arguments: dict[str, Any], context: ToolContext) -> ToolResult:
         raw_stack = arguments.get("child_of")
