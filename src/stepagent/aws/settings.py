@@ -1,0 +1,170 @@
+"""Typed settings, read once from the environment at cold start.
+
+Every ``STEPAGENT_*`` variable of the contract lives here. A missing or invalid value fails at start with
+one :class:`~stepagent.errors.ConfigurationError` that names the variable and says what is expected —
+never later, in the middle of a step. Handlers ask only for what they use (``require``), so the timer
+relay does not need a model configured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepagent.errors import ConfigurationError
+
+SETTING_NAMES = (
+    "STEPAGENT_CONVERSATION_TABLE",
+    "STEPAGENT_STATE_TABLE",
+    "STEPAGENT_INPUT_QUEUE_URL",
+    "STEPAGENT_OUTPUT_QUEUE_URL",
+    "STEPAGENT_DELAY_QUEUE_URL",
+    "STEPAGENT_TOOL_QUEUE_URL",
+    "STEPAGENT_BLOB_BUCKET",
+    "STEPAGENT_MODEL",
+    "STEPAGENT_TOOLS",
+    "STEPAGENT_RAP_SERVERS",
+    "STEPAGENT_CALLBACK_URL",
+    "STEPAGENT_CALLBACK_SECRET",
+    "STEPAGENT_MCP_SERVERS",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """One MCP server: stdio (``command``/``args``/``env``) or streamable HTTP (``url``/``headers``)."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    url: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    conversation_table: str | None = None
+    state_table: str | None = None
+    input_queue_url: str | None = None
+    output_queue_url: str | None = None
+    delay_queue_url: str | None = None
+    tool_queue_url: str | None = None
+    blob_bucket: str | None = None
+    model: str | None = None
+    tools: str | None = None
+    rap_servers: tuple[str, ...] = ()
+    callback_url: str | None = None
+    callback_secret: str | None = None
+    mcp_servers: tuple[McpServer, ...] = ()
+    endpoint_url: str | None = None
+    scheduler_role_arn: str | None = None
+    scheduler_dlq_arn: str | None = None
+    region: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+
+        def get(name: str) -> str | None:
+            value = env.get(name, "").strip()
+            return value or None
+
+        model = get("STEPAGENT_MODEL")
+        if model is not None and ":" not in model:
+            raise ConfigurationError(
+                f"STEPAGENT_MODEL={model!r} is invalid: expected <provider>:<model id>, e.g. "
+                "anthropic:claude-sonnet-4-5, openai:gpt-4o, bedrock:<model id> or scripted:<path>"
+            )
+        tools = get("STEPAGENT_TOOLS")
+        if tools is not None and ":" not in tools:
+            raise ConfigurationError(
+                f"STEPAGENT_TOOLS={tools!r} is invalid: expected package.module:name (e.g. myapp.tools:toolset)"
+            )
+        rap = tuple(
+            url.strip().rstrip("/") for url in (get("STEPAGENT_RAP_SERVERS") or "").split(",") if url.strip()
+        )
+        for url in rap:
+            if not url.startswith(("http://", "https://")):
+                raise ConfigurationError(
+                    f"STEPAGENT_RAP_SERVERS contains {url!r}, which is not an http(s) URL"
+                )
+        return cls(
+            conversation_table=get("STEPAGENT_CONVERSATION_TABLE"),
+            state_table=get("STEPAGENT_STATE_TABLE"),
+            input_queue_url=get("STEPAGENT_INPUT_QUEUE_URL"),
+            output_queue_url=get("STEPAGENT_OUTPUT_QUEUE_URL"),
+            delay_queue_url=get("STEPAGENT_DELAY_QUEUE_URL"),
+            tool_queue_url=get("STEPAGENT_TOOL_QUEUE_URL"),
+            blob_bucket=get("STEPAGENT_BLOB_BUCKET"),
+            model=model,
+            tools=tools,
+            rap_servers=rap,
+            callback_url=get("STEPAGENT_CALLBACK_URL"),
+            callback_secret=get("STEPAGENT_CALLBACK_SECRET"),
+            mcp_servers=_mcp_servers(get("STEPAGENT_MCP_SERVERS")),
+            endpoint_url=get("AWS_ENDPOINT_URL"),
+            scheduler_role_arn=get("STEPAGENT_SCHEDULER_ROLE_ARN"),
+            scheduler_dlq_arn=get("STEPAGENT_SCHEDULER_DLQ_ARN"),
+            region=get("AWS_REGION") or get("AWS_DEFAULT_REGION"),
+        )
+
+    def require(self, *names: str) -> None:
+        """Fail with one message listing every missing setting among ``names`` (environment names)."""
+        missing = [name for name in names if getattr(self, _attribute(name)) in (None, ())]
+        if missing:
+            raise ConfigurationError(
+                "missing required setting"
+                + ("s " if len(missing) > 1 else " ")
+                + ", ".join(missing)
+                + " (set them in the environment; `stepagent infra create` prints the resource ones)"
+            )
+
+
+def _attribute(name: str) -> str:
+    return name.removeprefix("STEPAGENT_").lower()
+
+
+def _mcp_servers(raw: str | None) -> tuple[McpServer, ...]:
+    if raw is None:
+        return ()
+    try:
+        data: Any = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"STEPAGENT_MCP_SERVERS is not valid JSON: {exc}") from None
+    if not isinstance(data, list):
+        raise ConfigurationError("STEPAGENT_MCP_SERVERS must be a JSON list of server objects")
+    servers: list[McpServer] = []
+    for index, entry in enumerate(data):
+        where = f"STEPAGENT_MCP_SERVERS[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise ConfigurationError(f"{where} needs a non-empty string 'name'")
+        has_command, has_url = isinstance(entry.get("command"), str), isinstance(entry.get("url"), str)
+        if has_command == has_url:
+            raise ConfigurationError(
+                f"{where} needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)"
+            )
+        args = entry.get("args", [])
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise ConfigurationError(f"{where}.args must be a list of strings")
+        for key in ("env", "headers"):
+            value = entry.get(key, {})
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+                raise ConfigurationError(f"{where}.{key} must be an object of strings")
+        servers.append(
+            McpServer(
+                name=entry["name"],
+                command=entry.get("command"),
+                args=tuple(args),
+                env=dict(entry.get("env", {})),
+                url=entry.get("url"),
+                headers=dict(entry.get("headers", {})),
+            )
+        )
+    names = [s.name for s in servers]
+    if len(names) != len(set(names)):
+        raise ConfigurationError("STEPAGENT_MCP_SERVERS has two servers with the same name")
+    return tuple(servers)
