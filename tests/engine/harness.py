@@ -143,3 +143,121 @@ class Harness:
         return [
             (r.order, r.message_id, encode_item(r.item)) async for r in self.conversation.load_rows(thread)
         ]
+
+
+# ---- conformance-suite helpers (appended) -------------------------------------------------------------
+
+
+@dataclass
+class HookedReplayProvider(ReplayProvider):
+    """A ``ReplayProvider`` whose streams may also contain zero-argument callables, run at that point of
+    the stream (e.g. to set a cancel event between two chunks)."""
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        self.requests.append(request)
+        if not self.streams:
+            raise AssertionError(f"unexpected model request #{len(self.requests)}")
+        for event in self.streams.pop(0):
+            if isinstance(event, Exception):
+                raise event
+            if callable(event):
+                event()
+                continue
+            yield event
+
+
+@dataclass
+class ThreadRoutedProvider:
+    """Answers each thread from its own queue of streams (keyed by the last entry of the request's thread
+    stack), so multi-thread scenarios do not depend on the order in which threads happen to run."""
+
+    streams: dict[str, list[list[StreamEvent | Exception]]] = field(default_factory=dict)
+    requests: list[ModelRequest] = field(default_factory=list)
+    model: ModelInfo = field(default_factory=lambda: ModelInfo("routed", context_window=1000))
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.model
+
+    def then(self, thread: str, *events: StreamEvent | Exception) -> ThreadRoutedProvider:
+        self.streams.setdefault(thread, []).append(list(events))
+        return self
+
+    def requests_of(self, thread: str) -> list[ModelRequest]:
+        return [r for r in self.requests if r.thread_stack and r.thread_stack[-1] == thread]
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        self.requests.append(request)
+        thread = request.thread_stack[-1] if request.thread_stack else ""
+        queue = self.streams.get(thread)
+        if not queue:
+            raise AssertionError(f"unexpected model request for thread {thread!r}")
+        for event in queue.pop(0):
+            if isinstance(event, Exception):
+                raise event
+            yield event
+
+
+@dataclass
+class RecordingNotifier:
+    """A ``LifecycleNotifier`` that records what it was told."""
+
+    cancelled: list[tuple[str, str]] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+
+    async def cancel_tool_call(self, thread_id: str, tool_call_id: str) -> None:
+        self.cancelled.append((thread_id, tool_call_id))
+
+    async def thread_closed(self, thread_id: str) -> None:
+        self.closed.append(thread_id)
+
+
+@dataclass
+class ContextRecordingTool(Tool):
+    """An asynchronous tool that records the whole ``ToolContext`` of each dispatch."""
+
+    tool_name: str = "inspect"
+    contexts: list[ToolContext] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.name = self.tool_name  # type: ignore[misc]
+        self.description = "Records its context."  # type: ignore[misc]
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> None:
+        self.contexts.append(context)
+
+
+def tool_context(
+    h: Harness,
+    thread_id: str,
+    tool_call_id: str,
+    *,
+    call_id: str | None = None,
+    stack: list[str] | None = None,
+) -> ToolContext:
+    """A ``ToolContext`` over the harness's stores and queue, for calling a tool's ``execute`` directly."""
+    return ToolContext(
+        thread_id=thread_id,
+        tool_call_id=tool_call_id,
+        call_id=call_id,
+        thread_stack=stack if stack is not None else [thread_id],
+        sender=h.sender,
+        conversation=h.conversation,
+        state=h.state,
+        notifier=h.config.notifier,
+    )
+
+
+def sent_to(h: Harness, group_id: str) -> list[tuple[str, InputMessage]]:
+    """Everything ever sent to ``group_id`` through the harness queue, as (dedup/message id, message)."""
+    return [(q.message_id, q.message) for q in h.sender.sent if q.message.group_id == group_id]
+
+
+async def step_queued(h: Harness) -> list[ThreadResult]:
+    """Step everything currently queued as one batch (one step per thread); raise a thread's failure."""
+    queued = h.sender.drain()
+    results = await h.system.step([StepInput(q.message, q.message_id) for q in queued], h.observer)
+    for result in results:
+        if result.error is not None:
+            raise result.error
+    return results

@@ -281,15 +281,23 @@ class ThreadStep:
         tool = self.config.toolset.get(pending.call.name) if pending is not None else None
         active = pending is not None and (tool is None or not tool.passive)
         if active and pending is not None:
-            settled = any(
-                i.message.is_user_text
-                or (
-                    i.message.synthetic is None
+            answer = next(
+                (
+                    n
+                    for n, i in enumerate(batch)
+                    if i.message.synthetic is None
                     and isinstance(i.message.content, ToolResult)
                     and i.message.content.id == pending.call.id
-                )
-                for i in batch
+                ),
+                None,
             )
+            settled = answer is not None or any(i.message.is_user_text for i in batch)
+            if answer is not None:
+                # Events that reached this batch before the call's result still wait for it.
+                early = batch[:answer]
+                waiting = [i for i in early if is_deferrable_synthetic(i.message.synthetic)]
+                rest = [i for i in early if not is_deferrable_synthetic(i.message.synthetic)]
+                batch = [*rest, batch[answer], *waiting, *batch[answer + 1 :]]
             if not settled:
                 kept = []
                 for item in batch:
