@@ -236,8 +236,10 @@ def is_inline_synthetic(synthetic: object) -> bool:
 
 
 def is_deferrable_synthetic(synthetic: object) -> bool:
-    """Events that wait for a pending non-passive tool call instead of interrupting it."""
-    return isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage)
+    """Events that wait for a pending non-passive tool call instead of interrupting it: the inline kinds.
+    A non-associative subscription event is not held back — it runs in its own child thread and never
+    touches the waiting thread's history."""
+    return is_inline_synthetic(synthetic)
 
 
 # ----------------------------------------------------------------------------------------------------------

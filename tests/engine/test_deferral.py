@@ -311,3 +311,27 @@ async def test_non_associative_event_during_sleep_goes_to_a_child_and_the_sleep_
     assert (await h.history(derived_id("event-child", "t1", "ev-1")))[-1] == AssistantText(
         "looking into build 10"
     )
+
+
+async def test_a_non_associative_event_is_routed_at_once_while_a_tool_runs() -> None:
+    """It runs in its own child thread, so holding it back would only delay it."""
+    from stepagent.messages import InputMessage, SubscriptionEvent, ToolResult
+    from stepagent.providers.base import Final
+    from tests.engine.harness import Harness, RecordingTool, ReplayProvider, call, text
+
+    provider = ReplayProvider().then(call("subscribe", "sub-1"), Final())
+    h = Harness(provider, [RecordingTool(tool_name="subscribe"), RecordingTool(tool_name="lookup")])
+    await h.say("t1", "watch", "m1")
+    provider.then(call("lookup", "tc-1"), Final())
+    await h.send(InputMessage.tool_result("t1", ToolResult.text("sub-1", "ok"), subscription=True), "r1")
+    await h.run()  # t1 now waits for lookup tc-1
+    provider.then(*text("child handles the event"))
+    event = InputMessage.tool_result(
+        "t1", ToolResult.text("sub-1", "build failed"), synthetic=SubscriptionEvent(tool_call_id="sub-1")
+    )
+    await h.send(event, "e1")
+    await h.run()
+    assert await h.state.deferred_inputs("t1") == []
+    children = [t for t, i in h.conversation.backend.threads.items() if i.parent_id == "t1"]
+    assert len(children) == 1
+    assert (await h.history(children[0]))[-1].text == "child handles the event"  # type: ignore[union-attr]

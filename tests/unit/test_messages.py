@@ -240,7 +240,9 @@ def test_synthetic_predicates() -> None:
     assert not is_inline_synthetic(CompactionComplete())
     assert not is_inline_synthetic(None)
 
-    assert is_deferrable_synthetic(SubscriptionEvent(tool_call_id="t"))
+    # A non-associative event runs in its own child thread, so it never waits for a pending call.
+    assert not is_deferrable_synthetic(SubscriptionEvent(tool_call_id="t"))
+    assert is_deferrable_synthetic(SubscriptionEvent(tool_call_id="t", associative=True))
     assert is_deferrable_synthetic(ThreadReport(tool_call_id="t", child_thread_id="c"))
     assert is_deferrable_synthetic(ParentMessage(tool_call_id="t"))
     assert not is_deferrable_synthetic(Compaction())
