@@ -149,6 +149,10 @@ class ConversationStore(Protocol):
 
     async def close_thread(self, thread_id: str) -> None: ...
 
+    async def children(self, thread_id: str) -> list[ThreadInfo]:
+        """The thread's direct children, in the order they were spawned."""
+        ...
+
     async def save_summary(self, thread_id: str, summary: Summary) -> None:
         """Store a compaction summary keyed by ``summary.up_to_order`` (a second save with the same
         order replaces the first)."""

@@ -127,6 +127,9 @@ class InMemoryConversationStore:
         if info is not None:
             self.backend.threads[thread_id] = replace(info, closed=True)
 
+    async def children(self, thread_id: str) -> list[ThreadInfo]:
+        return [info for info in self.backend.threads.values() if info.parent_id == thread_id]
+
     async def save_summary(self, thread_id: str, summary: Summary) -> None:
         self.backend.summaries.setdefault(thread_id, {})[summary.up_to_order] = summary.text
 

@@ -1,0 +1,1 @@
+"""The offline demo of ``stepagent run``: a scripted model and the tools it calls."""

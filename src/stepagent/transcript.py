@@ -1,0 +1,74 @@
+"""The stored transcript of a thread tree, as ``stepagent history`` shows it.
+
+Each item has ``thread_id``, ``kind`` (``user``, ``assistant``, ``reasoning``, ``tool_call``,
+``tool_result``, ``event``, ``summary``), ``order`` (its position in the thread's own log — the number
+``rewind --to`` takes; a summary carries the order it covers) and ``text`` where it has text. A child lists
+its own items only, never the prefix it inherited. Rows are streamed; memory stays bounded by one row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from stepagent.history_items import (
+    AssistantText,
+    EventItem,
+    HistoryItem,
+    Reasoning,
+    ToolCallItem,
+    ToolResultItem,
+    UserItem,
+)
+from stepagent.stores.base import ConversationStore
+
+
+def describe(thread_id: str, order: int, item: HistoryItem) -> dict[str, Any]:
+    """One transcript item for a stored row."""
+    out: dict[str, Any] = {"thread_id": thread_id, "order": order}
+    match item:
+        case UserItem():
+            out["kind"] = "user"
+            out["text"] = item.text if item.text is not None else f"[{item.content.type}]"
+        case AssistantText(text=text):
+            out.update(kind="assistant", text=text)
+        case Reasoning(text=text):
+            out.update(kind="reasoning", text=text)
+        case ToolCallItem(call=call):
+            out.update(kind="tool_call", name=call.name, args=call.arguments, tool_call_id=call.id)
+        case ToolResultItem(result=result):
+            out.update(kind="tool_result", tool_call_id=result.id, text=result.joined_text())
+        case EventItem(result=result, tool_call_id=original):
+            out.update(kind="event", tool_call_id=original, text=result.joined_text())
+    return out
+
+
+async def thread_items(store: ConversationStore, thread_id: str) -> AsyncIterator[dict[str, Any]]:
+    """The thread's own rows, with each compaction summary after the last row it covers."""
+    summaries = await _summaries(store, thread_id)
+    async for row in store.load_rows(thread_id):
+        yield describe(thread_id, row.order, row.item)
+        while summaries and summaries[0][0] == row.order:
+            order, text = summaries.pop(0)
+            yield {"thread_id": thread_id, "kind": "summary", "order": order, "text": text}
+
+
+async def _summaries(store: ConversationStore, thread_id: str) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    bound: int | None = None
+    while (summary := await store.latest_summary(thread_id, bound)) is not None:
+        found.append((summary.up_to_order, summary.text))
+        if summary.up_to_order <= 0:
+            break
+        bound = summary.up_to_order - 1
+    return sorted(found)
+
+
+async def tree_items(store: ConversationStore, root_id: str) -> AsyncIterator[dict[str, Any]]:
+    """The thread's transcript, then each descendant's (depth first, in spawn order)."""
+    pending = [root_id]
+    while pending:
+        thread_id = pending.pop(0)
+        async for item in thread_items(store, thread_id):
+            yield item
+        pending[0:0] = [child.thread_id for child in await store.children(thread_id)]
