@@ -133,6 +133,9 @@ class CompletionRunner:
     async def run(self) -> CompletionOutcome:
         outcome = CompletionOutcome()
         for _ in range(MAX_ROUNDS_PER_STEP):
+            if self.cancel is not None and self.cancel.is_set():
+                outcome.cancelled = True  # interrupted between rounds: the next step starts afresh
+                return outcome
             loop_back = await self._round(outcome)
             if not loop_back or outcome.error is not None or outcome.cancelled:
                 return outcome
