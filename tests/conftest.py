@@ -1,1 +1,164 @@
-"""Shared fixtures."""
+"""Shared fixtures.
+
+AWS: every test talks to one moto server (``ThreadedMotoServer`` on 127.0.0.1, a free port), started
+lazily the first time a test needs it and stopped at the end of the session. aioboto3 does not work under
+in-process ``mock_aws``, so clients always get the server's ``endpoint_url``. Fake credentials are forced
+into the environment when this module is imported, before any client exists, so a test can never reach
+real AWS with a developer's credentials. Each test gets uniquely named tables, so tests share no state.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import pytest
+
+from stepagent.aws.resources import ensure_tables
+from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
+from stepagent.stores.metrics import StoreMetrics
+
+REGION = "us-east-1"
+
+# Fake credentials, set at import so no client created during the session ever sees real ones; profile
+# and shared-file lookups are disabled for the same reason.
+for _name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+    os.environ.pop(_name, None)
+os.environ.update(
+    AWS_ACCESS_KEY_ID="testing",
+    AWS_SECRET_ACCESS_KEY="testing",
+    AWS_DEFAULT_REGION=REGION,
+    AWS_REGION=REGION,
+    AWS_CONFIG_FILE=os.devnull,
+    AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+    AWS_EC2_METADATA_DISABLED="true",
+)
+logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log is noise in test output
+
+# moto and aioboto3 are imported on first use, so test runs that never touch AWS do not pay for them.
+_server: Any = None  # moto.server.ThreadedMotoServer once started
+_server_url: str | None = None
+_server_lock = threading.Lock()
+_bucket: str | None = None
+
+
+@cache
+def aws_session() -> Any:
+    """One aioboto3 session for the whole run: it caches botocore's service models (clients are per loop)."""
+    import aioboto3
+
+    return aioboto3.Session(region_name=REGION)
+
+
+def moto_endpoint() -> str:
+    """The shared moto server's URL, starting the server on first use."""
+    global _server, _server_url
+    with _server_lock:
+        if _server_url is None:
+            from moto.server import ThreadedMotoServer
+
+            server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            server.start()
+            host, port = server.get_host_and_port()
+            _server, _server_url = server, f"http://{host}:{port}"
+        return _server_url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_moto_server() -> Iterator[None]:
+    yield
+    if _server is not None:
+        _server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_url() -> str:
+    return moto_endpoint()
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@asynccontextmanager
+async def aws_client(service: str) -> AsyncIterator[Any]:
+    """An aioboto3 low-level client for ``service`` on the moto server."""
+    async with aws_session().client(service, endpoint_url=moto_endpoint(), region_name=REGION) as client:
+        yield client
+
+
+async def shared_bucket(s3: Any) -> str:
+    """One blob bucket for the session. Sharing is safe: blob keys embed the thread, order, version and
+    content hash, so equal keys mean equal content."""
+    global _bucket
+    if _bucket is None:
+        name = unique_name("stepagent-blobs")
+        await s3.create_bucket(Bucket=name)
+        _bucket = name
+    return _bucket
+
+
+@dataclass
+class DynamoEnv:
+    """Everything a DynamoDB store test needs: clients on moto, fresh tables, the blob bucket, metrics."""
+
+    client: Any
+    s3: Any
+    conversation_table: str
+    state_table: str
+    bucket: str
+    metrics: StoreMetrics = field(default_factory=StoreMetrics)
+
+    def stores(
+        self,
+        *,
+        client: Any = None,
+        with_blobs: bool = True,
+        metrics: StoreMetrics | None = None,
+        page_size: int | None = 100,
+    ) -> tuple[DynamoConversationStore, DynamoStateStore]:
+        """A store pair over this env's tables (another instance each call, like another Lambda)."""
+        return dynamo_stores(
+            client if client is not None else self.client,
+            conversation_table=self.conversation_table,
+            state_table=self.state_table,
+            s3_client=self.s3 if with_blobs else None,
+            bucket=self.bucket if with_blobs else None,
+            metrics=metrics if metrics is not None else self.metrics,
+            page_size=page_size,
+        )
+
+
+@asynccontextmanager
+async def dynamo_env() -> AsyncIterator[DynamoEnv]:
+    """Fresh, uniquely named tables on the moto server; deleted afterwards to keep the server small."""
+    async with AsyncExitStack() as stack:
+        client = await stack.enter_async_context(aws_client("dynamodb"))
+        s3 = await stack.enter_async_context(aws_client("s3"))
+        conversation_table, state_table = unique_name("conversation"), unique_name("state")
+        await ensure_tables(client, conversation_table, state_table)
+        try:
+            yield DynamoEnv(client, s3, conversation_table, state_table, await shared_bucket(s3))
+        finally:
+            for table in (conversation_table, state_table):
+                await client.delete_table(TableName=table)
+
+
+@asynccontextmanager
+async def dynamo_store_pair() -> AsyncIterator[tuple[DynamoConversationStore, DynamoStateStore]]:
+    """A fresh, empty DynamoDB store pair (the contract suite's factory)."""
+    async with dynamo_env() as env:
+        yield env.stores()
+
+
+@pytest.fixture
+async def dynamo() -> AsyncIterator[DynamoEnv]:
+    async with dynamo_env() as env:
+        yield env

@@ -12,6 +12,7 @@ import pytest
 
 from stepagent.stores.base import ConversationStore, StateStore
 from stepagent.stores.memory import memory_stores
+from tests.conftest import dynamo_store_pair
 
 StorePair = tuple[ConversationStore, StateStore]
 
@@ -23,6 +24,7 @@ async def memory_factory() -> AsyncIterator[StorePair]:
 
 STORE_FACTORIES: dict[str, Callable[[], AbstractAsyncContextManager[StorePair]]] = {
     "memory": memory_factory,
+    "dynamodb": dynamo_store_pair,
 }
 
 

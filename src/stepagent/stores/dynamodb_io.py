@@ -1,0 +1,350 @@
+"""Plumbing shared by the DynamoDB stores: attribute helpers, write actions, and :class:`DynamoIo`.
+
+What it guarantees:
+
+- Every AWS call goes through :meth:`DynamoIo.call` (or the S3 helper), which counts it in
+  :class:`~stepagent.stores.metrics.StoreMetrics` and turns any botocore/aiobotocore/connection failure into
+  :class:`~stepagent.errors.StoreError` naming the operation and the table. Refused conditions surface as
+  :class:`ConditionFailed` / :class:`TransactionCancelled` (with DynamoDB's per-action reasons) so callers
+  can tell a lost race from an outage.
+- Payloads over :data:`INLINE_LIMIT` bytes are stored in S3 under a deterministic key ending in the
+  content's SHA-256 prefix (a retry rewrites the same object; a read verifies the hash), never inline.
+- Batch calls respect AWS's limits (25 writes, 100 keys) even where moto does not, and retry unprocessed
+  items with bounded backoff, failing loudly rather than dropping any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+import aiohttp
+from botocore.exceptions import BotoCoreError, ClientError
+
+from stepagent.errors import PayloadTooLargeError, StoreError
+from stepagent.history_items import CorruptRowError
+from stepagent.stores.metrics import StoreMetrics
+
+#: aioboto3 clients are untyped; this alias marks where one is expected (DynamoDB or S3, low-level).
+AwsClient: TypeAlias = Any
+Item: TypeAlias = dict[str, Any]
+
+#: Payloads (encoded rows, state JSON) larger than this many UTF-8 bytes go to S3 (items cap at 400 KB).
+INLINE_LIMIT = 350_000
+#: TransactWriteItems limits: 100 actions and 4 MB; the byte budget leaves room for our size estimate.
+MAX_TRANSACT_ACTIONS = 100
+TRANSACT_BYTE_BUDGET = 3_500_000
+#: Processed/answered markers outlive SQS's longest retention (14 days), so a redelivery still dedups.
+MARKER_TTL_S = 30 * 24 * 3600
+_BATCH_GET_KEYS = 100
+_BATCH_WRITE_ITEMS = 25  # moto does not enforce this limit; AWS does, so chunk ourselves
+_MAX_BATCH_ATTEMPTS = 8
+_NUMBER_SIZE = 11
+
+
+def s_attr(value: str) -> dict[str, str]:
+    return {"S": value}
+
+
+def n_attr(value: int) -> dict[str, str]:
+    return {"N": str(value)}
+
+
+def item_key(pk: str, sk: str) -> Item:
+    return {"pk": s_attr(pk), "sk": s_attr(sk)}
+
+
+def chunks(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(seq), size):
+        yield seq[start : start + size]
+
+
+def _value_size(value: Mapping[str, Any]) -> int:
+    # DynamoDB's item-size rules, for budgeting and metrics: a string counts its UTF-8 bytes. A number
+    # counts 11 bytes, the upper bound for our integers (< 10**19: one byte per two digits, plus one), so
+    # sizes do not creep with counters such as the tail: same commit shape, same size.
+    if "S" in value:
+        return len(str(value["S"]).encode())
+    if "N" in value:
+        return _NUMBER_SIZE
+    return 1
+
+
+def item_size(item: Mapping[str, Any]) -> int:
+    return sum(len(name.encode()) + _value_size(value) for name, value in item.items())
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One write, usable both as a TransactWriteItems action and as a standalone PutItem/UpdateItem call."""
+
+    kind: Literal["Put", "Update", "Delete", "ConditionCheck"]
+    request: Item
+    size: int
+    is_row: bool = False
+
+    def action(self) -> Item:
+        return {self.kind: self.request}
+
+
+def put(
+    table: str,
+    item: Item,
+    condition: str | None = None,
+    names: dict[str, str] | None = None,
+    values: Item | None = None,
+    *,
+    is_row: bool = False,
+) -> Write:
+    request: Item = {"TableName": table, "Item": item}
+    if condition is not None:
+        request["ConditionExpression"] = condition
+    if names:
+        request["ExpressionAttributeNames"] = names
+    if values:
+        request["ExpressionAttributeValues"] = values
+    return Write("Put", request, item_size(item), is_row=is_row)
+
+
+def delete(table: str, key: Item) -> Write:
+    return Write("Delete", {"TableName": table, "Key": key}, item_size(key))
+
+
+def update(
+    table: str, key: Item, expression: str, names: dict[str, str], values: Item, **extra: Any
+) -> Write:
+    request: Item = {
+        "TableName": table,
+        "Key": key,
+        "UpdateExpression": expression,
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
+        **extra,
+    }
+    # Approximate written size: the key plus every name and value the expression mentions.
+    size = item_size(key) + sum(len(n) for n in names.values()) + sum(_value_size(v) for v in values.values())
+    return Write("Update", request, size)
+
+
+class ConditionFailed(Exception):
+    """A single-item conditional write was refused."""
+
+
+class TransactionCancelled(Exception):
+    def __init__(self, reasons: list[str]) -> None:
+        super().__init__(", ".join(reasons))
+        self.reasons = reasons
+
+
+_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
+
+
+class DynamoIo:
+    """AWS calls with metrics, error mapping and the S3 claim check, shared by both stores."""
+
+    def __init__(
+        self, client: AwsClient, s3_client: AwsClient | None, bucket: str | None, metrics: StoreMetrics
+    ):
+        if bucket is not None and s3_client is None:
+            raise ValueError(f"blob bucket {bucket!r} given without an S3 client")
+        self.client = client
+        # An S3 client without a bucket (STEPAGENT_BLOB_BUCKET unset) means no blobs: large payloads are
+        # rejected with a clear PayloadTooLargeError, and reads of blob items fail loudly.
+        self.s3 = s3_client if bucket is not None else None
+        self.bucket = bucket
+        self.metrics = metrics
+
+    async def call(self, op: str, table: str, **kwargs: Any) -> Item:
+        self.metrics.count_call(op)
+        try:
+            response: Item = await getattr(self.client, _SNAKE.sub("_", op).lower())(**kwargs)
+        except ClientError as exc:
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            if code == "ConditionalCheckFailedException":
+                raise ConditionFailed from None
+            if code == "TransactionCanceledException":
+                reasons = [str(r.get("Code", "None")) for r in exc.response.get("CancellationReasons", [])]
+                raise TransactionCancelled(reasons) from None
+            raise StoreError(
+                f"DynamoDB {op} on table {table} failed: {code}: {error.get('Message', exc)}"
+            ) from exc
+        except (BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise StoreError(f"DynamoDB {op} on table {table} failed: {type(exc).__name__}: {exc}") from exc
+        return response
+
+    def count_written(self, writes: Sequence[Write]) -> None:
+        for write in writes:
+            if write.kind != "ConditionCheck":
+                self.metrics.items_written += 1
+                self.metrics.bytes_written += write.size
+
+    async def payload(self, text: str, blob_key: str) -> Item:
+        """``{"body": text}``, or for a payload over :data:`INLINE_LIMIT` ``{"blob": key}`` after putting it
+        to S3 under ``{blob_key}-{sha256[:16]}`` (deterministic: a retry rewrites the same object)."""
+        data = text.encode()
+        if len(data) <= INLINE_LIMIT:
+            return {"body": s_attr(text)}
+        if self.s3 is None or self.bucket is None:
+            raise PayloadTooLargeError(
+                f"{blob_key}: {len(data)} bytes exceeds the {INLINE_LIMIT}-byte DynamoDB item budget and no "
+                "blob bucket is configured (set STEPAGENT_BLOB_BUCKET)"
+            )
+        key = f"{blob_key}-{hashlib.sha256(data).hexdigest()[:16]}"
+        await self._s3("PutObject", key, Body=data)
+        self.metrics.bytes_written += len(data)
+        return {"blob": s_attr(key)}
+
+    async def read_payload(self, item: Item, what: str) -> str:
+        if "body" in item:
+            return str(item["body"]["S"])
+        if "blob" not in item:
+            raise CorruptRowError(f"{what} has neither body nor blob")
+        key = str(item["blob"]["S"])
+        if self.s3 is None:
+            raise StoreError(
+                f"{what} is stored in S3 ({key}) but no blob bucket is configured (set STEPAGENT_BLOB_BUCKET)"
+            )
+        response = await self._s3("GetObject", key)
+        try:
+            async with response["Body"] as stream:
+                data: bytes = await stream.read()
+        except (BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise StoreError(f"S3 GetObject {self.bucket}/{key} failed while reading: {exc}") from exc
+        # The key ends with the content hash: check it, so a truncated or swapped object is never decoded.
+        if not key.endswith("-" + hashlib.sha256(data).hexdigest()[:16]):
+            raise CorruptRowError(f"{what}: S3 object {key} does not match its content hash")
+        return data.decode()
+
+    async def _s3(self, op: str, key: str, **kwargs: Any) -> Item:
+        self.metrics.count_call(f"s3:{op}")
+        try:
+            response: Item = await getattr(self.s3, _SNAKE.sub("_", op).lower())(
+                Bucket=self.bucket, Key=key, **kwargs
+            )
+        except (ClientError, BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise StoreError(f"S3 {op} {self.bucket}/{key} failed: {exc}") from exc
+        return response
+
+    async def query_prefix(self, table: str, pk: str, prefix: str) -> list[Item]:
+        """All items of ``pk`` whose sort key starts with ``prefix`` (small, bounded sets only)."""
+        kwargs: Item = {
+            "TableName": table,
+            "KeyConditionExpression": "#pk = :pk AND begins_with(#sk, :prefix)",
+            "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
+            "ExpressionAttributeValues": {":pk": s_attr(pk), ":prefix": s_attr(prefix)},
+            "ConsistentRead": True,
+        }
+        items: list[Item] = []
+        while True:
+            page = await self.call("Query", table, **kwargs)
+            items.extend(page.get("Items", []))
+            if not page.get("LastEvaluatedKey"):
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+    async def batch_get(self, table: str, keys: Sequence[Item], *, keys_only: bool = False) -> list[Item]:
+        """Consistent BatchGetItem in chunks of 100, retrying ``UnprocessedKeys`` with backoff."""
+        found: list[Item] = []
+        for chunk in chunks(keys, _BATCH_GET_KEYS):
+            spec: Item = {"Keys": list(chunk), "ConsistentRead": True}
+            if keys_only:
+                spec.update(ProjectionExpression="#sk", ExpressionAttributeNames={"#sk": "sk"})
+            request: Item = {table: spec}
+            for attempt in range(_MAX_BATCH_ATTEMPTS):
+                response = await self.call("BatchGetItem", table, RequestItems=request)
+                found.extend(response.get("Responses", {}).get(table, []))
+                request = response.get("UnprocessedKeys") or {}
+                if not request:
+                    break
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+            else:
+                raise StoreError(
+                    f"DynamoDB BatchGetItem on table {table}: keys still unprocessed after retries"
+                )
+        return found
+
+    async def batch_put(self, table: str, items: Sequence[Item]) -> None:
+        """BatchWriteItem in chunks of 25, retrying ``UnprocessedItems`` with backoff."""
+        for chunk in chunks(items, _BATCH_WRITE_ITEMS):
+            request: Item = {table: [{"PutRequest": {"Item": item}} for item in chunk]}
+            for attempt in range(_MAX_BATCH_ATTEMPTS):
+                response = await self.call("BatchWriteItem", table, RequestItems=request)
+                request = response.get("UnprocessedItems") or {}
+                if not request:
+                    break
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+            else:
+                raise StoreError(
+                    f"DynamoDB BatchWriteItem on table {table}: items still unprocessed after retries"
+                )
+            self.metrics.items_written += len(chunk)
+            self.metrics.bytes_written += sum(item_size(item) for item in chunk)
+
+    async def write(self, write: Write) -> None:
+        """One write as PutItem/UpdateItem/DeleteItem (raises ``ConditionFailed`` on a refused condition)."""
+        await self.call(f"{write.kind}Item", write.request["TableName"], **write.request)
+        self.count_written([write])
+
+
+def marker_item(thread_id: str, sk: str) -> Item:
+    return {**item_key(thread_id, sk), "expires_at": n_attr(int(time.time()) + MARKER_TTL_S)}
+
+
+async def payload_write(io: DynamoIo, table: str, pk: str, sk: str, text: str, seq: int | None) -> Write:
+    """Upsert of a JSON payload item; ``seq`` (insertion order) is kept from the first insert, the way a
+    dict keeps a replaced key's position."""
+    attrs = await io.payload(text, f"state/{pk}/{sk}")
+    present, absent = ("body", "blob") if "body" in attrs else ("blob", "body")
+    names = {"#p": present, "#a": absent}
+    values: Item = {":p": attrs[present]}
+    expression = "SET #p = :p"
+    if seq is not None:
+        names["#seq"] = "seq"
+        values[":seq"] = n_attr(seq)
+        expression += ", #seq = if_not_exists(#seq, :seq)"
+    return update(table, item_key(pk, sk), expression + " REMOVE #a", names, values)
+
+
+def fits(writes: Sequence[Write]) -> bool:
+    """Whether ``writes`` fit one TransactWriteItems call."""
+    return len(writes) <= MAX_TRANSACT_ACTIONS and sum(w.size for w in writes) <= TRANSACT_BYTE_BUDGET
+
+
+def transaction_chunks(writes: Sequence[Write], reserve: int) -> Iterator[list[Write]]:
+    """Greedy chunks of ``writes`` that each fit one transaction next to ``reserve`` small extra actions."""
+    chunk: list[Write] = []
+    size = 0
+    for write in writes:
+        full = len(chunk) + reserve >= MAX_TRANSACT_ACTIONS or size + write.size > TRANSACT_BYTE_BUDGET
+        if chunk and full:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(write)
+        size += write.size
+    if chunk:
+        yield chunk
+
+
+class _MonotonicSeq:
+    """Insertion order for items written outside commits (no head version to order by): wall-clock
+    nanoseconds, forced strictly increasing within the process. Across processes it relies on clocks,
+    which is enough for writes that a thread's serialized steps make one after another."""
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            self._last = max(time.time_ns(), self._last + 1)
+            return self._last
+
+
+insertion_seq = _MonotonicSeq().next

@@ -1,0 +1,600 @@
+"""DynamoDB-specific store behaviour on the moto server (the shared behaviour is in tests/contract).
+
+Covers what the in-memory store cannot show: the S3 claim check for big rows, the write-then-flip path
+for commits over the transaction limits (including a crash in the middle of it), fencing of same-base
+debris, a real race between two store instances, I/O cost that does not grow with history length,
+paginated reads of exactly the asked range, batch chunking, error mapping and table provisioning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import boto3
+import pytest
+from aiobotocore.config import AioConfig
+
+from stepagent.aws.resources import STATE_TTL_ATTRIBUTE, ensure_tables, ensure_tables_sync
+from stepagent.errors import ConcurrentWriteError, ConfigurationError, PayloadTooLargeError, StoreError
+from stepagent.history_items import (
+    AssistantText,
+    HistoryItem,
+    ToolCallItem,
+    ToolResultItem,
+    UserItem,
+    encode_item,
+)
+from stepagent.messages import InputMessage, TextBlock, TextContent, ToolCall, ToolResult
+from stepagent.stores.base import Commit, DeferredInput, DispatchIntent, ThreadInfo, ThreadKind
+from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
+from stepagent.stores.dynamodb_io import INLINE_LIMIT, MARKER_TTL_S
+from stepagent.stores.metrics import StoreMetrics
+from tests.conftest import REGION, DynamoEnv, aws_client, aws_session, moto_endpoint, unique_name
+
+pytestmark = pytest.mark.asyncio
+
+
+def uid(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def user(text: str) -> UserItem:
+    return UserItem(TextContent(text=text))
+
+
+def rows(prefix: str, n: int) -> list[tuple[HistoryItem, str]]:
+    return [(user(f"{prefix} {i}"), f"{prefix}-m{i}") for i in range(n)]
+
+
+async def texts(store: DynamoConversationStore, thread: str, **kwargs: Any) -> list[str]:
+    out = []
+    async for row in store.load_rows(thread, **kwargs):
+        assert isinstance(row.item, UserItem)
+        out.append(row.item.text or "")
+    return out
+
+
+async def raw_rows(env: DynamoEnv, thread: str) -> dict[int, dict[str, Any]]:
+    """Every ``R#`` item of ``thread``, including invisible ones past the tail."""
+    response = await env.client.query(
+        TableName=env.conversation_table,
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :r)",
+        ExpressionAttributeValues={":pk": {"S": thread}, ":r": {"S": "R#"}},
+        ConsistentRead=True,
+    )
+    assert "LastEvaluatedKey" not in response
+    return {int(item["sk"]["S"][2:]): item for item in response["Items"]}
+
+
+async def seed(store: DynamoConversationStore, thread: str, n: int, batch: int = 99) -> ThreadInfo:
+    """A thread with ``n`` committed rows (commits of ``batch`` rows)."""
+    info = ThreadInfo(thread_id=thread, root_id=thread)
+    done = 0
+    while done < n:
+        take = min(batch, n - done)
+        info = await store.commit(thread, Commit(info.version, rows=rows(f"seed{done}", take)))
+        done += take
+    return info
+
+
+async def seed_raw(env: DynamoEnv, thread: str, n: int) -> ThreadInfo:
+    """A thread with ``n`` rows committed at version 1, written in the store's layout with BatchWriteItem.
+
+    Only for big histories: moto deep-copies a table once per transaction action, so seeding 1,000 rows
+    through commits is quadratic on moto (not on DynamoDB)."""
+    items: list[dict[str, Any]] = [
+        {
+            "pk": {"S": thread},
+            "sk": {"S": f"R#{order:012d}"},
+            "message_id": {"S": f"seed-m{order}"},
+            "cv": {"N": "1"},
+            "body": {"S": encode_item(user(f"seed {order}"))},
+        }
+        for order in range(1, n + 1)
+    ]
+    items.append(
+        {
+            "pk": {"S": thread},
+            "sk": {"S": "HEAD"},
+            "root_id": {"S": thread},
+            "kind": {"S": "root"},
+            "closed": {"BOOL": False},
+            "version": {"N": "1"},
+            "tail": {"N": str(n)},
+        }
+    )
+    for start in range(0, len(items), 25):
+        chunk = items[start : start + 25]
+        await env.client.batch_write_item(
+            RequestItems={env.conversation_table: [{"PutRequest": {"Item": item}} for item in chunk]}
+        )
+    return ThreadInfo(thread_id=thread, root_id=thread, version=1, tail=n)
+
+
+class InjectedCrash(Exception):
+    """Stands for the process dying: not an AWS error, so the store does not handle it."""
+
+
+class ClientProxy:
+    """Forwards to a real aioboto3 client, except the methods given in ``overrides``."""
+
+    def __init__(self, inner: Any, **overrides: Callable[..., Awaitable[Any]]) -> None:
+        self._inner = inner
+        self._overrides = overrides
+
+    def __getattr__(self, name: str) -> Any:
+        return self._overrides.get(name) or getattr(self._inner, name)
+
+
+def crash_after_transactions(inner: Any, allowed: int) -> ClientProxy:
+    calls = 0
+
+    async def transact_write_items(**kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls > allowed:
+            raise InjectedCrash(f"crash before transaction {calls}")
+        return await inner.transact_write_items(**kwargs)
+
+    return ClientProxy(inner, transact_write_items=transact_write_items)
+
+
+# ---- claim check ----------------------------------------------------------------------------------------
+
+
+async def test_five_megabyte_tool_result_round_trips_through_s3(dynamo: DynamoEnv) -> None:
+    conversation, _ = dynamo.stores()
+    thread = uid()
+    big = "x" * 5_000_000 + " end ünïcode"
+    call = ToolCall(id="call-1", name="fetch", arguments={})
+    result = ToolResult(id="call-1", content=[TextBlock(text=big)])
+    info = await conversation.commit(
+        thread,
+        Commit(
+            0,
+            rows=[(ToolCallItem(call), "m1"), (ToolResultItem(result), "m2")],
+            answered_tool_calls=["call-1"],
+        ),
+    )
+    assert info.tail == 2
+
+    loaded = [row async for row in conversation.load_rows(thread)]
+    assert loaded[1].item == ToolResultItem(result)
+    stored = await raw_rows(dynamo, thread)
+    assert "body" in stored[1] and "blob" not in stored[1]
+    key = stored[2]["blob"]["S"]
+    assert "body" not in stored[2] and key.startswith(f"rows/{thread}/000000000002-1-")
+    obj = await dynamo.s3.head_object(Bucket=dynamo.bucket, Key=key)
+    assert obj["ContentLength"] > 5_000_000
+    assert dynamo.metrics.calls["s3:PutObject"] == 1 and dynamo.metrics.calls["s3:GetObject"] == 1
+
+
+async def test_large_row_without_bucket_is_rejected_and_writes_nothing(dynamo: DynamoEnv) -> None:
+    conversation, _ = dynamo.stores(with_blobs=False)
+    thread = uid()
+    with pytest.raises(PayloadTooLargeError, match="no blob bucket"):
+        await conversation.commit(thread, Commit(0, rows=[(user("y" * (INLINE_LIMIT + 1)), "m1")]))
+    assert await conversation.get_thread(thread) is None
+    assert await raw_rows(dynamo, thread) == {}
+
+
+async def test_large_deferred_input_round_trips_through_s3(dynamo: DynamoEnv) -> None:
+    conversation, state = dynamo.stores()
+    thread = uid()
+    message = InputMessage(
+        content=ToolResult(id="sub-1", content=[TextBlock(text="e" * 400_000)]),
+        group_id=thread,
+        synthetic={"type": "subscription_event", "tool_call_id": "sub-1"},
+    )
+    deferred = DeferredInput(message_id="ev-1", message=message)
+    await conversation.commit(thread, Commit(0, deferred_added=[deferred]))
+    assert await state.deferred_inputs(thread) == [deferred]
+    assert dynamo.metrics.calls["s3:PutObject"] == 1
+
+
+# ---- write-then-flip -------------------------------------------------------------------------------------
+
+
+async def test_commit_over_transaction_limits_writes_then_flips(dynamo: DynamoEnv) -> None:
+    conversation, state = dynamo.stores()
+    thread = uid()
+    await conversation.commit(thread, Commit(0, rows=rows("first", 2)))
+    dynamo.metrics.reset()
+
+    info = await conversation.commit(
+        thread,
+        Commit(
+            1,
+            rows=rows("big", 300),
+            processed_message_ids=["in-1"],
+            intents_added=[DispatchIntent("c1", "tool", {"a": 1})],
+        ),
+    )
+    assert (info.version, info.tail) == (2, 302)
+    # 300 rows: four staging transactions (99 + 99 + 99 + 3 rows, each with a head check) and one flip.
+    assert dynamo.metrics.calls == {"GetItem": 1, "TransactWriteItems": 5}
+    assert await texts(conversation, thread) == [f"first {i}" for i in range(2)] + [
+        f"big {i}" for i in range(300)
+    ]
+    assert await state.filter_processed(thread, ["in-1"]) == {"in-1"}
+    assert [i.tool_call_id for i in await state.open_intents(thread)] == ["c1"]
+
+
+async def test_crash_while_staging_leaves_old_history_and_next_commit_overwrites_debris(
+    dynamo: DynamoEnv,
+) -> None:
+    thread = uid()
+    healthy, _ = dynamo.stores()
+    await healthy.commit(thread, Commit(0, rows=rows("old", 2)))
+
+    # The writer dies after its first staging transaction: rows 3..101 exist, past the tail.
+    crashing, _ = dynamo.stores(client=crash_after_transactions(dynamo.client, allowed=1))
+    with pytest.raises(InjectedCrash):
+        await crashing.commit(thread, Commit(1, rows=rows("lost", 300), processed_message_ids=["in-lost"]))
+    debris = await raw_rows(dynamo, thread)
+    assert sorted(debris) == list(range(1, 102)) and debris[3]["cv"]["N"] == "2"
+
+    # A fresh reader sees exactly the old history; nothing of the aborted commit is visible.
+    fresh, fresh_state = dynamo.stores()
+    assert await fresh.get_thread(thread) == ThreadInfo(thread_id=thread, root_id=thread, version=1, tail=2)
+    assert await texts(fresh, thread) == ["old 0", "old 1"]
+    assert await fresh_state.filter_processed(thread, ["in-lost"]) == set()
+
+    # The next commit from the same base meets same-base debris: it fences (version 2) and commits (3).
+    dynamo.metrics.reset()
+    info = await fresh.commit(thread, Commit(1, rows=rows("new", 5)))
+    assert (info.version, info.tail) == (3, 7)
+    assert dynamo.metrics.calls == {"GetItem": 1, "TransactWriteItems": 2, "UpdateItem": 1}
+    assert await texts(fresh, thread) == ["old 0", "old 1"] + [f"new {i}" for i in range(5)]
+    after = await raw_rows(dynamo, thread)
+    assert {after[o]["cv"]["N"] for o in range(3, 8)} == {"3"}
+
+    # Remaining debris (8..101) is older than the head now and is overwritten without another fence.
+    dynamo.metrics.reset()
+    info = await fresh.commit(thread, Commit(3, rows=rows("more", 2)))
+    assert (info.version, info.tail) == (4, 9)
+    assert dynamo.metrics.calls == {"GetItem": 1, "TransactWriteItems": 1}
+    assert (await texts(fresh, thread))[-2:] == ["more 0", "more 1"]
+
+
+async def test_crash_before_the_flip_leaves_nothing_visible(dynamo: DynamoEnv) -> None:
+    thread = uid()
+    crashing, _ = dynamo.stores(client=crash_after_transactions(dynamo.client, allowed=4))
+    with pytest.raises(InjectedCrash):  # all four staging transactions ran; the flip did not
+        await crashing.commit(thread, Commit(0, rows=rows("lost", 300)))
+    assert len(await raw_rows(dynamo, thread)) == 300
+    fresh, _ = dynamo.stores()
+    assert await fresh.get_thread(thread) is None
+    assert await texts(fresh, thread) == []
+    info = await fresh.commit(thread, Commit(0, rows=rows("kept", 1)))
+    assert (info.version, info.tail) == (2, 1)  # fenced over the debris of the crashed first commit
+    assert await texts(fresh, thread) == ["kept 0"]
+
+
+# ---- fencing and races -----------------------------------------------------------------------------------
+
+
+async def put_debris(env: DynamoEnv, thread: str, order: int, cv: int) -> None:
+    await env.client.put_item(
+        TableName=env.conversation_table,
+        Item={
+            "pk": {"S": thread},
+            "sk": {"S": f"R#{order:012d}"},
+            "message_id": {"S": "debris"},
+            "cv": {"N": str(cv)},
+            "body": {"S": '{"v":1,"kind":"assistant","content":{"text":"debris"}}'},
+        },
+    )
+
+
+async def test_stale_debris_is_overwritten_without_fencing(dynamo: DynamoEnv) -> None:
+    conversation, _ = dynamo.stores()
+    thread = uid()
+    await seed(conversation, thread, 3)  # version 1, tail 3
+    await put_debris(dynamo, thread, 4, cv=1)  # from a writer whose base was older than the head
+    dynamo.metrics.reset()
+    info = await conversation.commit(thread, Commit(1, rows=rows("r", 1)))
+    assert info.version == 2 and "UpdateItem" not in dynamo.metrics.calls
+    assert (await texts(conversation, thread))[-1] == "r 0"
+
+
+async def test_same_base_debris_fences_out_the_other_writer(dynamo: DynamoEnv) -> None:
+    conversation, _ = dynamo.stores()
+    thread = uid()
+    await seed(conversation, thread, 3)  # version 1, tail 3
+    # Another writer from the same base (version 1) has staged row 4 and is about to flip the head.
+    await put_debris(dynamo, thread, 4, cv=2)
+    info = await conversation.commit(thread, Commit(1, rows=rows("r", 2)))
+    assert (info.version, info.tail) == (3, 5)
+    assert dynamo.metrics.calls["UpdateItem"] == 1
+    assert (await texts(conversation, thread))[-2:] == ["r 0", "r 1"]
+    # That other writer's flip (conditioned on version 1) can no longer succeed.
+    other, _ = dynamo.stores()
+    with pytest.raises(ConcurrentWriteError):
+        await other.commit(thread, Commit(1, rows=rows("late", 1)))
+
+
+async def test_interleaved_write_then_flip_writers_never_mix_rows(dynamo: DynamoEnv) -> None:
+    """Two same-base writers staging over the same orders: the second meets the first's rows (row
+    condition), fences it out and commits; the first can then neither overwrite rows nor flip the head."""
+    thread = uid()
+    store, _ = dynamo.stores()
+    await seed(store, thread, 1)  # version 1, tail 1
+    staged_once = asyncio.Event()
+    release = asyncio.Event()
+    seen = 0
+
+    async def slow_transact(**kwargs: Any) -> Any:
+        nonlocal seen
+        seen += 1
+        if seen == 2:  # between the slow writer's first and second staging transaction
+            staged_once.set()
+            await release.wait()
+        return await dynamo.client.transact_write_items(**kwargs)
+
+    slow, _ = dynamo.stores(client=ClientProxy(dynamo.client, transact_write_items=slow_transact))
+    slow_commit = asyncio.create_task(slow.commit(thread, Commit(1, rows=rows("slow", 300))))
+    await staged_once.wait()
+    fast = await store.commit(thread, Commit(1, rows=rows("fast", 120)))  # fences, then stages + flips
+    release.set()
+    with pytest.raises(ConcurrentWriteError):
+        await slow_commit
+    assert (fast.version, fast.tail) == (3, 121)
+    assert await texts(store, thread) == ["seed0 0"] + [f"fast {i}" for i in range(120)]
+
+
+async def test_two_writers_at_the_same_version_exactly_one_wins(dynamo: DynamoEnv) -> None:
+    for size_a, size_b in [(2, 3), (1, 1), (150, 2), (2, 150)]:
+        thread = uid()
+        seeding, _ = dynamo.stores()
+        base = await seed(seeding, thread, 2)
+        (a, _), (b, _) = dynamo.stores(), dynamo.stores()
+        results = await asyncio.gather(
+            a.commit(thread, Commit(base.version, rows=rows("A", size_a), processed_message_ids=["in-a"])),
+            b.commit(thread, Commit(base.version, rows=rows("B", size_b), processed_message_ids=["in-b"])),
+            return_exceptions=True,
+        )
+        winners = [r for r in results if isinstance(r, ThreadInfo)]
+        losers = [r for r in results if isinstance(r, BaseException)]
+        assert len(winners) == 1 and len(losers) == 1, results
+        assert isinstance(losers[0], ConcurrentWriteError)
+        won_a = isinstance(results[0], ThreadInfo)
+        prefix, size = ("A", size_a) if won_a else ("B", size_b)
+        history = await texts(seeding, thread)
+        assert history == ["seed0 0", "seed0 1"] + [f"{prefix} {i}" for i in range(size)]
+        _, state = dynamo.stores()
+        assert await state.filter_processed(thread, ["in-a", "in-b"]) == {"in-a" if won_a else "in-b"}
+
+
+# ---- cost ------------------------------------------------------------------------------------------------
+
+
+def step_commit(version: int) -> Commit:
+    call = ToolCall(id="call-x", name="search", arguments={"q": "weather"})
+    return Commit(
+        version,
+        rows=[
+            (user("what is the weather"), "msg-0001"),
+            (ToolCallItem(call), "msg-0001"),
+            (AssistantText("ok"), "x"),
+        ],
+        processed_message_ids=["msg-0001"],
+        intents_added=[DispatchIntent("call-x", "search", {"q": "weather"})],
+    )
+
+
+async def test_commit_cost_does_not_grow_with_history_length(dynamo: DynamoEnv) -> None:
+    conversation, _ = dynamo.stores()
+    measured: list[StoreMetrics] = []
+    for prior in (10, 1000):
+        thread = f"cost-{prior:05d}-{uuid.uuid4().hex[:8]}"  # same id length for both threads
+        info = await seed_raw(dynamo, thread, prior)
+        assert await conversation.get_thread(thread) == info
+        dynamo.metrics.reset()
+        await conversation.commit(thread, step_commit(info.version))
+        measured.append(dynamo.metrics.snapshot())
+    short, long = measured
+    assert short.calls == long.calls == {"GetItem": 1, "TransactWriteItems": 1}
+    assert short.items_written == long.items_written == 6  # head + 3 rows + processed marker + intent
+    assert short.bytes_written == long.bytes_written > 0
+
+
+async def test_load_rows_pages_through_exactly_the_asked_range(dynamo: DynamoEnv) -> None:
+    thread = uid()
+    await seed_raw(dynamo, thread, 1000)
+    metrics = StoreMetrics()
+    conversation, _ = dynamo.stores(metrics=metrics, page_size=50)
+
+    orders = [row.order async for row in conversation.load_rows(thread, after=100, up_to=300)]
+    assert orders == list(range(101, 301))
+    assert metrics.rows_read == 200
+    assert 4 <= metrics.calls["Query"] <= 5  # 200 rows / 50; one empty page if the last one ended full
+    assert metrics.calls["GetItem"] == 1  # the head, for the tail
+
+    metrics.reset()
+    rows_iter = conversation.load_rows(thread)
+    first = await anext(rows_iter)
+    assert first.order == 1 and metrics.calls["Query"] == 1  # lazy: one page fetched, not the history
+    count = 1 + len([row async for row in rows_iter])
+    assert count == 1000 and metrics.rows_read == 1000
+    assert 20 <= metrics.calls["Query"] <= 21
+
+    metrics.reset()
+    assert [row.order async for row in conversation.load_rows(thread, after=998, up_to=5000)] == [999, 1000]
+    assert metrics.calls == {"GetItem": 1, "Query": 1}
+
+
+async def test_load_rows_refuses_a_gap_below_the_tail(dynamo: DynamoEnv) -> None:
+    conversation, _ = dynamo.stores()
+    thread = uid()
+    await seed(conversation, thread, 3)
+    await dynamo.client.delete_item(
+        TableName=dynamo.conversation_table, Key={"pk": {"S": thread}, "sk": {"S": f"R#{2:012d}"}}
+    )
+    with pytest.raises(Exception, match="row 2 is missing"):
+        await texts(conversation, thread)
+
+
+# ---- state store batching --------------------------------------------------------------------------------
+
+
+async def test_processed_markers_are_chunked_and_ttld(dynamo: DynamoEnv) -> None:
+    _, state = dynamo.stores()
+    thread = uid()
+    ids = [f"m{i}" for i in range(260)]
+    await state.mark_processed(thread, ids + ids[:5])  # duplicates in one call are fine
+    assert dynamo.metrics.calls["BatchWriteItem"] == 11  # 260 / 25
+    found = await state.filter_processed(thread, [*ids[:250], "unknown"])
+    assert found == set(ids[:250])
+    assert dynamo.metrics.calls["BatchGetItem"] == 3  # 251 / 100
+    item = await dynamo.client.get_item(
+        TableName=dynamo.state_table, Key={"pk": {"S": thread}, "sk": {"S": "P#m0"}}, ConsistentRead=True
+    )
+    expires = int(item["Item"][STATE_TTL_ATTRIBUTE]["N"])
+    assert abs(expires - (time.time() + MARKER_TTL_S)) < 60
+
+
+async def test_unprocessed_batch_items_and_keys_are_retried(dynamo: DynamoEnv) -> None:
+    calls = {"write": 0, "get": 0}
+
+    async def batch_write_item(RequestItems: dict[str, Any]) -> Any:
+        calls["write"] += 1
+        [(table, requests)] = RequestItems.items()
+        if calls["write"] == 1:  # accept half, hand back the rest as unprocessed
+            await dynamo.client.batch_write_item(RequestItems={table: requests[:10]})
+            return {"UnprocessedItems": {table: requests[10:]}}
+        return await dynamo.client.batch_write_item(RequestItems=RequestItems)
+
+    async def batch_get_item(RequestItems: dict[str, Any]) -> Any:
+        calls["get"] += 1
+        [(table, spec)] = RequestItems.items()
+        if calls["get"] == 1:
+            first = await dynamo.client.batch_get_item(
+                RequestItems={table: {**spec, "Keys": spec["Keys"][:3]}}
+            )
+            return {**first, "UnprocessedKeys": {table: {**spec, "Keys": spec["Keys"][3:]}}}
+        return await dynamo.client.batch_get_item(RequestItems=RequestItems)
+
+    flaky = ClientProxy(dynamo.client, batch_write_item=batch_write_item, batch_get_item=batch_get_item)
+    _, state = dynamo.stores(client=flaky)
+    thread = uid()
+    ids = [f"m{i}" for i in range(20)]
+    await state.mark_processed(thread, ids)
+    assert await state.filter_processed(thread, ids) == set(ids)
+    assert calls == {"write": 2, "get": 2}
+
+
+# ---- errors and provisioning -----------------------------------------------------------------------------
+
+
+async def test_aws_errors_become_store_errors_naming_table_and_operation(dynamo: DynamoEnv) -> None:
+    missing = unique_name("missing")
+    conversation = DynamoConversationStore(dynamo.client, conversation_table=missing, state_table=missing)
+    state = DynamoStateStore(dynamo.client, state_table=missing)
+    with pytest.raises(StoreError, match=f"GetItem on table {missing}.*ResourceNotFound"):
+        await conversation.get_thread("t")
+    with pytest.raises(StoreError, match=f"BatchGetItem on table {missing}"):
+        await state.filter_processed("t", ["m"])
+
+
+async def test_connection_failure_becomes_store_error() -> None:
+    config = AioConfig(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1)
+    async with aws_session().client(  # a client on a port nobody listens on
+        "dynamodb", endpoint_url="http://127.0.0.1:9", region_name=REGION, config=config
+    ) as client:
+        conversation = DynamoConversationStore(client, conversation_table="c", state_table="s")
+        with pytest.raises(StoreError, match="GetItem on table c failed"):
+            await conversation.get_thread("t")
+
+
+async def test_ensure_tables_is_idempotent_and_enables_ttl() -> None:
+    conversation_table, state_table = unique_name("c"), unique_name("s")
+    async with aws_client("dynamodb") as client:
+        await ensure_tables(client, conversation_table, state_table)
+        await ensure_tables(client, conversation_table, state_table)
+        ttl = await client.describe_time_to_live(TableName=state_table)
+        assert ttl["TimeToLiveDescription"]["AttributeName"] == STATE_TTL_ATTRIBUTE
+        assert ttl["TimeToLiveDescription"]["TimeToLiveStatus"] in ("ENABLED", "ENABLING")
+        described = await client.describe_table(TableName=conversation_table)
+        assert described["Table"]["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+
+        # The sync variant (infra create) agrees and is idempotent over what the async one made.
+        sync_client = boto3.client("dynamodb", endpoint_url=moto_endpoint(), region_name=REGION)
+        ensure_tables_sync(sync_client, conversation_table, state_table)
+        ensure_tables_sync(sync_client, unique_name("c2"), unique_name("s2"))
+
+        wrong = unique_name("wrong")
+        await client.create_table(
+            TableName=wrong,
+            KeySchema=[{"AttributeName": "id", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+        with pytest.raises(ConfigurationError, match=wrong):
+            await ensure_tables(client, wrong, state_table)
+
+
+# ---- indexed calls and the compaction claim (newer port methods; the contract suite may cover them too) ---
+
+
+async def test_indexed_calls_commit_atomically_and_read_back(dynamo: DynamoEnv) -> None:
+    conversation, state = dynamo.stores()
+    thread = uid()
+    spawn = ToolCall(id="call-spawn", name="spawn_thread", arguments={"prompt": "go"})
+    await conversation.commit(thread, Commit(0, rows=[(ToolCallItem(spawn), "m1")], indexed_calls=[spawn]))
+    assert await state.indexed_call(thread, "call-spawn") == spawn
+    assert await state.indexed_call(thread, "other") is None
+    with pytest.raises(ConcurrentWriteError):  # a lost race indexes nothing
+        await conversation.commit(
+            thread, Commit(0, indexed_calls=[ToolCall(id="late", name="x", arguments={})])
+        )
+    assert await state.indexed_call(thread, "late") is None
+
+
+async def test_compaction_claim_is_exclusive_until_its_lease_expires(dynamo: DynamoEnv) -> None:
+    _, state = dynamo.stores()
+    thread = uid()
+    assert await state.claim_compaction(thread, "claim-a", now=1000.0, lease_seconds=60)
+    assert await state.claim_compaction(thread, "claim-a", now=1010.0, lease_seconds=60)  # idempotent
+    assert not await state.claim_compaction(thread, "claim-b", now=1069.0, lease_seconds=60)
+    assert await state.claim_compaction(thread, "claim-b", now=1070.5, lease_seconds=60)  # a's lease ran out
+    assert not await state.claim_compaction(thread, "claim-a", now=1071.0, lease_seconds=60)
+    await state.release_compaction(thread)
+    assert await state.claim_compaction(thread, "claim-c", now=1072.0, lease_seconds=60)
+    await state.release_compaction(uid())  # releasing an unclaimed thread is a no-op
+
+
+async def test_s3_client_without_bucket_means_no_blobs(dynamo: DynamoEnv) -> None:
+    """Callers pass ``bucket=settings.blob_bucket`` which may be unset: blobs are then off, not an error."""
+    conversation = DynamoConversationStore(
+        dynamo.client,
+        conversation_table=dynamo.conversation_table,
+        state_table=dynamo.state_table,
+        s3_client=dynamo.s3,
+        bucket=None,
+    )
+    with pytest.raises(PayloadTooLargeError, match="STEPAGENT_BLOB_BUCKET"):
+        await conversation.commit(uid(), Commit(0, rows=[(user("y" * (INLINE_LIMIT + 1)), "m1")]))
+
+
+async def test_children_in_spawn_order_with_live_heads(dynamo: DynamoEnv) -> None:
+    conversation, _ = dynamo.stores()
+    parent = uid("parent")
+    ids = [uid(f"child{i}") for i in range(3)]
+    for index, child in enumerate(reversed(ids)):  # spawn order differs from id order
+        await conversation.spawn_thread(
+            parent, child_id=child, spawn_tool_call_id=f"c{index}", kind=ThreadKind.CHILD
+        )
+    await conversation.spawn_thread(
+        parent, child_id=ids[0], spawn_tool_call_id="again", kind=ThreadKind.CHILD
+    )
+    await conversation.commit(ids[1], Commit(0, rows=rows("x", 2)))
+    await conversation.close_thread(ids[2])
+    children = await conversation.children(parent)
+    assert [c.thread_id for c in children] == list(reversed(ids))
+    assert [(c.tail, c.closed) for c in children] == [(0, True), (2, False), (0, False)]
+    assert await conversation.children(ids[0]) == []
