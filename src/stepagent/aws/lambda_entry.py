@@ -1,0 +1,121 @@
+"""Synchronous Lambda entry points for the worker, the tool runner and the timer relay.
+
+Guarantees:
+
+- Importing this module is cheap: settings, clients, the model and the toolset are built on the first
+  invocation (cold start) and kept for the life of the process, one :class:`AwsRuntime` per role.
+- Every invocation runs on one persistent event loop. aioboto3 clients are bound to the loop that opened
+  them, so a new loop per invocation would break them (and re-pay the cold start).
+- A configuration error fails the invocation with one clear message and is not cached: the next
+  invocation tries again (e.g. after the environment was fixed by a redeploy).
+- Logs carry the request id; metrics are flushed (EMF) after each invocation; the invocation is traced
+  when X-Ray is active.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from aws_lambda_powertools import Logger, Metrics
+
+from stepagent.aws.runtime import TIMER_RELAY, TOOL_RUNNER, WORKER, AwsRuntime, RemainingMs
+
+logger = Logger(service="stepagent")
+
+Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
+
+_loop: asyncio.AbstractEventLoop | None = None
+_runtimes: dict[str, AwsRuntime] = {}
+_handlers: dict[str, Handler] = {}
+_metrics: Metrics | None = None
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """The process's one event loop."""
+    global _loop
+    if _loop is None or _loop.is_closed():
+        _loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(_loop)
+    return _loop
+
+
+def metrics() -> Metrics:
+    global _metrics
+    if _metrics is None:
+        _metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "stepagent")
+    return _metrics
+
+
+def runtime(role: str) -> AwsRuntime:
+    """The runtime for ``role``, built on first use (cold start)."""
+    built = _runtimes.get(role)
+    if built is None:
+        built = event_loop().run_until_complete(AwsRuntime.create(roles=[role], metrics=metrics()))
+        _runtimes[role] = built
+    return built
+
+
+def _remaining(context: Any) -> RemainingMs | None:
+    getter = getattr(context, "get_remaining_time_in_millis", None)
+    return getter if callable(getter) else None
+
+
+def _handler(role: str) -> Handler:
+    handler = _handlers.get(role)
+    if handler is not None:
+        return handler
+
+    def invoke(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        built = runtime(role)
+        logger.append_keys(aws_request_id=getattr(context, "aws_request_id", None), role=role)
+        if role == WORKER:
+            call = built.handle_sqs_batch(event, _remaining(context))
+        elif role == TOOL_RUNNER:
+            call = built.handle_tool_batch(event, _remaining(context))
+        else:
+            call = built.handle_delay_batch(event, _remaining(context))
+        try:
+            return event_loop().run_until_complete(call)
+        finally:
+            with warnings.catch_warnings():
+                # An invocation that counted nothing (an empty relay batch) is normal, not a warning.
+                warnings.filterwarnings("ignore", message="No application metrics to publish")
+                metrics().flush_metrics()
+
+    # The tracer imports the X-Ray SDK (~0.2 s), so it is created at the first invocation, not at import.
+    from aws_lambda_powertools import Tracer
+
+    handler = Tracer(service="stepagent").capture_lambda_handler(invoke, capture_response=False)
+    _handlers[role] = handler
+    return handler
+
+
+def worker_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """SQS FIFO input batch → steps. Returns ``{"batchItemFailures": [...]}``."""
+    return _handler(WORKER)(event, context)
+
+
+def tool_runner_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """Tool-queue batch → function-tool runs → results on the input queue."""
+    return _handler(TOOL_RUNNER)(event, context)
+
+
+def timer_relay_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """Delay-queue batch → wake-ups on the input queue."""
+    return _handler(TIMER_RELAY)(event, context)
+
+
+def reset() -> None:
+    """Close every runtime and the loop (tests; a Lambda process never needs this)."""
+    global _loop
+    if _loop is not None and not _loop.is_closed():
+        for built in _runtimes.values():
+            _loop.run_until_complete(built.aclose())
+        _loop.close()
+    _runtimes.clear()
+    _handlers.clear()
+    _loop = None

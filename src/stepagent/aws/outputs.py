@@ -1,0 +1,200 @@
+"""Output events: what a step tells the user, as JSON on the output FIFO queue.
+
+Guarantees (DESIGN §1 "Output queue"):
+
+- One queue message per event, ``MessageGroupId`` = the root thread id (a conversation's events stay in
+  order), ``MessageDeduplicationId`` = the event's ``event_id``. Every event has ``type``, ``event_id``,
+  ``thread_id``, ``root_thread_id`` and ``metadata`` (the root's stored metadata, ``{}`` when none).
+- Only *committed* content is reported: ``text`` (one per assistant text row) and ``tool_call`` (one per
+  tool-call row) come from :class:`~stepagent.events.TurnCommitted`, never from stream chunks, so a step
+  that fails after streaming shows nothing it did not keep.
+- ``event_id`` is stable: row events derive it from (thread, order, kind); the others from the input's
+  logical message id (``error``, ``oauth_required``, ``user_choice_required``) or the choice id
+  (``user_choice_complete``). A redelivered or re-run step re-emits the same ids, so consumers (and the
+  queue's own dedup) see each event once. :func:`replay_rows` re-reports rows a previous attempt
+  committed but may not have published.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepagent.core.ids import derived_id
+from stepagent.core.step import StepInput
+from stepagent.events import (
+    AgentEvent,
+    OAuthRequiredEvent,
+    StepFailed,
+    TurnCommitted,
+    UserChoiceDismissed,
+    UserChoiceRequiredEvent,
+)
+from stepagent.history_items import AssistantText, ToolCallItem
+from stepagent.messages import OAuthRequired, UserChoiceRequired
+from stepagent.senders.sqs import SqsQueues
+from stepagent.stores.base import ConversationStore, StateStore, StoredRow
+
+#: How far back from the tail :func:`replay_rows` looks for a redelivered step's rows.
+REPLAY_WINDOW = 200
+
+
+def event_id(thread_id: str, *parts: str) -> str:
+    return derived_id("output", thread_id, *parts)
+
+
+@dataclass(slots=True)
+class StepEvents:
+    """An observer for one thread's step: keeps what the output queue reports."""
+
+    events: list[AgentEvent] = field(default_factory=list)
+
+    def on_event(self, thread_id: str, event: AgentEvent) -> None:
+        if isinstance(
+            event,
+            TurnCommitted | StepFailed | OAuthRequiredEvent | UserChoiceRequiredEvent | UserChoiceDismissed,
+        ):
+            self.events.append(event)
+
+    @property
+    def committed_rows(self) -> list[StoredRow]:
+        return [row for event in self.events if isinstance(event, TurnCommitted) for row in event.rows]
+
+
+def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[dict[str, Any]]:
+    """``text`` and ``tool_call`` events (without the thread context) for committed rows."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        item = row.item
+        if isinstance(item, AssistantText) and item.text:
+            out.append(
+                {"type": "text", "event_id": event_id(thread_id, str(row.order), "text"), "text": item.text}
+            )
+        elif isinstance(item, ToolCallItem):
+            out.append(
+                {
+                    "type": "tool_call",
+                    "event_id": event_id(thread_id, str(row.order), "tool_call"),
+                    "name": item.call.name,
+                    "args": item.call.arguments,
+                    "tool_call_id": item.call.id,
+                }
+            )
+    return out
+
+
+def _source_id(inputs: Sequence[StepInput], kind: type[Any], content_id: str) -> str:
+    """The logical id of the input whose content is a ``kind`` notice for ``content_id``."""
+    for item in inputs:
+        content = item.message.content
+        if isinstance(content, kind) and getattr(content, "id", None) == content_id:
+            return item.message_id
+    return content_id
+
+
+def step_events(
+    thread_id: str, events: Sequence[AgentEvent], inputs: Sequence[StepInput]
+) -> list[dict[str, Any]]:
+    """The output events of one successful step, in the order they happened."""
+    last_id = inputs[-1].message_id if inputs else "redrive"
+    out: list[dict[str, Any]] = []
+    for event in events:
+        if isinstance(event, TurnCommitted):
+            out.extend(row_events(thread_id, event.rows))
+        elif isinstance(event, StepFailed):
+            out.append(error_event(thread_id, event.message, event.retrying, last_id))
+        elif isinstance(event, OAuthRequiredEvent):
+            source = _source_id(inputs, OAuthRequired, event.tool_call_id)
+            out.append(
+                {
+                    "type": "oauth_required",
+                    "event_id": event_id(thread_id, source, "oauth_required"),
+                    "auth_url": event.auth_url,
+                    "tool_call_id": event.tool_call_id,
+                }
+            )
+        elif isinstance(event, UserChoiceRequiredEvent):
+            choice = event.choice
+            source = _source_id(inputs, UserChoiceRequired, choice.id)
+            out.append(
+                {
+                    "type": "user_choice_required",
+                    "event_id": event_id(thread_id, source, "user_choice_required"),
+                    "id": choice.id,
+                    "prompt": choice.prompt,
+                    "choices": list(choice.choices),
+                    "default": choice.default,
+                    "response_url": choice.response_url,
+                }
+            )
+        elif isinstance(event, UserChoiceDismissed):
+            out.append(
+                {
+                    "type": "user_choice_complete",
+                    "event_id": event_id(thread_id, event.choice_id, "user_choice_complete"),
+                    "choice_id": event.choice_id,
+                }
+            )
+    return out
+
+
+def error_event(thread_id: str, message: str, retrying: bool, source_id: str) -> dict[str, Any]:
+    """An ``error`` event caused by the input ``source_id``."""
+    kind = "error-retrying" if retrying else "error"
+    return {
+        "type": "error",
+        "event_id": event_id(thread_id, source_id, kind),
+        "message": message,
+        "retrying": retrying,
+    }
+
+
+async def replay_rows(
+    conversation: ConversationStore, thread_id: str, message_ids: Sequence[str]
+) -> list[StoredRow]:
+    """Rows near the tail that a step for ``message_ids`` produced (its completion rows carry
+    ``<thread>-<last input id>-completion-<n>`` ids). One bounded read; used only on redelivery."""
+    info = await conversation.get_thread(thread_id)
+    if info is None or info.tail == 0:
+        return []
+    prefixes = tuple(f"{thread_id}-{message_id}-completion-" for message_id in message_ids)
+    rows: list[StoredRow] = []
+    async for row in conversation.load_rows(thread_id, after=max(0, info.tail - REPLAY_WINDOW)):
+        if row.message_id.startswith(prefixes):
+            rows.append(row)
+    return rows
+
+
+class OutputPublisher:
+    """Adds the thread context to events and sends them to the output queue."""
+
+    def __init__(
+        self, queues: SqsQueues, output_queue_url: str, conversation: ConversationStore, state: StateStore
+    ) -> None:
+        self.queues = queues
+        self.output_queue_url = output_queue_url
+        self.conversation = conversation
+        self.state = state
+
+    async def thread_context(self, thread_id: str) -> tuple[str, Any]:
+        """(root thread id, root metadata or ``{}``). A thread with no record is its own root."""
+        info = await self.conversation.get_thread(thread_id)
+        root = info.root_id if info is not None else thread_id
+        metadata = await self.state.get_metadata(root)
+        return root, metadata if metadata is not None else {}
+
+    async def publish(self, thread_id: str, events: Sequence[dict[str, Any]]) -> None:
+        """Send ``events`` of ``thread_id`` in order. Raises ``QueueError`` (the caller fails the record)."""
+        if not events:
+            return
+        root, metadata = await self.thread_context(thread_id)
+        for event in events:
+            body = {**event, "thread_id": thread_id, "root_thread_id": root, "metadata": metadata}
+            await self.queues.send(
+                self.output_queue_url,
+                json.dumps(body, ensure_ascii=False, separators=(",", ":")),
+                group_id=root,
+                dedup_id=str(event["event_id"]),
+            )

@@ -1,0 +1,293 @@
+"""The AWS runtime: everything the handlers need, built once per process from :class:`Settings`.
+
+Guarantees:
+
+- :meth:`AwsRuntime.create` does all cold-start work once: settings are checked for the roles asked
+  (``worker``, ``tool_runner``, ``timer_relay``; one :class:`~stepagent.errors.ConfigurationError` naming
+  every missing variable), aioboto3 clients are opened (``AWS_ENDPOINT_URL`` honoured), the stores, the
+  model provider and the toolsets are built. The EventBridge Scheduler client is opened on first use only.
+  Clients are bound to the event loop that created the runtime: call its handlers on that loop.
+- The handlers (:meth:`handle_sqs_batch`, :meth:`handle_tool_batch`, :meth:`handle_delay_batch`) take a
+  Lambda-shaped event and return ``{"batchItemFailures": [...]}``; they never raise for a partial failure.
+  ``remaining_ms`` (the Lambda context's ``get_remaining_time_in_millis``) bounds provider retries and tool
+  runs, so a retry that cannot finish in time is not started.
+- The input DLQ (for bad input) is the explicit ``input_dlq_url``, else the input queue's redrive target,
+  read once with ``GetQueueAttributes`` on first need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from contextvars import ContextVar
+from datetime import datetime
+from typing import Any
+
+from stepagent.aws.clients import aws_session, client
+from stepagent.aws.outputs import OutputPublisher
+from stepagent.aws.settings import Settings
+from stepagent.aws.timers import AwsTimers, deliver_due_schedules, handle_delay_batch
+from stepagent.aws.tool_runner import SqsFunctionRunner, handle_tool_batch
+from stepagent.aws.worker import CountingMetrics, MetricsSink, Worker
+from stepagent.core.completion import RetryPolicy
+from stepagent.core.step import StepConfig
+from stepagent.errors import ConfigurationError
+from stepagent.providers.base import ModelProvider
+from stepagent.providers.scripted import ScriptedProvider
+from stepagent.senders.sqs import SqsQueues, SqsSender
+from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
+from stepagent.system.step_mode import AgentSystem
+from stepagent.tools.base import Tool, Toolset
+from stepagent.tools.builtins import builtin_tools
+from stepagent.tools.functions import FunctionTool, load_toolset
+from stepagent.tools.sleep import Clock, Sleep, SleepUntil, utc_now
+
+WORKER, TOOL_RUNNER, TIMER_RELAY = "worker", "tool_runner", "timer_relay"
+ALL_ROLES = frozenset({WORKER, TOOL_RUNNER, TIMER_RELAY})
+
+_QUEUE_AND_BUCKET = ("STEPAGENT_INPUT_QUEUE_URL", "STEPAGENT_BLOB_BUCKET")
+_REQUIRED: dict[str, tuple[str, ...]] = {
+    WORKER: (
+        "STEPAGENT_CONVERSATION_TABLE",
+        "STEPAGENT_STATE_TABLE",
+        *_QUEUE_AND_BUCKET,
+        "STEPAGENT_OUTPUT_QUEUE_URL",
+        "STEPAGENT_DELAY_QUEUE_URL",
+        "STEPAGENT_TOOL_QUEUE_URL",
+        "STEPAGENT_SCHEDULER_ROLE_ARN",
+        "STEPAGENT_SCHEDULER_DLQ_ARN",
+    ),
+    TOOL_RUNNER: _QUEUE_AND_BUCKET,
+    TIMER_RELAY: _QUEUE_AND_BUCKET,
+}
+
+RemainingMs = Callable[[], int]
+_REMAINING: ContextVar[RemainingMs | None] = ContextVar("stepagent_remaining_ms", default=None)
+
+
+def remaining_seconds() -> float:
+    """Seconds left in the current invocation (infinite outside one)."""
+    remaining = _REMAINING.get()
+    return math.inf if remaining is None else remaining() / 1000.0
+
+
+def make_provider(model: str) -> ModelProvider:
+    """The model provider for ``STEPAGENT_MODEL`` (``<provider>:<model id>``)."""
+    provider, _, model_id = model.partition(":")
+    if provider == "scripted":
+        if not model_id:
+            raise ConfigurationError("STEPAGENT_MODEL=scripted: needs a script path (scripted:<path>)")
+        return ScriptedProvider(model_id)
+    if provider in ("anthropic", "openai", "bedrock"):
+        raise ConfigurationError(f"STEPAGENT_MODEL={model!r}: the {provider} provider is not available yet")
+    raise ConfigurationError(
+        f"STEPAGENT_MODEL={model!r}: unknown provider {provider!r} (use anthropic:, openai:, bedrock: or scripted:)"
+    )
+
+
+class AwsRuntime:
+    """Clients, stores, provider, tools and the three batch handlers. Build with :meth:`create`."""
+
+    settings: Settings
+    roles: frozenset[str]
+    sqs: Any
+    s3: Any
+    dynamodb: Any
+    queues: SqsQueues
+    sender: SqsSender
+    metrics: MetricsSink
+    user_tools: list[Tool]
+    function_tools: dict[str, FunctionTool[..., Any]]
+
+    def __init__(self) -> None:
+        self._stack = AsyncExitStack()
+        self._scheduler_client: Any = None
+        self._scheduler_lock = asyncio.Lock()
+        self._input_dlq: str | None = None
+        self._worker: Worker | None = None
+        self._system: AgentSystem | None = None
+        self._stores: tuple[DynamoConversationStore, DynamoStateStore] | None = None
+
+    @classmethod
+    async def create(
+        cls,
+        settings: Settings | None = None,
+        *,
+        roles: Iterable[str] = ALL_ROLES,
+        provider: ModelProvider | None = None,
+        tools: Sequence[Tool] | None = None,
+        input_dlq_url: str | None = None,
+        metrics: MetricsSink | None = None,
+        session: Any = None,
+        clock: Clock = utc_now,
+    ) -> AwsRuntime:
+        """Build the runtime for ``roles``. ``provider``/``tools`` override ``STEPAGENT_MODEL``/``STEPAGENT_TOOLS``."""
+        settings = settings if settings is not None else Settings.from_env()
+        wanted = frozenset(roles)
+        if not wanted or wanted - ALL_ROLES:
+            raise ConfigurationError(
+                f"roles must be a non-empty subset of {sorted(ALL_ROLES)}, got {sorted(wanted)}"
+            )
+        required = {name for role in wanted for name in _REQUIRED[role]}
+        if WORKER in wanted and provider is None:
+            required.add("STEPAGENT_MODEL")
+        settings.require(*sorted(required))
+        runtime = cls()
+        runtime.settings, runtime.roles = settings, wanted
+        runtime.metrics = metrics if metrics is not None else CountingMetrics()
+        runtime._input_dlq = input_dlq_url
+        # Everything that can fail on configuration runs before any client is opened.
+        runtime.user_tools = (
+            list(tools) if tools is not None else (load_toolset(settings.tools) if settings.tools else [])
+        )
+        runtime.function_tools = {t.name: t for t in runtime.user_tools if isinstance(t, FunctionTool)}
+        if WORKER in wanted and provider is None:
+            provider = make_provider(str(settings.model))
+        session = session if session is not None else aws_session(settings)
+        try:
+            await runtime._open(session, provider, clock)
+        except BaseException:
+            await runtime.aclose()
+            raise
+        return runtime
+
+    async def _open(self, session: Any, provider: ModelProvider | None, clock: Clock) -> None:
+        settings = self.settings
+        self._session = session
+        self.sqs = await self._stack.enter_async_context(client(session, "sqs", settings))
+        self.s3 = await self._stack.enter_async_context(client(session, "s3", settings))
+        self.queues = SqsQueues(self.sqs, s3_client=self.s3, bucket=settings.blob_bucket)
+        self.sender = SqsSender(self.sqs, str(settings.input_queue_url), queues=self.queues)
+        if WORKER not in self.roles:
+            return
+        assert provider is not None  # create() resolved it for the worker role
+        self.dynamodb = await self._stack.enter_async_context(client(session, "dynamodb", settings))
+        self._stores = conversation, state = dynamo_stores(
+            self.dynamodb,
+            conversation_table=str(settings.conversation_table),
+            state_table=str(settings.state_table),
+            s3_client=self.s3,
+            bucket=settings.blob_bucket,
+        )
+        timers = AwsTimers(
+            self.queues,
+            delay_queue_url=str(settings.delay_queue_url),
+            input_queue_url=str(settings.input_queue_url),
+            scheduler=self.scheduler,
+            role_arn=settings.scheduler_role_arn,
+            dead_letter_arn=settings.scheduler_dlq_arn,
+            clock=clock,
+        )
+        toolset = Toolset.of([*builtin_tools(), Sleep(), SleepUntil(clock), *self.user_tools])
+        config = StepConfig(
+            provider=provider,
+            toolset=toolset,
+            sender=self.sender,
+            callback_url=settings.callback_url,
+            timers=timers,
+            runner=SqsFunctionRunner(self.queues, str(settings.tool_queue_url)),
+            retry=RetryPolicy(remaining=remaining_seconds),
+        )
+        self._system = AgentSystem(conversation, state, config)
+        publisher = OutputPublisher(self.queues, str(settings.output_queue_url), conversation, state)
+        self._worker = Worker(self._system, self.queues, publisher, self.input_dlq_url, self.metrics)
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, settings: Settings | None = None, **options: Any) -> AsyncIterator[AwsRuntime]:
+        """``async with AwsRuntime.open(settings) as runtime``: :meth:`create`, closed on exit."""
+        runtime = await cls.create(settings, **options)
+        try:
+            yield runtime
+        finally:
+            await runtime.aclose()
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
+
+    async def __aenter__(self) -> AwsRuntime:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # ---- the parts ----------------------------------------------------------------------------------------
+
+    @property
+    def system(self) -> AgentSystem:
+        if self._system is None:
+            raise ConfigurationError("this runtime was not built for the worker role")
+        return self._system
+
+    @property
+    def worker(self) -> Worker:
+        if self._worker is None:
+            raise ConfigurationError("this runtime was not built for the worker role")
+        return self._worker
+
+    @property
+    def conversation(self) -> DynamoConversationStore:
+        if self._stores is None:
+            raise ConfigurationError("this runtime was not built for the worker role")
+        return self._stores[0]
+
+    @property
+    def state(self) -> DynamoStateStore:
+        if self._stores is None:
+            raise ConfigurationError("this runtime was not built for the worker role")
+        return self._stores[1]
+
+    async def scheduler(self) -> Any:
+        """The EventBridge Scheduler client, opened on first use (only long timers need it)."""
+        async with self._scheduler_lock:
+            if self._scheduler_client is None:
+                self._scheduler_client = await self._stack.enter_async_context(
+                    client(self._session, "scheduler", self.settings)
+                )
+        return self._scheduler_client
+
+    async def input_dlq_url(self) -> str:
+        """Where bad input is copied: explicit, else the input queue's redrive target (same account/region,
+        so its URL is the input queue's with the last path segment replaced)."""
+        if self._input_dlq is None:
+            url = str(self.settings.input_queue_url)
+            found = await self.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["RedrivePolicy"])
+            policy = found.get("Attributes", {}).get("RedrivePolicy")
+            if not policy:
+                raise ConfigurationError(
+                    f"the input queue {url} has no RedrivePolicy, so bad input has no DLQ"
+                )
+            arn = str(json.loads(policy)["deadLetterTargetArn"])
+            self._input_dlq = url.rsplit("/", 1)[0] + "/" + arn.rsplit(":", 1)[1]
+        return self._input_dlq
+
+    # ---- handlers -----------------------------------------------------------------------------------------
+
+    async def handle_sqs_batch(
+        self, event: dict[str, Any], remaining_ms: RemainingMs | None = None
+    ) -> dict[str, Any]:
+        """The worker: one input-queue batch → steps → output events."""
+        token = _REMAINING.set(remaining_ms)
+        try:
+            return await self.worker.handle(event)
+        finally:
+            _REMAINING.reset(token)
+
+    async def handle_tool_batch(
+        self, event: dict[str, Any], remaining_ms: RemainingMs | None = None
+    ) -> dict[str, Any]:
+        """The tool runner: run queued function-tool calls and send their results."""
+        return await handle_tool_batch(event, self.function_tools, self.queues, self.sender, remaining_ms)
+
+    async def handle_delay_batch(
+        self, event: dict[str, Any], remaining_ms: RemainingMs | None = None
+    ) -> dict[str, Any]:
+        """The timer relay: forward due delay-queue wake-ups to the input queue."""
+        return await handle_delay_batch(event, self.queues, self.sender)
+
+    async def deliver_due_schedules(self, now: datetime | None = None) -> int:
+        """Fire due long timers where EventBridge Scheduler does not run (moto)."""
+        return await deliver_due_schedules(await self.scheduler(), self.sqs, now)

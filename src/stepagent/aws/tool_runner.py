@@ -1,0 +1,163 @@
+"""Python function tools off the step: :class:`SqsFunctionRunner` (the worker's side) and
+:func:`handle_tool_batch` (the tool runner Lambda's side).
+
+Guarantees:
+
+- Dispatch is one ``SendMessage`` to the standard tool queue with the body
+  ``{"v": 1, "thread_id", "tool_call_id", "call_id", "tool_name", "arguments", "thread_stack", "user_id"}``
+  (claim-checked if big). Standard queues have no deduplication id: idempotency is by tool call id.
+- The runner invokes the :class:`~stepagent.tools.functions.FunctionTool` (its own timeout, capped by the
+  Lambda's remaining time so a slow tool still gets an answer back) and sends the result — or
+  ``Error: <message>`` for a :class:`~stepagent.errors.ToolError`, an unknown tool or a timeout — to the
+  calling thread with dedup id = the tool call id. A re-delivered tool message re-runs the function, but
+  the thread keeps one result (SQS FIFO dedup, then the thread's own answered-call dedup).
+- A record whose result could not be sent, or whose body is unreadable, is reported in
+  ``batchItemFailures``: it is retried and ends in the tool DLQ, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aws_lambda_powertools import Logger
+
+from stepagent.errors import MalformedMessageError, ToolError
+from stepagent.messages import InputMessage, ToolResult
+from stepagent.senders.sqs import SqsQueues, SqsSender
+from stepagent.tools.base import ToolContext
+from stepagent.tools.functions import FunctionTool
+
+logger = Logger(service="stepagent")
+
+TOOL_MESSAGE_VERSION = 1
+#: Seconds kept back from the Lambda's remaining time to send the result after a tool times out.
+TIME_MARGIN_S = 10.0
+
+
+class SqsFunctionRunner:
+    """``FunctionRunner`` that queues the call for the tool runner."""
+
+    def __init__(self, queues: SqsQueues, tool_queue_url: str) -> None:
+        self.queues = queues
+        self.tool_queue_url = tool_queue_url
+
+    async def submit(self, tool_name: str, arguments: dict[str, Any], context: ToolContext) -> None:
+        call = ToolCallMessage(
+            thread_id=context.thread_id,
+            tool_call_id=context.tool_call_id,
+            call_id=context.call_id,
+            tool_name=tool_name,
+            arguments=arguments,
+            thread_stack=list(context.thread_stack),
+            user_id=context.user_id,
+        )
+        await self.queues.send(self.tool_queue_url, call.to_json())
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallMessage:
+    thread_id: str
+    tool_call_id: str
+    call_id: str | None
+    tool_name: str
+    arguments: dict[str, Any]
+    thread_stack: list[str]
+    user_id: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "v": TOOL_MESSAGE_VERSION,
+                "thread_id": self.thread_id,
+                "tool_call_id": self.tool_call_id,
+                "call_id": self.call_id,
+                "tool_name": self.tool_name,
+                "arguments": self.arguments,
+                "thread_stack": self.thread_stack,
+                "user_id": self.user_id,
+            },
+            ensure_ascii=False,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def parse(cls, body: str) -> ToolCallMessage:
+        try:
+            raw = json.loads(body)
+        except json.JSONDecodeError as exc:
+            raise MalformedMessageError(f"tool message is not JSON: {exc}") from None
+        if not isinstance(raw, dict) or raw.get("v") != TOOL_MESSAGE_VERSION:
+            raise MalformedMessageError(f"tool message must be an object with v={TOOL_MESSAGE_VERSION}")
+        for name in ("thread_id", "tool_call_id", "tool_name"):
+            if not isinstance(raw.get(name), str) or not raw[name]:
+                raise MalformedMessageError(f"tool message needs a string {name!r}", field=name)
+        arguments, stack = raw.get("arguments", {}), raw.get("thread_stack", [])
+        if not isinstance(arguments, dict):
+            raise MalformedMessageError("tool message 'arguments' must be an object", field="arguments")
+        if not isinstance(stack, list) or not all(isinstance(t, str) for t in stack):
+            raise MalformedMessageError("tool message 'thread_stack' must be a list of strings")
+        call_id, user_id = raw.get("call_id"), raw.get("user_id")
+        return cls(
+            thread_id=raw["thread_id"],
+            tool_call_id=raw["tool_call_id"],
+            call_id=call_id if isinstance(call_id, str) else None,
+            tool_name=raw["tool_name"],
+            arguments=arguments,
+            thread_stack=stack or [raw["thread_id"]],
+            user_id=user_id if isinstance(user_id, str) else None,
+        )
+
+
+async def run_tool_call(
+    tools: Mapping[str, FunctionTool[..., Any]], call: ToolCallMessage, time_limit: float | None
+) -> str:
+    """The result text of one call (``Error: ...`` for anything the model should see as a failure)."""
+    function_tool = tools.get(call.tool_name)
+    if function_tool is None:
+        return f"Error: no function tool named '{call.tool_name}' is registered with the tool runner"
+    try:
+        if time_limit is None:
+            return await function_tool.invoke(call.arguments)
+        return await asyncio.wait_for(function_tool.invoke(call.arguments), max(time_limit, 0.001))
+    except ToolError as exc:
+        return f"Error: {exc}"
+    except TimeoutError:
+        return f"Error: tool '{call.tool_name}' did not finish within the tool runner's time limit"
+
+
+async def handle_tool_batch(
+    event: dict[str, Any],
+    tools: Mapping[str, FunctionTool[..., Any]],
+    queues: SqsQueues,
+    sender: SqsSender,
+    remaining_ms: Callable[[], int] | None = None,
+) -> dict[str, Any]:
+    """Run every queued call concurrently and send each result to its thread. Never raises for a
+    partial failure."""
+
+    async def one(record: dict[str, Any]) -> dict[str, str] | None:
+        message_id = str(record.get("messageId", ""))
+        try:
+            call = ToolCallMessage.parse(await queues.resolve(str(record.get("body", ""))))
+        except Exception:  # unreadable: retry, then the tool DLQ keeps it for inspection
+            logger.exception("unreadable tool message", extra={"message_id": message_id})
+            return {"itemIdentifier": message_id}
+        logger.thread_safe_append_keys(thread_id=call.thread_id, tool_call_id=call.tool_call_id)
+        limit = None if remaining_ms is None else remaining_ms() / 1000.0 - TIME_MARGIN_S
+        text = await run_tool_call(tools, call, limit)
+        result = ToolResult.text(call.tool_call_id, text, call_id=call.call_id)
+        try:
+            await sender.send(InputMessage.tool_result(call.thread_id, result), call.tool_call_id)
+        except Exception:
+            logger.exception("could not send a tool result", extra={"message_id": message_id})
+            return {"itemIdentifier": message_id}
+        logger.info("tool call answered", extra={"tool": call.tool_name, "error": text.startswith("Error: ")})
+        return None
+
+    # Each record runs in its own task, so the log keys set above stay with that record.
+    results = await asyncio.gather(*(one(record) for record in event.get("Records", [])))
+    return {"batchItemFailures": [failure for failure in results if failure is not None]}

@@ -1,0 +1,287 @@
+"""The worker: one SQS FIFO batch (Lambda event) → one step per thread → output events.
+
+Guarantees (DESIGN §1 "Handlers", "Bad input"; §3 invariants 5 and 6):
+
+- Routing is by each record's ``MessageGroupId`` (a record without one, e.g. a direct invocation, is
+  routed by its body). The logical message id is the body's ``id``, else the record's
+  ``MessageDeduplicationId``, else its ``messageId``. Claim-checked bodies are resolved first.
+- Deterministic bad input (unparseable body, schema violation, body ``group_id`` disagreeing with the
+  group, an unresolvable claim check, a payload the step rejects as too large) is never retried: the raw
+  body is copied unchanged to the input DLQ with the reason in the ``stepagent_error`` message attribute,
+  an ``error`` event (``retrying: false``) goes to the thread, and the record is acknowledged so the
+  thread's later records proceed. If that disposal itself fails, the record fails like a transient one.
+- A transient failure fails the record and every later record of the same thread in the batch (they are
+  all in ``batchItemFailures``, so SQS redelivers them in order), with an ``error`` event
+  (``retrying: true``); other threads proceed. ``handle`` never raises for a partial failure.
+- A lost conditional write (:class:`~stepagent.errors.ConcurrentWriteError`: another worker advanced the
+  thread) is retried at once from a fresh load; the dedup by logical id makes that re-run absorb whatever
+  the other writer already did, so nothing is lost or doubled.
+- Output events are sent after the step, before the records are acknowledged. If a previous attempt
+  committed but did not publish (a crash, a failed send), the redelivery (``ApproximateReceiveCount`` > 1)
+  re-publishes the rows that step made for the redelivered inputs, with the same event ids (consumers
+  may see an event twice, never two ids for one event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aws_lambda_powertools import Logger
+
+from stepagent.aws.outputs import (
+    OutputPublisher,
+    StepEvents,
+    error_event,
+    replay_rows,
+    row_events,
+    step_events,
+)
+from stepagent.core.step import StepInput
+from stepagent.errors import ConcurrentWriteError, GroupMismatchError, InputError, MalformedMessageError
+from stepagent.messages import InputMessage, parse_input_message
+from stepagent.senders.sqs import SqsQueues
+from stepagent.system.step_mode import AgentSystem
+
+logger = Logger(service="stepagent")
+
+#: Attempts per thread when another writer keeps winning the head-version race.
+MAX_STEP_ATTEMPTS = 3
+_MAX_ATTRIBUTE_CHARS = 4_000
+_UNROUTABLE_GROUP = "stepagent-unroutable"
+
+
+class MetricsSink(Protocol):
+    """What the worker needs from a metrics backend (powertools ``Metrics`` fits)."""
+
+    def add_metric(self, name: str, unit: str, value: float) -> Any: ...
+
+
+@dataclass(slots=True)
+class CountingMetrics:
+    """A ``MetricsSink`` that only counts (tests, the local stack)."""
+
+    counts: dict[str, float]
+
+    def __init__(self) -> None:
+        self.counts = {}
+
+    def add_metric(self, name: str, unit: str, value: float) -> None:
+        self.counts[name] = self.counts.get(name, 0) + value
+
+
+@dataclass(slots=True)
+class Record:
+    """One SQS record, parsed: ``message`` (good input), ``rejected`` (bad input; also set on a good
+    record the step later refuses) or ``failed`` (could not be read now)."""
+
+    record_id: str
+    group_id: str | None
+    raw_body: str
+    receive_count: int
+    logical_id: str
+    message: InputMessage | None = None
+    rejected: InputError | None = None  # deterministic bad input
+    failed: Exception | None = None  # transient (e.g. the claim check's S3 read)
+
+
+class Worker:
+    """Handles SQS batches for one :class:`~stepagent.system.step_mode.AgentSystem`."""
+
+    def __init__(
+        self,
+        system: AgentSystem,
+        queues: SqsQueues,
+        publisher: OutputPublisher,
+        input_dlq_url: Callable[[], Awaitable[str]],
+        metrics: MetricsSink,
+    ) -> None:
+        self.system = system
+        self.queues = queues
+        self.publisher = publisher
+        self.input_dlq_url = input_dlq_url
+        self.metrics = metrics
+
+    async def handle(self, event: dict[str, Any]) -> dict[str, Any]:
+        records = list(await asyncio.gather(*(self._parse(raw) for raw in event.get("Records", []))))
+        threads: dict[str, list[Record]] = {}
+        for record in records:
+            key = record.group_id if record.group_id is not None else f"\x00{record.record_id}"
+            threads.setdefault(key, []).append(record)
+        failed = await asyncio.gather(*(self._thread(key, items) for key, items in threads.items()))
+        failed_ids = {record_id for ids in failed for record_id in ids}
+        return {
+            "batchItemFailures": [
+                {"itemIdentifier": r.record_id} for r in records if r.record_id in failed_ids
+            ]
+        }
+
+    # ---- parsing -----------------------------------------------------------------------------------------
+
+    async def _parse(self, raw: dict[str, Any]) -> Record:
+        attributes = raw.get("attributes") or {}
+        record_id = str(raw.get("messageId", ""))
+        body = raw.get("body")
+        group = attributes.get("MessageGroupId")
+        record = Record(
+            record_id=record_id,
+            group_id=str(group) if group else None,
+            raw_body=body if isinstance(body, str) else "",
+            receive_count=int(attributes.get("ApproximateReceiveCount") or 1),
+            logical_id=str(attributes.get("MessageDeduplicationId") or record_id),
+        )
+        try:
+            if not isinstance(body, str):
+                raise MalformedMessageError("the SQS record has no body")
+            message = parse_input_message(await self.queues.resolve(body))
+            if record.group_id is not None and message.group_id != record.group_id:
+                raise GroupMismatchError(
+                    f"body group_id {message.group_id!r} disagrees with MessageGroupId {record.group_id!r}"
+                )
+        except InputError as error:
+            record.rejected = error
+            return record
+        except Exception as error:  # transient: the record (and its thread's later ones) will be retried
+            record.failed = error
+            return record
+        record.message = message
+        record.group_id = record.group_id or message.group_id
+        record.logical_id = message.id or record.logical_id
+        return record
+
+    # ---- one thread ----------------------------------------------------------------------------------------
+
+    async def _thread(self, thread_id: str, records: list[Record]) -> list[str]:
+        """Process one thread's records in order; return the ids of those that must be retried."""
+        # Each thread runs in its own task (gather), so these log keys stay with it.
+        logger.thread_safe_append_keys(thread_id=None if thread_id.startswith("\x00") else thread_id)
+        cut = next((i for i, r in enumerate(records) if r.failed is not None), len(records))
+        active, doomed = records[:cut], records[cut:]
+        for record in doomed[:1]:
+            await self._report_failure(thread_id, record, record.failed)
+        # Leading bad input first, so its error event precedes the step's output.
+        start = 0
+        while start < len(active) and active[start].rejected is not None:
+            if not await self._reject(active[start]):
+                return [r.record_id for r in records[start:]]
+            start += 1
+        rest = active[start:]
+        good = [r for r in rest if r.message is not None]
+        failed_at = len(rest)
+        if good:
+            first_failed = await self._step_records(thread_id, good)
+            if first_failed is not None:
+                failed_at = next(i for i, r in enumerate(rest) if r is good[first_failed])
+        for index, record in enumerate(rest[:failed_at]):
+            if record.rejected is not None and not await self._reject(record):
+                failed_at = index
+                break
+        return [r.record_id for r in rest[failed_at:] + doomed]
+
+    async def _step_records(self, thread_id: str, good: list[Record]) -> int | None:
+        """Step ``good`` records; the index of the first that must be retried, or ``None``."""
+        try:
+            await self._step_and_publish(thread_id, good)
+            return None
+        except InputError as error:
+            if len(good) == 1:
+                good[0].rejected = error
+                return None
+            first_error: InputError | None = error
+        except Exception as error:
+            await self._report_failure(thread_id, good[0], error)
+            return 0
+        # Some input is unacceptable (e.g. too large to store). Steps are atomic and idempotent, so the
+        # records are re-run one at a time to reject only the culprit.
+        logger.warning("isolating rejected input", extra={"error": str(first_error)})
+        for index, record in enumerate(good):
+            try:
+                await self._step_and_publish(thread_id, [record])
+            except InputError as error:
+                record.rejected = error
+            except Exception as error:
+                await self._report_failure(thread_id, record, error)
+                return index
+        return None
+
+    async def _step_and_publish(self, thread_id: str, records: Sequence[Record]) -> None:
+        inputs = [StepInput(r.message, r.logical_id) for r in records if r.message is not None]
+        logger.thread_safe_append_keys(message_ids=[i.message_id for i in inputs])
+        observer = StepEvents()
+        # A lost head-version race means another writer advanced the thread: re-run from a fresh load;
+        # the logical-id dedup absorbs whatever that writer already did.
+        for attempt in range(1, MAX_STEP_ATTEMPTS + 1):
+            observer = StepEvents()
+            try:
+                await self.system.step_thread(thread_id, inputs, observer)
+                break
+            except ConcurrentWriteError:
+                self.metrics.add_metric("WriteConflicts", "Count", 1)
+                if attempt == MAX_STEP_ATTEMPTS:
+                    raise
+                logger.warning("lost the thread's head-version race; re-running")
+        events = step_events(thread_id, observer.events, inputs)
+        redelivered = [r.logical_id for r in records if r.receive_count > 1 and r.message is not None]
+        if redelivered:
+            # An earlier attempt may have committed without publishing: report its rows again (same
+            # event ids), before this run's own rows.
+            fresh = {row.order for row in observer.committed_rows}
+            replayed = await replay_rows(self.publisher.conversation, thread_id, redelivered)
+            events = row_events(thread_id, [r for r in replayed if r.order not in fresh]) + events
+        await self.publisher.publish(thread_id, events)
+        self.metrics.add_metric("Steps", "Count", 1)
+        logger.info("step done", extra={"events": len(events)})
+
+    # ---- failure and rejection --------------------------------------------------------------------------
+
+    async def _report_failure(self, thread_id: str, record: Record, error: BaseException | None) -> None:
+        logger.error(
+            "thread failed; its records will be retried",
+            extra={"message_id": record.logical_id, "error": f"{type(error).__name__}: {error}"},
+        )
+        self.metrics.add_metric("StepFailures", "Count", 1)
+        if record.group_id is None:
+            return  # unroutable: no thread to tell
+        message = f"Processing failed and will be retried: {type(error).__name__}: {error}"[
+            :_MAX_ATTRIBUTE_CHARS
+        ]
+        try:
+            await self.publisher.publish(
+                thread_id, [error_event(thread_id, message, True, record.logical_id)]
+            )
+        except Exception:  # the record is retried anyway; the event is a courtesy
+            logger.exception("could not publish the retrying error event")
+
+    async def _reject(self, record: Record) -> bool:
+        """Copy a bad record to the input DLQ and tell its thread. ``False`` if that failed."""
+        reason = str(record.rejected)
+        logger.warning("rejected bad input", extra={"message_id": record.logical_id, "reason": reason})
+        attributes = {
+            "stepagent_error": reason[:_MAX_ATTRIBUTE_CHARS],
+            "stepagent_message_id": record.record_id,
+        }
+        if record.group_id is not None:
+            attributes["stepagent_message_group_id"] = record.group_id
+        try:
+            await self.queues.send(
+                await self.input_dlq_url(),
+                record.raw_body or "(empty body)",
+                group_id=record.group_id or _UNROUTABLE_GROUP,
+                # The SQS message id is stable across redeliveries: a re-run copies once.
+                dedup_id=hashlib.sha256(f"dlq\x1f{record.record_id}".encode()).hexdigest(),
+                attributes=attributes,
+                claim_check=False,
+            )
+            if record.group_id is not None:
+                text = f"Rejected input message {record.logical_id}: {reason}"
+                await self.publisher.publish(
+                    record.group_id, [error_event(record.group_id, text, False, record.logical_id)]
+                )
+        except Exception:
+            logger.exception("could not dispose of bad input; it will be retried")
+            return False
+        self.metrics.add_metric("BadInputs", "Count", 1)
+        return True

@@ -1,0 +1,114 @@
+"""SQS senders: :class:`SqsQueues` (one ``SendMessage`` with claim check and error mapping) and
+:class:`SqsSender`, the :class:`~stepagent.senders.base.InputSender` over the FIFO input queue.
+
+Guarantees of :class:`SqsSender`:
+
+- ``MessageGroupId`` = ``message.group_id`` (one FIFO group per thread).
+- ``MessageDeduplicationId`` = :func:`dedup_key` ``(group_id, dedup_id)``: a SHA-256 hex digest, so it is
+  deterministic (never a timestamp), scoped to the target thread (the same logical id sent to two threads
+  never collides), and always within SQS's 128-character limit and alphabet.
+- The body carries the logical id: ``"id": dedup_id`` unless the message already has one, so the receiving
+  worker dedups by it even after SQS's 5-minute dedup window.
+- Bodies over ~200 KB go to the blob bucket (see :mod:`stepagent.aws.claim_check`).
+- Every AWS failure is a :class:`~stepagent.errors.QueueError` naming the queue (transient: the record
+  that caused the send is retried).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any, TypeAlias
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from stepagent.aws.claim_check import INLINE_BODY_LIMIT, unwrap_body, wrap_body
+from stepagent.errors import QueueError
+from stepagent.messages import InputMessage
+
+#: aioboto3 clients are untyped.
+SqsClient: TypeAlias = Any
+S3Client: TypeAlias = Any
+
+
+def dedup_key(group_id: str, dedup_id: str) -> str:
+    """The ``MessageDeduplicationId`` for logical id ``dedup_id`` sent to thread ``group_id``."""
+    return hashlib.sha256(f"{group_id}\x1f{dedup_id}".encode()).hexdigest()
+
+
+class SqsQueues:
+    """Sends bodies to any of our queues; big bodies are claim-checked, failures are ``QueueError``."""
+
+    def __init__(
+        self,
+        sqs: SqsClient,
+        *,
+        s3_client: S3Client | None = None,
+        bucket: str | None = None,
+        inline_limit: int = INLINE_BODY_LIMIT,
+    ) -> None:
+        self.sqs = sqs
+        self.s3 = s3_client
+        self.bucket = bucket
+        self.inline_limit = inline_limit
+
+    async def send(
+        self,
+        queue_url: str,
+        body: str,
+        *,
+        group_id: str | None = None,
+        dedup_id: str | None = None,
+        delay_seconds: int | None = None,
+        attributes: Mapping[str, str] | None = None,
+        claim_check: bool = True,
+    ) -> str:
+        """Send ``body`` (claim-checked if big, unless ``claim_check`` is false: a body copied from a
+        queue already fits one); returns the SQS message id."""
+        wire = await wrap_body(body, self.s3, self.bucket, limit=self.inline_limit) if claim_check else body
+        kwargs: dict[str, Any] = {"QueueUrl": queue_url, "MessageBody": wire}
+        if group_id is not None:
+            kwargs["MessageGroupId"] = group_id
+        if dedup_id is not None:
+            kwargs["MessageDeduplicationId"] = dedup_id
+        if delay_seconds:
+            kwargs["DelaySeconds"] = delay_seconds
+        if attributes:
+            kwargs["MessageAttributes"] = {
+                name: {"DataType": "String", "StringValue": value} for name, value in attributes.items()
+            }
+        try:
+            response = await self.sqs.send_message(**kwargs)
+        except (ClientError, BotoCoreError, OSError) as exc:
+            raise QueueError(f"SendMessage to {queue_url} failed: {exc}") from exc
+        return str(response.get("MessageId", ""))
+
+    async def resolve(self, body: str) -> str:
+        """The original body of a (possibly claim-checked) received body."""
+        return await unwrap_body(body, self.s3, self.bucket)
+
+
+class SqsSender:
+    """``InputSender`` over the FIFO input queue. Give ``s3_client`` and ``bucket`` (the blob bucket) so
+    big messages can be claim-checked, or share an existing :class:`SqsQueues` with ``queues``."""
+
+    def __init__(
+        self,
+        sqs: SqsClient,
+        queue_url: str,
+        *,
+        s3_client: S3Client | None = None,
+        bucket: str | None = None,
+        queues: SqsQueues | None = None,
+    ) -> None:
+        self.queues = queues if queues is not None else SqsQueues(sqs, s3_client=s3_client, bucket=bucket)
+        self.queue_url = queue_url
+
+    async def send(self, message: InputMessage, dedup_id: str) -> None:
+        logical = message if message.id is not None else message.model_copy(update={"id": dedup_id})
+        await self.queues.send(
+            self.queue_url,
+            logical.to_json(),
+            group_id=message.group_id,
+            dedup_id=dedup_key(message.group_id, dedup_id),
+        )

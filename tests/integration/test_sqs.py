@@ -1,0 +1,154 @@
+"""SqsSender, the claim check and the queue/bucket definitions, on the moto server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from stepagent.aws.claim_check import ENVELOPE_KEY, INLINE_BODY_LIMIT, envelope_of, unwrap_body, wrap_body
+from stepagent.aws.queue_resources import ensure_queues_and_bucket, queue_definitions
+from stepagent.errors import MalformedMessageError, PayloadTooLargeError, QueueError
+from stepagent.messages import InputMessage, parse_input_message
+from stepagent.senders.sqs import SqsSender, dedup_key
+from tests.conftest import REGION, aws_client, unique_name
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture
+async def queues() -> AsyncIterator[tuple[Any, Any, Any]]:
+    """(sqs client, s3 client, QueueResources) for a fresh set of queues and bucket."""
+    async with aws_client("sqs") as sqs, aws_client("s3") as s3:
+        resources = await ensure_queues_and_bucket(sqs, s3, prefix=unique_name("sq"), region=REGION)
+        try:
+            yield sqs, s3, resources
+        finally:
+            for url in resources.urls.values():
+                await sqs.delete_queue(QueueUrl=url)
+
+
+async def drain(sqs: Any, url: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    while True:
+        response = await sqs.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            MessageSystemAttributeNames=["All"],
+            MessageAttributeNames=["All"],
+        )
+        messages = response.get("Messages", [])
+        if not messages:
+            return out
+        for message in messages:
+            out.append(message)
+            await sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+
+
+async def test_dedup_is_deterministic_and_scoped_to_the_target_thread(queues: tuple[Any, Any, Any]) -> None:
+    sqs, s3, resources = queues
+    sender = SqsSender(sqs, resources.input_queue_url, s3_client=s3, bucket=resources.bucket)
+    for thread in ("a", "b", "a"):
+        await sender.send(InputMessage.user_text(thread, f"hello {thread}"), "same-id")
+    messages = await drain(sqs, resources.input_queue_url)
+    assert sorted(m["Attributes"]["MessageGroupId"] for m in messages) == ["a", "b"]
+    for message in messages:
+        group = message["Attributes"]["MessageGroupId"]
+        assert message["Attributes"]["MessageDeduplicationId"] == dedup_key(group, "same-id")
+        assert json.loads(message["Body"])["id"] == "same-id"
+    assert len(dedup_key("g" * 128, "x" * 1000)) == 64
+
+
+async def test_an_explicit_message_id_is_kept(queues: tuple[Any, Any, Any]) -> None:
+    sqs, _, resources = queues
+    sender = SqsSender(sqs, resources.input_queue_url)
+    await sender.send(InputMessage.user_text("t", "hi", id="logical-1"), "dedup-1")
+    [message] = await drain(sqs, resources.input_queue_url)
+    assert parse_input_message(message["Body"]).id == "logical-1"
+    assert message["Attributes"]["MessageDeduplicationId"] == dedup_key("t", "dedup-1")
+
+
+async def test_a_big_message_is_claim_checked_and_resolves_to_the_same_body(
+    queues: tuple[Any, Any, Any],
+) -> None:
+    sqs, s3, resources = queues
+    sender = SqsSender(sqs, resources.input_queue_url, s3_client=s3, bucket=resources.bucket)
+    big = InputMessage.user_text("t", "z" * (INLINE_BODY_LIMIT + 1), id="big-1")
+    await sender.send(big, "big-1")
+    [message] = await drain(sqs, resources.input_queue_url)
+    envelope = json.loads(message["Body"])[ENVELOPE_KEY]
+    assert envelope["v"] == 1 and envelope["bucket"] == resources.bucket
+    assert envelope["key"] == f"payloads/{envelope['sha256']}"
+    assert await sender.queues.resolve(message["Body"]) == big.to_json()
+    # Without a bucket, a big body is rejected rather than truncated or dropped.
+    with pytest.raises(PayloadTooLargeError):
+        await SqsSender(sqs, resources.input_queue_url).send(big, "big-2")
+
+
+async def test_broken_claim_checks_are_bad_input(queues: tuple[Any, Any, Any]) -> None:
+    _, s3, resources = queues
+    bucket = resources.bucket
+    wrapped = await wrap_body("q" * 300_000, s3, bucket)
+    fields = json.loads(wrapped)[ENVELOPE_KEY]
+
+    def variant(**changes: Any) -> str:
+        return json.dumps({ENVELOPE_KEY: fields | changes})
+
+    assert await unwrap_body(wrapped, s3, bucket) == "q" * 300_000
+    for body, reason in [
+        (variant(sha256="0" * 64), "does not match"),
+        (variant(key="payloads/missing"), "does not exist"),
+        (variant(bucket="someone-elses-bucket"), "not"),
+        (variant(v=2), "version"),
+        (json.dumps({ENVELOPE_KEY: "nope"}), "must be an object"),
+    ]:
+        with pytest.raises(MalformedMessageError, match=reason):
+            await unwrap_body(body, s3, bucket)
+    # A message that merely mentions the key is not an envelope.
+    mention = InputMessage.user_text("t", ENVELOPE_KEY).to_json()
+    assert envelope_of(mention) is None and await unwrap_body(mention, s3, bucket) == mention
+
+
+async def test_aws_failures_are_queue_errors(queues: tuple[Any, Any, Any]) -> None:
+    sqs, _, resources = queues
+    missing = resources.input_queue_url.rsplit("/", 1)[0] + "/does-not-exist.fifo"
+    with pytest.raises(QueueError, match="does-not-exist"):
+        await SqsSender(sqs, missing).send(InputMessage.user_text("t", "hi"), "x")
+
+
+async def test_queue_definitions_match_the_template_and_creation_is_idempotent(
+    queues: tuple[Any, Any, Any],
+) -> None:
+    sqs, s3, resources = queues
+    prefix = resources.input_queue_url.rsplit("/", 1)[1].removesuffix("-input.fifo")
+    again = await ensure_queues_and_bucket(sqs, s3, prefix=prefix, region=REGION)
+    assert again == resources
+    attributes = (await sqs.get_queue_attributes(QueueUrl=resources.input_queue_url, AttributeNames=["All"]))[
+        "Attributes"
+    ]
+    assert attributes["FifoQueue"] == "true" and attributes["VisibilityTimeout"] == "1800"
+    assert json.loads(attributes["RedrivePolicy"]) == {
+        "deadLetterTargetArn": resources.arns["input_dlq"],
+        "maxReceiveCount": 5,
+    }
+    by_role = {d.role: d for d in queue_definitions(prefix)}
+    assert (
+        by_role["tool"].max_receive_count == 3 and by_role["tool"].attributes["VisibilityTimeout"] == "5400"
+    )
+    assert "FifoQueue" not in by_role["delay"].attributes and by_role["delay"].dead_letter_role == "delay_dlq"
+    assert by_role["output"].attributes["FifoQueue"] == "true"
+    # Converging attributes of existing queues (a test shortening the visibility timeout).
+    await ensure_queues_and_bucket(
+        sqs, s3, prefix=prefix, region=REGION, attribute_overrides={"input": {"VisibilityTimeout": "7"}}
+    )
+    changed = await sqs.get_queue_attributes(
+        QueueUrl=resources.input_queue_url, AttributeNames=["VisibilityTimeout"]
+    )
+    assert changed["Attributes"]["VisibilityTimeout"] == "7"
+    env = resources.env()
+    assert env["STEPAGENT_INPUT_QUEUE_URL"] == resources.input_queue_url
+    assert env["STEPAGENT_BLOB_BUCKET"] == resources.bucket
+    lifecycle = await s3.get_bucket_lifecycle_configuration(Bucket=resources.bucket)
+    assert lifecycle["Rules"][0]["Expiration"] == {"Days": 30}

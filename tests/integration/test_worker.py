@@ -1,0 +1,383 @@
+"""The worker end to end on the moto server: real queues, tables and bucket, the scripted model, the
+batch handlers fed by a test poller that behaves like Lambda's SQS event source."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from stepagent.aws.outputs import event_id
+from stepagent.errors import PayloadTooLargeError, QueueError, StoreError
+from stepagent.messages import InputMessage
+from stepagent.providers.base import ModelInfo, ModelRequest, StreamEvent
+from stepagent.providers.scripted import ScriptedProvider
+from tests.integration.aws_helpers import SCRIPT, Stack, aws_stack, failed_ids
+
+pytestmark = pytest.mark.asyncio
+
+
+def tid(prefix: str = "conv") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def of_type(events: list[dict[str, Any]], kind: str, thread: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in events if e["type"] == kind and (thread is None or e["thread_id"] == thread)]
+
+
+class FailingCommits:
+    """Wraps the conversation store: ``commit`` for ``thread`` raises ``StoreError`` ``times`` times."""
+
+    def __init__(self, inner: Any, thread: str, times: int = 1) -> None:
+        self.inner, self.thread, self.times, self.failures = inner, thread, times, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def commit(self, thread_id: str, commit: Any) -> Any:
+        if thread_id == self.thread and self.failures < self.times:
+            self.failures += 1
+            raise StoreError(f"injected commit failure #{self.failures}")
+        return await self.inner.commit(thread_id, commit)
+
+
+async def test_user_text_gets_an_answer_as_a_text_event() -> None:
+    async with aws_stack() as stack:
+        thread = tid()
+        await stack.runtime.state.set_metadata(thread, {"channel": "C1"})
+        await stack.send_user(thread, "hello there", "m1")
+        await stack.pump()
+        assert await stack.texts(thread) == ["hello there", "ok"]
+        [text] = await stack.outputs()
+        assert text == {
+            "type": "text",
+            "event_id": event_id(thread, "2", "text"),
+            "text": "ok",
+            "thread_id": thread,
+            "root_thread_id": thread,
+            "metadata": {"channel": "C1"},
+        }
+        assert stack.runtime.metrics.counts["Steps"] == 1  # type: ignore[attr-defined]
+
+
+async def test_tool_round_trip_through_the_tool_runner() -> None:
+    async with aws_stack() as stack:
+        thread = tid()
+        await stack.send_user(thread, "what is the weather?", "m1")
+        await stack.pump()
+        texts = await stack.texts(thread)
+        assert texts == [
+            "what is the weather?",
+            "Let me check.",
+            'get_weather({"city": "Paris"})',
+            "Sunny in Paris",
+            "It is sunny in Paris.",
+        ]
+        events = await stack.outputs()
+        assert [e["type"] for e in events] == ["text", "tool_call", "text"]
+        call = events[1]
+        assert call["name"] == "get_weather" and call["args"] == {"city": "Paris"}
+        assert call["tool_call_id"].startswith("call_")
+        assert all(e["metadata"] == {} and e["root_thread_id"] == thread for e in events)
+
+
+async def test_parent_and_child_threads_in_their_own_message_groups() -> None:
+    async with aws_stack() as stack:
+        parent = tid("parent")
+        await stack.send_user(parent, "please delegate", "m1")
+        await stack.pump()
+        [child] = await stack.runtime.conversation.children(parent)
+        child_texts = await stack.texts(child.thread_id)
+        assert any("You are now INSIDE" in t for t in child_texts)
+        parent_texts = await stack.texts(parent)
+        assert "Got the report." in parent_texts and "Child finished." in parent_texts
+        assert (await stack.runtime.conversation.get_thread(child.thread_id)).closed  # type: ignore[union-attr]
+        groups = {
+            record["attributes"]["MessageGroupId"]
+            for url, event, _ in stack.handled
+            for record in event["Records"]
+            if url == stack.input_url
+        }
+        assert groups == {parent, child.thread_id}
+        events = await stack.outputs()
+        child_calls = of_type(events, "tool_call", child.thread_id)
+        assert [c["name"] for c in child_calls] == ["report_to_parent", "close_thread"]
+        assert all(e["root_thread_id"] == parent for e in events)
+
+
+async def test_every_message_delivered_twice_leaves_identical_histories() -> None:
+    thread = tid()
+    histories = []
+    outputs = []
+    for twice in (False, True):
+        async with aws_stack() as stack:
+            await stack.send_user(thread, "please delegate", "m1")
+            await stack.pump(twice=twice)
+            await stack.send_user(thread, "what is the weather?", "m2")
+            await stack.pump(twice=twice)
+            [child] = await stack.runtime.conversation.children(thread)
+            histories.append((await stack.history(thread), await stack.history(child.thread_id)))
+            outputs.append(sorted(e["event_id"] for e in await stack.outputs()))
+    assert histories[0] == histories[1]
+    assert outputs[0] == outputs[1]
+
+
+async def _batch(stack: Stack, expected: int) -> dict[str, Any]:
+    records: list[dict[str, Any]] = []
+    while len(records) < expected:
+        event = await stack.receive_event(stack.input_url)
+        assert event["Records"], f"only {len(records)} of {expected} records arrived"
+        records.extend(event["Records"])
+    return {"Records": records}
+
+
+async def test_a_failing_thread_fails_only_its_own_records() -> None:
+    async with aws_stack() as stack:
+        bad, good = tid("bad"), tid("good")
+        for n in (1, 2):
+            await stack.send_user(bad, f"bad {n}", f"b{n}")
+            await stack.send_user(good, f"good {n}", f"g{n}")
+        event = await _batch(stack, 4)
+        stack.runtime.system.conversation = FailingCommits(stack.runtime.system.conversation, bad)
+        result = await stack.runtime.handle_sqs_batch(event)
+        by_id = {r["messageId"]: json.loads(r["body"])["id"] for r in event["Records"]}
+        assert sorted(by_id[i] for i in failed_ids(result)) == ["b1", "b2"]
+        assert await stack.texts(good) == ["good 1", "good 2", "ok"]
+        assert await stack.texts(bad) == []
+        [error] = of_type(await stack.outputs(), "error", bad)
+        assert error["retrying"] is True and "injected commit failure" in error["message"]
+        await stack.ack(stack.input_url, event, result)
+        await stack.pump()  # SQS redelivers the failed records; the fault is spent
+        assert await stack.texts(bad) == ["bad 1", "bad 2", "ok"]
+
+
+async def test_a_transient_failure_mid_thread_fails_that_record_and_the_later_ones() -> None:
+    async with aws_stack() as stack:
+        thread, other = tid(), tid("other")
+        await stack.send_user(thread, "first", "t1")
+        await stack.send_user(thread, "second " + "y" * 300_000, "t2")  # claim-checked
+        await stack.send_user(thread, "third", "t3")
+        await stack.send_user(other, "unrelated", "o1")
+        event = await _batch(stack, 4)
+        real_s3 = stack.runtime.queues.s3
+
+        class BrokenS3:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real_s3, name)
+
+            async def get_object(self, **kwargs: Any) -> Any:
+                raise QueueError("injected S3 outage")
+
+        stack.runtime.queues.s3 = BrokenS3()
+        result = await stack.runtime.handle_sqs_batch(event)
+        stack.runtime.queues.s3 = real_s3
+        ids = {r["messageId"]: r for r in event["Records"]}
+        failed = [ids[i]["attributes"]["MessageDeduplicationId"] for i in failed_ids(result)]
+        assert len(failed) == 2
+        assert await stack.texts(thread) == ["first", "ok"]
+        assert await stack.texts(other) == ["unrelated", "ok"]
+        await stack.ack(stack.input_url, event, result)
+        await stack.pump()
+        texts = await stack.texts(thread)
+        assert texts[2].startswith("second yyy") and texts[3:] == ["third", "ok"]
+
+
+async def test_malformed_body_and_group_mismatch_go_to_the_dlq_with_an_error_event() -> None:
+    async with aws_stack() as stack:
+        thread, mismatch, other = tid(), tid("mismatch"), tid("other")
+        await stack.send_raw("{not json", thread, "raw-1")
+        await stack.send_user(thread, "after the bad one", "t2")
+        wrong = InputMessage.user_text("somebody-else", "hi", id="w1").to_json()
+        await stack.send_raw(wrong, mismatch, "raw-2")
+        await stack.send_user(other, "fine", "o1")
+        event = await _batch(stack, 4)
+        result = await stack.runtime.handle_sqs_batch(event)
+        assert failed_ids(result) == []
+        assert await stack.texts(thread) == ["after the bad one", "ok"]
+        assert await stack.texts(other) == ["fine", "ok"]
+        assert await stack.texts(mismatch) == []
+        dlq = await stack.receive(stack.resources.input_dlq_url)
+        copies = {m["Body"]: m["MessageAttributes"]["stepagent_error"]["StringValue"] for m in dlq}
+        assert set(copies) == {"{not json", wrong}
+        assert "not valid JSON" in copies["{not json"]
+        assert "somebody-else" in copies[wrong] and mismatch in copies[wrong]
+        events = await stack.outputs()
+        [bad_json] = of_type(events, "error", thread)
+        assert bad_json["retrying"] is False and "not valid JSON" in bad_json["message"]
+        [bad_group] = of_type(events, "error", mismatch)
+        assert bad_group["retrying"] is False
+        assert stack.runtime.metrics.counts["BadInputs"] == 2  # type: ignore[attr-defined]
+        # The error event precedes the answer to the later message of the same thread.
+        thread_events = [e["type"] for e in events if e["thread_id"] == thread]
+        assert thread_events == ["error", "text"]
+
+
+class RefusesMessage:
+    """Wraps the conversation store: a commit holding message ``message_id`` is refused as too large."""
+
+    def __init__(self, inner: Any, message_id: str) -> None:
+        self.inner, self.message_id = inner, message_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def commit(self, thread_id: str, commit: Any) -> Any:
+        if self.message_id in commit.processed_message_ids:
+            raise PayloadTooLargeError(f"message {self.message_id} is too large to store")
+        return await self.inner.commit(thread_id, commit)
+
+
+async def test_input_the_step_refuses_is_isolated_and_rejected_alone() -> None:
+    async with aws_stack() as stack:
+        thread = tid()
+        for n in (1, 2, 3):
+            await stack.send_user(thread, f"message {n}", f"m{n}")
+        event = await _batch(stack, 3)
+        stack.runtime.system.conversation = RefusesMessage(stack.runtime.system.conversation, "m2")
+        result = await stack.runtime.handle_sqs_batch(event)
+        assert failed_ids(result) == []
+        assert await stack.texts(thread) == ["message 1", "ok", "message 3", "ok"]
+        [dead] = await stack.receive(stack.resources.input_dlq_url)
+        assert json.loads(dead["Body"])["id"] == "m2"
+        assert "too large" in dead["MessageAttributes"]["stepagent_error"]["StringValue"]
+        [error] = of_type(await stack.outputs(), "error", thread)
+        assert error["retrying"] is False and error["event_id"] == event_id(thread, "m2", "error")
+
+
+async def test_a_poison_message_reaches_the_dlq_after_max_receive_count() -> None:
+    async with aws_stack() as stack:
+        thread = tid("poison")
+        stack.runtime.system.conversation = FailingCommits(
+            stack.runtime.system.conversation, thread, times=99
+        )
+        await stack.send_user(thread, "never works", "p1")
+        attempts = 0
+        for _ in range(10):
+            event = await stack.receive_event(stack.input_url)
+            if not event["Records"]:
+                break
+            attempts += 1
+            result = await stack.runtime.handle_sqs_batch(event)
+            assert len(failed_ids(result)) == 1
+            await stack.ack(stack.input_url, event, result)
+        assert attempts == 5
+        [dead] = await stack.receive(stack.resources.input_dlq_url)
+        assert json.loads(dead["Body"])["id"] == "p1"
+        errors = of_type(await stack.outputs(), "error", thread)
+        assert len(errors) == 1  # the same event id every attempt: the output queue dedups it
+        assert errors[0]["retrying"] is True
+
+
+async def test_a_5mb_tool_result_round_trips_through_the_claim_check() -> None:
+    async with aws_stack() as stack:
+        thread = tid()
+        await stack.send_user(thread, "something big please", "m1")
+        await stack.pump()
+        texts = await stack.texts(thread)
+        assert texts[0] == "something big please"
+        assert texts[1] == 'big_result({"size": 5000000})'
+        assert texts[2] == "x" * 5_000_000
+        assert texts[3:] == ["Got a big result."]
+        tool_results = [
+            r
+            for url, event, _ in stack.handled
+            if url == stack.input_url
+            for r in event["Records"]
+            if "stepagent_claim_check" in r["body"]
+        ]
+        assert len(tool_results) == 1 and len(tool_results[0]["body"]) < 1000
+
+
+class BarrierProvider:
+    """The scripted model, except that the first ``parties`` streams wait until all of them started:
+    both workers have loaded the same head before either commits."""
+
+    def __init__(self, barrier: asyncio.Barrier) -> None:
+        self.inner = ScriptedProvider(SCRIPT)
+        self.barrier = barrier
+        self.calls = 0
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.inner.info
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        self.calls += 1
+        if self.calls == 1:
+            await asyncio.wait_for(self.barrier.wait(), 10)
+        async for event in self.inner.stream(request):
+            yield event
+
+
+class SerializedCommits:
+    """Wraps a conversation store so commits from several runtimes never overlap in time. DynamoDB
+    transactions are isolated; moto's are not when two arrive at once (a failed one restores a copy of the
+    table taken before the other committed), so the test serialises them as DynamoDB would."""
+
+    def __init__(self, inner: Any, lock: asyncio.Lock) -> None:
+        self.inner, self.lock = inner, lock
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def commit(self, thread_id: str, commit: Any) -> Any:
+        async with self.lock:
+            return await self.inner.commit(thread_id, commit)
+
+
+async def test_a_second_concurrent_worker_loses_its_write_and_nothing_is_lost() -> None:
+    barrier, lock = asyncio.Barrier(2), asyncio.Lock()
+    async with aws_stack(provider=BarrierProvider(barrier)) as stack:
+        thread = tid()
+        await stack.send_user(thread, "hello", "m1")
+        event = await _batch(stack, 1)
+        second = BarrierProvider(barrier)
+        other = await type(stack.runtime).create(stack.settings, provider=second)
+        for runtime in (stack.runtime, other):
+            runtime.system.conversation = SerializedCommits(runtime.system.conversation, lock)
+        try:
+            results = await asyncio.gather(
+                stack.runtime.handle_sqs_batch(event), other.handle_sqs_batch(event)
+            )
+        finally:
+            await other.aclose()
+        assert [failed_ids(r) for r in results] == [[], []]
+        assert second.calls == 1  # both workers reached the model on the same loaded head
+        conflicts = [rt.metrics.counts.get("WriteConflicts", 0) for rt in (stack.runtime, other)]  # type: ignore[attr-defined]
+        assert sorted(conflicts) == [0, 1]  # exactly one lost the conditional write, then re-ran
+        assert await stack.texts(thread) == ["hello", "ok"]
+        info = await stack.runtime.conversation.get_thread(thread)
+        assert info is not None and info.version == 1  # one commit: the loser's was refused, not merged
+        assert [e["type"] for e in await stack.outputs()] == ["text"]
+
+
+async def test_output_event_ids_are_stable_when_a_step_is_re_run() -> None:
+    thread = tid()
+    async with aws_stack() as stack:
+        publisher = stack.runtime.worker.publisher
+        real_publish = publisher.publish
+        calls = 0
+
+        async def publish_fails_once(thread_id: str, events: Any) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise QueueError("injected output failure after the commit")
+            await real_publish(thread_id, events)
+
+        publisher.publish = publish_fails_once  # type: ignore[method-assign]
+        await stack.send_user(thread, "what is the weather?", "m1")
+        await stack.pump()
+        first = await stack.outputs()
+    async with aws_stack() as clean:
+        await clean.send_user(thread, "what is the weather?", "m1")
+        await clean.pump()
+        second = await clean.outputs()
+    texts = [e for e in first if e["type"] != "error"]
+    assert [e["event_id"] for e in texts] == [e["event_id"] for e in second]
+    assert [e["type"] for e in texts] == ["text", "tool_call", "text"]
+    assert texts[0]["event_id"] == event_id(thread, "2", "text")
