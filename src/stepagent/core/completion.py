@@ -10,6 +10,9 @@ Guarantees:
 - A synchronous tool runs only after the history holding its call — and a dispatch intent for it — is
   committed, so a crash mid-tool is re-driven by the next step instead of wedging the thread.
 - Loop-backs are capped per step, so a model that keeps calling unknown tools cannot spin forever.
+- Cancellation (the ``cancel`` event, set by local mode when user text interrupts or the system shuts
+  down) takes effect at once, even while the provider waits for its next chunk or a retry backs off: the
+  visible partial turn is kept (trailing reasoning trimmed) and the round is never retried.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from stepagent.core import texts
@@ -50,6 +53,7 @@ from stepagent.providers.base import (
     ModelRequest,
     ReasoningComplete,
     ReasoningDelta,
+    StreamEvent,
     TextDelta,
     ToolCallComplete,
     ToolCallDelta,
@@ -176,15 +180,53 @@ class CompletionRunner:
             return False
         self.history.discard_turn()
         self.emit(Info(message))
-        await self.retry.sleep(delay)
+        await self._pause(delay)
         return True
+
+    async def _pause(self, delay: float) -> None:
+        """The retry backoff; cut short by cancellation (the next round then stops at once)."""
+        if self.cancel is None:
+            await self.retry.sleep(delay)
+            return
+        sleeping = asyncio.ensure_future(self.retry.sleep(delay))
+        cancelled = asyncio.ensure_future(self.cancel.wait())
+        try:
+            await asyncio.wait({sleeping, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeping.cancel()
+            cancelled.cancel()
+
+    async def _until_cancelled(self, events: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
+        """``events``, ending as soon as ``cancel`` is set — also while the provider is still waiting for its
+        next chunk, so a model that stays silent for a minute cannot delay an interruption or a shutdown."""
+        cancel = self.cancel
+        if cancel is None:
+            async for event in events:
+                yield event
+            return
+        while not cancel.is_set():
+            next_event = asyncio.ensure_future(_next_or_none(events))
+            cancelled = asyncio.ensure_future(cancel.wait())
+            try:
+                await asyncio.wait({next_event, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                cancelled.cancel()
+                if not next_event.done():
+                    next_event.cancel()  # the provider's stream ends here (CancelledError inside it)
+                    await asyncio.wait({next_event})
+            if next_event.cancelled():
+                return
+            received = next_event.result()  # a chunk that arrived first still counts; errors propagate
+            if received is None:
+                return
+            yield received
 
     async def _stream(self, state: _RoundState, outcome: CompletionOutcome) -> bool:
         """Consume one stream. Returns ``True`` when it ended with ``Final``."""
         history = self.history
         if not history.turn_buffer_is_empty:
             raise AssertionError("bug: a round started with a non-empty turn buffer")
-        async for event in self.provider.stream(self._request()):
+        async for event in self._until_cancelled(self.provider.stream(self._request())):
             if self.cancel is not None and self.cancel.is_set():
                 self._end_thinking()
                 history.flush_turn_trimming_reasoning()
@@ -290,6 +332,10 @@ def model_view(history: Sequence[HistoryItem], supports_image_input: bool) -> li
             item = dataclasses.replace(item, result=result)
         view.append(item)
     return view
+
+
+async def _next_or_none(events: AsyncIterator[StreamEvent]) -> StreamEvent | None:
+    return await anext(events, None)
 
 
 def sync_result_id(tool_call_id: str) -> str:

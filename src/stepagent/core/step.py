@@ -114,6 +114,7 @@ class ThreadStep:
         self.thread_id = thread_id
         self.cancel = cancel
         self.history: HistoryManager | None = None
+        self._reported_rows = 0  # how many of history.committed_rows a TurnCommitted has reported
 
     def emit(self, event: AgentEvent) -> None:
         self.observer.on_event(self.thread_id, event)
@@ -205,19 +206,29 @@ class ThreadStep:
             return
         if history.info is not None and history.info.kind == ThreadKind.COMPACTION:
             return
-        request = InputMessage(content=TextContent(text=""), group_id=self.thread_id, synthetic=Compaction())
-        await self.config.sender.send(
-            request, derived_id("compaction-request", self.thread_id, str(history.version))
+        request_id = derived_id("compaction-request", self.thread_id, str(history.version))
+        # Claim when triggering, not only when the request is prepared: while a compaction runs (until
+        # this thread processes its compaction_complete) nothing is sent, so a step whose usage was
+        # measured before the summary landed cannot start a second compaction right after it (reference
+        # issue #64). Preparing the request re-claims with the same id, which succeeds.
+        claimed = await self.state.claim_compaction(
+            self.thread_id, request_id, self.config.clock(), self.config.compaction_lease_seconds
         )
+        if not claimed:
+            return
+        request = InputMessage(content=TextContent(text=""), group_id=self.thread_id, synthetic=Compaction())
+        await self.config.sender.send(request, request_id)
         self.emit(Info("✦ Auto-compaction triggered (context > 75%)"))
 
     async def _commit_and_report(self, history: HistoryManager) -> None:
         if history.info is None and not history.has_pending_rows:
             return  # never create a thread record just to remember dropped inputs
-        before = len(history.committed_rows)
         await history.sync()
-        if len(history.committed_rows) > before:
-            self.emit(TurnCommitted(rows=history.committed_rows[before:]))
+        # Report from the last reported row, not from before this sync: rows committed mid-step (before
+        # a synchronous tool runs, or before a child is spawned) are reported here too.
+        if len(history.committed_rows) > self._reported_rows:
+            self.emit(TurnCommitted(rows=history.committed_rows[self._reported_rows :]))
+            self._reported_rows = len(history.committed_rows)
 
     # ---- outbox -----------------------------------------------------------------------------------------------
 

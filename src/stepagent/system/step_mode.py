@@ -9,7 +9,7 @@ nothing is ever left half-written), and the caller decides per thread what to re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from stepagent.core.step import StepConfig, StepInput, StepOutcome, ThreadStep
@@ -51,8 +51,13 @@ class AgentSystem:
         observer: Observer,
         *,
         cancel: asyncio.Event | None = None,
+        on_start: Callable[[ThreadStep], None] | None = None,
     ) -> StepOutcome:
+        """One step of one thread. ``cancel`` stops its completion early (local mode's interruption);
+        ``on_start`` sees the step before it runs (local mode reads its in-flight turn for replays)."""
         step = ThreadStep(self.conversation, self.state, self.config, observer, thread_id, cancel=cancel)
+        if on_start is not None:
+            on_start(step)
         return await step.run(inputs)
 
     async def step(

@@ -459,6 +459,11 @@ class InProcessFunctionRunner:
     def add(self, function_tool: FunctionTool[..., Any]) -> None:
         self._tools[function_tool.name] = function_tool
 
+    @property
+    def running(self) -> int:
+        """How many background calls are still running (local mode's idle check reads it)."""
+        return len(self._tasks)
+
     async def submit(self, tool_name: str, arguments: dict[str, Any], context: ToolContext) -> None:
         if not self._background:
             await self.run(tool_name, arguments, context)
