@@ -1,0 +1,172 @@
+"""The ``stepagent`` command line.
+
+Commands: ``run`` (chat on the embedded local stack — the main job), ``send``, ``history``,
+``infra create``. Commands that touch the stores or queues read the same settings as the handlers.
+Errors are printed for people (one line, what to do next) with exit status 2; ``--debug`` shows the
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from stepagent.errors import StepagentError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stepagent",
+        description="Run AI agents as short steps driven by a queue.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "run",
+        help="chat with an agent on the embedded local stack (moto, or AWS_ENDPOINT_URL)",
+        description=(
+            "Start a local stack (moto server on loopback unless AWS_ENDPOINT_URL points at one, e.g. "
+            "LocalStack), create the tables and queues, run the worker, tool runner and timer relay, and chat. "
+            "Without a model configured it runs the bundled offline demo."
+        ),
+    )
+    run.add_argument(
+        "--say",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="send TEXT, wait until idle (repeatable), then exit",
+    )
+    run.add_argument("--thread", default=None, help="the conversation (root thread) id; default: a new one")
+    run.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for the agent to go idle after each message",
+    )
+
+    send = commands.add_parser("send", help="put a user message on the input queue")
+    send.add_argument("thread", help="the thread (message group) id")
+    send.add_argument("text", help="the message")
+
+    history = commands.add_parser(
+        "history", help="print the stored transcript of a thread and its descendants"
+    )
+    history.add_argument("thread", help="the thread id")
+    history.add_argument("--json", action="store_true", help="print one JSON list instead of text")
+
+    infra = commands.add_parser("infra", help="manage the AWS resources")
+    infra_commands = infra.add_subparsers(dest="infra_command", required=True, metavar="ACTION")
+    create = infra_commands.add_parser(
+        "create", help="create the tables, queues and bucket on moto or LocalStack and print the settings"
+    )
+    create.add_argument("--endpoint-url", required=True, help="e.g. http://localhost:4566 (LocalStack)")
+    create.add_argument("--prefix", default="stepagent", help="name prefix for the resources")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            from stepagent.local.chat import run_chat
+
+            return asyncio.run(
+                run_chat(say=args.say, thread_id=args.thread, idle_timeout=args.timeout, debug=args.debug)
+            )
+        if args.command == "send":
+            return asyncio.run(_send(args.thread, args.text))
+        if args.command == "history":
+            return asyncio.run(_history(args.thread, as_json=args.json))
+        if args.command == "infra":
+            from stepagent.local.stack import infra_create
+
+            return asyncio.run(infra_create(args.endpoint_url, args.prefix))
+    except StepagentError as error:
+        if args.debug:
+            raise
+        print(f"stepagent: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+async def _send(thread_id: str, text: str) -> int:
+    from stepagent.aws.clients import aws_session, client
+    from stepagent.aws.settings import Settings
+    from stepagent.messages import InputMessage
+    from stepagent.senders.sqs import SqsSender
+
+    settings = Settings.from_env()
+    settings.require("STEPAGENT_INPUT_QUEUE_URL")
+    assert settings.input_queue_url is not None
+    async with (
+        client(aws_session(settings), "sqs", settings) as sqs,
+        client(aws_session(settings), "s3", settings) as s3,
+    ):
+        sender = SqsSender(sqs, settings.input_queue_url, s3_client=s3, bucket=settings.blob_bucket)
+        message_id = str(uuid.uuid4())
+        await sender.send(InputMessage.user_text(thread_id, text, id=message_id), message_id)
+    print(f"sent to thread {thread_id} (message {message_id})")
+    return 0
+
+
+async def _history(thread_id: str, *, as_json: bool) -> int:
+    from stepagent.aws.clients import aws_session, client
+    from stepagent.aws.settings import Settings
+    from stepagent.stores.dynamodb import dynamo_stores
+    from stepagent.transcript import tree_items
+
+    settings = Settings.from_env()
+    settings.require("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE")
+    assert settings.conversation_table is not None and settings.state_table is not None
+    session = aws_session(settings)
+    async with client(session, "dynamodb", settings) as dynamodb, client(session, "s3", settings) as s3:
+        conversation, _ = dynamo_stores(
+            dynamodb,
+            conversation_table=settings.conversation_table,
+            state_table=settings.state_table,
+            s3_client=s3,
+            bucket=settings.blob_bucket,
+        )
+        if await conversation.get_thread(thread_id) is None:
+            print(f"stepagent: no thread {thread_id!r} in {settings.conversation_table}", file=sys.stderr)
+            return 1
+        items = [item async for item in tree_items(conversation, thread_id)]
+    if as_json:
+        print(json.dumps(items, ensure_ascii=False, indent=2))
+    else:
+        for line in format_transcript(items, root_id=thread_id):
+            print(line)
+    return 0
+
+
+def format_transcript(items: Sequence[dict[str, Any]], *, root_id: str) -> list[str]:
+    """Human-readable transcript lines; children are marked with their (short) thread id."""
+    lines: list[str] = []
+    current: str | None = None
+    for item in items:
+        thread = item["thread_id"]
+        if thread != current:
+            current = thread
+            lines.append(f"── thread {thread}" + (" (root)" if thread == root_id else ""))
+        kind = item["kind"]
+        prefix = f"{item['order']:>4} "
+        if kind == "tool_call":
+            lines.append(f"{prefix}→ {item['name']}({json.dumps(item['args'], ensure_ascii=False)})")
+        elif kind in ("tool_result", "event"):
+            lines.append(f"{prefix}← {item.get('text', '')}")
+        else:
+            lines.append(f"{prefix}{kind}: {item.get('text', '')}")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,257 @@
+"""``stepagent run``: chat with an agent on the local stack, through the real AWS code paths.
+
+Messages go onto the SQS FIFO input queue; the worker, the tool runner and the timer relay are fed by
+local stand-ins for Lambda's SQS event source; the agent's output is read back from the output queue. So
+what you see is what a deployment does — only the queues and tables are local (moto, or LocalStack via
+``AWS_ENDPOINT_URL``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import sys
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, TextIO
+
+from stepagent.aws.settings import Settings
+from stepagent.local.poller import SqsEventSource
+from stepagent.local.stack import EmbeddedMoto, create_resources, use_fake_credentials
+
+DEMO_TOOLS = "stepagent.demo.tools:toolset"
+LOCAL_PREFIX = "stepagent-local"
+
+
+def demo_script_path() -> str:
+    return str(resources.files("stepagent") / "demo" / "demo_script.json")
+
+
+def choose_model(environ: dict[str, str] | os._Environ[str]) -> tuple[str, bool]:
+    """The model to run and whether it is the offline demo: ``STEPAGENT_MODEL``, else a provider whose
+    API key is present, else the bundled demo script."""
+    configured = environ.get("STEPAGENT_MODEL", "").strip()
+    if configured:
+        return configured, configured.startswith("scripted:") and "demo_script" in configured
+    try:
+        from stepagent.providers.factory import detect_default_model
+    except ImportError:  # providers not installed in this build
+        detected = None
+    else:
+        detected = detect_default_model(dict(environ))
+    if detected:
+        return detected, False
+    return f"scripted:{demo_script_path()}", True
+
+
+class Printer:
+    """Renders output-queue events for a person at a terminal."""
+
+    def __init__(self, root_id: str, out: TextIO = sys.stdout) -> None:
+        self.root_id = root_id
+        self.out = out
+
+    def show(self, event: dict[str, Any]) -> None:
+        thread = str(event.get("thread_id", ""))
+        who = "agent" if thread == self.root_id else f"[child {thread[:8]}]"
+        kind = event.get("type")
+        if kind == "text":
+            print(f"{who} > {event.get('text', '')}", file=self.out)
+        elif kind == "tool_call":
+            args = json.dumps(event.get("args") or {}, ensure_ascii=False)
+            print(f"{who} ⚙ {event.get('name')}({'' if args == '{}' else args})", file=self.out)
+        elif kind == "error":
+            retrying = " (retrying)" if event.get("retrying") else ""
+            print(f"{who} ! {event.get('message')}{retrying}", file=self.out)
+        elif kind == "oauth_required":
+            print(f"{who} 🔑 authorise at {event.get('auth_url')}", file=self.out)
+        elif kind == "user_choice_required":
+            choices = ", ".join(f"{i}: {c}" for i, c in enumerate(event.get("choices", [])))
+            print(f"{who} ? {event.get('prompt')} [{choices}]", file=self.out)
+        self.out.flush()
+
+
+@dataclass(slots=True)
+class LocalServices:
+    """The running pieces of the local stack, and how to tell that nothing is left to do."""
+
+    sqs: Any
+    settings: Settings
+    sources: list[SqsEventSource] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def _pending(self, url: str) -> int:
+        attributes = await self.sqs.get_queue_attributes(
+            QueueUrl=url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )
+        values = attributes.get("Attributes", {})
+        return int(values.get("ApproximateNumberOfMessages", 0)) + int(
+            values.get("ApproximateNumberOfMessagesNotVisible", 0)
+        )
+
+    async def busy(self) -> bool:
+        if any(source.in_flight for source in self.sources):
+            return True
+        urls = [self.settings.input_queue_url, self.settings.tool_queue_url, self.settings.delay_queue_url]
+        for url in urls:
+            if url and await self._pending(url):
+                return True
+        return False
+
+    async def wait_idle(self, limit_seconds: float, settle: float = 1.5) -> bool:
+        """Wait until every work queue has been empty for ``settle`` seconds (timers that are not yet due
+        do not count: a sleeping agent is idle). ``False`` on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit_seconds
+        quiet_since: float | None = None
+        while loop.time() < deadline:
+            if await self.busy():
+                quiet_since = None
+            else:
+                quiet_since = quiet_since or loop.time()
+                if loop.time() - quiet_since >= settle:
+                    return True
+            await asyncio.sleep(0.2)
+        return False
+
+
+async def _drain_outputs(sqs: Any, url: str, printer: Printer, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        response = await sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+        messages = response.get("Messages", [])
+        for message in messages:
+            try:
+                printer.show(json.loads(message["Body"]))
+            except ValueError:
+                printer.out.write(f"(unreadable output event: {message['Body'][:200]})\n")
+        if messages:
+            await sqs.delete_message_batch(
+                QueueUrl=url,
+                Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+            )
+
+
+async def _every(seconds: float, action: Callable[[], Awaitable[object]], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await action()
+        except Exception:  # keep the local stack alive; the next tick retries
+            logging.getLogger(__name__).exception("periodic task failed")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), seconds)
+
+
+async def run_chat(*, say: list[str], thread_id: str | None, idle_timeout: float, debug: bool) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    if not debug:
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        # The handlers log structured JSON for CloudWatch; at a terminal only problems are worth showing.
+        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+    model, demo = choose_model(os.environ)
+    moto: EmbeddedMoto | None = None
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        print(f"using the AWS endpoint at {endpoint}", file=sys.stderr)
+    else:
+        print("starting the embedded local stack (moto server on loopback) ...", file=sys.stderr)
+        moto = EmbeddedMoto()
+        endpoint = moto.start()
+        use_fake_credentials()
+    try:
+        print("creating tables, queues and bucket ...", file=sys.stderr)
+        env = await create_resources(endpoint, LOCAL_PREFIX)
+        os.environ.update(env)
+        os.environ["AWS_ENDPOINT_URL"] = endpoint
+        os.environ["STEPAGENT_MODEL"] = model
+        if demo and not os.environ.get("STEPAGENT_TOOLS"):
+            os.environ["STEPAGENT_TOOLS"] = DEMO_TOOLS
+        os.environ.setdefault("STEPAGENT_CALLBACK_SECRET", secrets.token_hex(32))
+        settings = Settings.from_env()
+        if demo:
+            print(
+                "no model configured and no API key found: running the offline DEMO (scripted model)",
+                file=sys.stderr,
+            )
+        else:
+            print(f"model: {model}", file=sys.stderr)
+        return await _chat(
+            settings,
+            say=say,
+            thread_id=thread_id or f"chat-{uuid.uuid4().hex[:8]}",
+            idle_timeout=idle_timeout,
+        )
+    finally:
+        if moto is not None:
+            moto.stop()
+
+
+async def _chat(settings: Settings, *, say: list[str], thread_id: str, idle_timeout: float) -> int:
+    from stepagent.aws.runtime import AwsRuntime
+    from stepagent.messages import InputMessage
+
+    printer = Printer(thread_id)
+    async with AwsRuntime.open(settings) as runtime:
+        sqs = runtime.sqs
+        assert settings.input_queue_url and settings.tool_queue_url and settings.delay_queue_url
+        assert settings.output_queue_url
+        services = LocalServices(sqs, settings)
+        services.sources = [
+            SqsEventSource(sqs, settings.input_queue_url, runtime.handle_sqs_batch),
+            SqsEventSource(sqs, settings.tool_queue_url, runtime.handle_tool_batch, batch_size=1),
+            SqsEventSource(sqs, settings.delay_queue_url, runtime.handle_delay_batch),
+        ]
+        stop = services.stop
+        services.tasks = [asyncio.create_task(source.run(stop)) for source in services.sources]
+        services.tasks.append(
+            asyncio.create_task(_drain_outputs(sqs, settings.output_queue_url, printer, stop))
+        )
+        # moto never fires EventBridge schedules: deliver due long timers ourselves.
+        services.tasks.append(asyncio.create_task(_every(1.0, runtime.deliver_due_schedules, stop)))
+        print(
+            f"conversation {thread_id} — " + ("type a message (Ctrl-D to quit)" if not say else "sending"),
+            file=sys.stderr,
+        )
+        try:
+            async for text in _texts(say):
+                if not text.strip():
+                    continue
+                if say:
+                    print(f"you > {text}")
+                message_id = str(uuid.uuid4())
+                await runtime.sender.send(InputMessage.user_text(thread_id, text, id=message_id), message_id)
+                if not await services.wait_idle(idle_timeout):
+                    print(f"stepagent: the agent was still busy after {idle_timeout:.0f} s", file=sys.stderr)
+                    return 1
+                await asyncio.sleep(1.2)  # let the output reader print the last events
+        finally:
+            stop.set()
+            for task in services.tasks:
+                task.cancel()
+            await asyncio.gather(*services.tasks, return_exceptions=True)
+    return 0
+
+
+async def _texts(say: list[str]) -> AsyncIterator[str]:
+    """The ``--say`` texts, or lines typed at the terminal (read off the event loop, so the pollers keep
+    running while you type)."""
+    if say:
+        for text in say:
+            yield text
+        return
+    while True:
+        try:
+            line = await asyncio.to_thread(input, "you > ")
+        except EOFError:
+            print(file=sys.stderr)
+            return
+        yield line
