@@ -10,11 +10,16 @@ Guarantees every implementation must give (the contract suite in ``tests/contrac
   :class:`~stepagent.errors.ConcurrentWriteError` and changes nothing.
 - Dedup reads touch only the ids asked for (``filter_processed``), never a thread-sized set.
 - Compaction summaries are keyed by the order they cover; rows are never deleted by compaction.
+- History changes other than appends (``tests/contract/test_store_contract_replace.py``): a
+  :class:`Rewind` is one conditional head update; a whole-history replacement is staged under a new
+  generation (:meth:`ConversationStore.stage_history`) and made visible by one conditional head flip, so
+  every reader sees exactly the old or the new history; abandoned generations are invisible and removed by
+  :meth:`ConversationStore.sweep_generations`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
@@ -119,6 +124,76 @@ class LoadedHistory:
     rows_read: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class StateCleanup:
+    """State a rewind or a history replacement removes, by id (absent entries are ignored).
+
+    ``answered`` and ``processed`` markers are removed *before* the head moves (dropping a marker early
+    is harmless: a visible result row still answers its call); everything else moves with the head."""
+
+    intents: Sequence[str] = ()
+    subscriptions: Sequence[str] = ()
+    deferred: Sequence[str] = ()
+    choices: Sequence[str] = ()
+    indexed_calls: Sequence[str] = ()
+    answered: Sequence[str] = ()
+    processed: Sequence[str] = ()
+    close_threads: Sequence[str] = ()
+    release_compaction: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Rewind:
+    """A suffix cut: the thread's tail becomes ``to_order`` (rows past it turn invisible and are
+    overwritten by later commits), summaries covering orders past it are dropped, and ``cleanup`` is
+    applied — all conditioned on the head still being at ``expected_version``."""
+
+    expected_version: int
+    to_order: int
+    summaries_removed: Sequence[int] = ()
+    cleanup: StateCleanup = StateCleanup()
+
+
+#: What a staged history is made of: rows ``(item, message_id)`` (orders 1, 2, ... in the order given) and
+#: compaction summaries.
+HistoryEntry = tuple[HistoryItem, str] | Summary
+
+
+@dataclass(slots=True)
+class Replacement:
+    """What lands together with the head flip of a staged history.
+
+    ``record`` sets the thread-tree fields (root, parent, spawn order and call, kind, closed) — required
+    to create a child; ``None`` keeps the existing record (or creates a root). ``state`` adds state as a
+    commit would (its ``rows`` and ``expected_version`` are ignored); it is read when the flip is built,
+    so a caller may still fill it while the entries stream."""
+
+    record: ThreadInfo | None = None
+    state: Commit | None = None
+    cleanup: StateCleanup = StateCleanup()
+
+
+class HistoryStaging(Protocol):
+    """One replacement of a thread's whole history, written under a fresh generation that no reader
+    looks at until :meth:`flip` moves the head to it in one conditional write."""
+
+    thread_id: str
+    generation: str
+
+    async def add(self, entries: AsyncIterable[HistoryEntry] | Iterable[HistoryEntry]) -> None:
+        """Stage more rows (orders continue) and summaries. Bounded memory: rows are written in batches."""
+        ...
+
+    async def flip(self, replacement: Replacement) -> ThreadInfo:
+        """Make the staged history the thread's history (version + 1, tail = rows staged), atomically and
+        only if nobody changed the thread since staging began (else ``ConcurrentWriteError``)."""
+        ...
+
+    async def abandon(self) -> None:
+        """Best effort: release the pending mark and delete what was staged (a sweep does it otherwise)."""
+        ...
+
+
 class ConversationStore(Protocol):
     """Thread tree, per-thread ordered logs, compaction summaries and the atomic step commit."""
 
@@ -150,7 +225,8 @@ class ConversationStore(Protocol):
     async def close_thread(self, thread_id: str) -> None: ...
 
     async def children(self, thread_id: str) -> list[ThreadInfo]:
-        """The thread's direct children, in the order they were spawned."""
+        """The thread's direct children, in the order they were spawned; none while the thread itself does
+        not exist (an import creates its children before the root)."""
         ...
 
     async def save_summary(self, thread_id: str, summary: Summary) -> None:
@@ -160,6 +236,21 @@ class ConversationStore(Protocol):
 
     async def latest_summary(self, thread_id: str, up_to: int | None = None) -> Summary | None:
         """The summary with the highest ``up_to_order`` that is ``<= up_to`` (any when ``None``)."""
+        ...
+
+    async def rewind(self, thread_id: str, rewind: Rewind) -> ThreadInfo:
+        """Apply ``rewind`` (one conditional head update plus its cleanup); return the new head."""
+        ...
+
+    async def stage_history(self, thread_id: str, expected_version: int) -> HistoryStaging:
+        """Begin replacing the thread's history (``expected_version`` 0 for a thread that does not exist).
+        Marks the head as pending (no version change) so a sweep leaves the staged generation alone."""
+        ...
+
+    async def sweep_generations(self, thread_id: str, *, now: float, lease_seconds: float) -> int:
+        """Delete rows of generations the head does not point at, except a pending one younger than
+        ``lease_seconds`` at ``now`` (an older pending mark is cleared first, which dooms its flip).
+        Returns how many stored rows were deleted."""
         ...
 
 
@@ -293,3 +384,34 @@ async def load_history_with_ancestors(
     prefix = len(built.items)
     await built.extend(store, thread_id, 0, None, own=True)
     return LoadedHistory(built.items, built.orders, None, prefix, built.rows_read)
+
+
+async def iterate_entries(
+    entries: AsyncIterable[HistoryEntry] | Iterable[HistoryEntry],
+) -> AsyncIterator[HistoryEntry]:
+    """``entries`` as an async iterator, whichever kind of iterable it is."""
+    if isinstance(entries, AsyncIterable):
+        async for entry in entries:
+            yield entry
+    else:
+        for entry in entries:
+            yield entry
+
+
+async def replace_history(
+    store: ConversationStore,
+    thread_id: str,
+    expected_version: int,
+    entries: AsyncIterable[HistoryEntry] | Iterable[HistoryEntry],
+    replacement: Replacement | None = None,
+) -> ThreadInfo:
+    """Replace the thread's whole history (rows and summaries) with ``entries``: staged under a new
+    generation, then one conditional head flip. Readers see exactly the old or the new history; a failure
+    before the flip abandons the staged generation (best effort; ``sweep_generations`` cleans the rest)."""
+    staging = await store.stage_history(thread_id, expected_version)
+    try:
+        await staging.add(entries)
+        return await staging.flip(replacement or Replacement())
+    except Exception:
+        await staging.abandon()
+        raise

@@ -22,13 +22,20 @@ exactly like the in-memory stores (the contract suite runs against both) and add
   exactly the asked ``R#`` range, holding one page at a time, and checks that orders are gap-free.
 - **Thread tree.** A spawn writes the child's head and a ``C#`` index entry in the parent's partition in
   one transaction (idempotent by child id), so ``children`` is one Query plus batched head reads.
+- **Generations.** A rewind is one conditional head update (rows past the new tail become debris, as
+  above). A whole-history replacement (:mod:`~stepagent.stores.dynamodb_replace`) marks the head pending,
+  writes rows under a fresh generation's keys, then flips the head to that generation in one conditional
+  transaction; readers read the head first and follow its ``gen``, so they see exactly the old or the new
+  history. Rows of other generations are invisible and removed by ``sweep_generations``.
 - **Errors.** AWS failures become :class:`~stepagent.errors.StoreError` (operation and table named); a lost
   version race is :class:`~stepagent.errors.ConcurrentWriteError`.
 
 Item layout (``pk`` = thread id in both tables; numbers zero-padded so ``sk`` sorts numerically)::
 
     conversation  HEAD              root_id kind closed version tail [parent_id spawn_order spawn_tool_call_id]
+                                    [gen] [pending_gen pending_at]       generation pointer, replacement mark
                   R#{order:012d}    message_id cv (body | blob)          one history row, encoded item JSON
+                  R#g{gen}#{order:012d}  (same)                          a row of a replaced history
                   S#{up_to:012d}    (body | blob)                        compaction summary text
                   C#{child_id}      seq                                  child index entry (spawn order)
     state         P#{message_id}    expires_at                           processed marker (TTL)
@@ -52,7 +59,7 @@ from dataclasses import replace
 
 from stepagent.errors import ConcurrentWriteError, PayloadTooLargeError, StoreError
 from stepagent.history_items import CorruptRowError, Summary, decode_item, encode_item
-from stepagent.stores.base import Commit, StoredRow, ThreadInfo, ThreadKind
+from stepagent.stores.base import Commit, HistoryStaging, Rewind, StoredRow, ThreadInfo, ThreadKind
 from stepagent.stores.dynamodb_io import (
     AwsClient,
     ConditionFailed,
@@ -78,8 +85,15 @@ HEAD_SK = "HEAD"
 CHILD_PREFIX = "C#"
 
 
-def _row_sk(order: int) -> str:
-    return f"R#{order:012d}"
+def _row_sk(order: int, generation: str = "") -> str:
+    # Generation "" is the original layout; a replaced history lives under its own generation's prefix,
+    # which sorts after every digit, so an ``R#{order}`` range Query never reaches another generation.
+    return f"R#g{generation}#{order:012d}" if generation else f"R#{order:012d}"
+
+
+def _generation(head: Item) -> str:
+    """The generation a head points at ("" for a history that was never replaced)."""
+    return str(head["gen"]["S"]) if "gen" in head else ""
 
 
 def _summary_sk(up_to: int) -> str:
@@ -154,11 +168,15 @@ class DynamoConversationStore:
     # ---- thread records ----------------------------------------------------------------------------------
 
     async def get_thread(self, thread_id: str) -> ThreadInfo | None:
+        item = await self._read_head(thread_id)
+        return _info_from_item(item) if item else None
+
+    async def _read_head(self, thread_id: str) -> Item | None:
         response = await self._io.call(
             "GetItem", self.table, TableName=self.table, Key=item_key(thread_id, HEAD_SK), ConsistentRead=True
         )
-        item = response.get("Item")
-        return _info_from_item(item) if item else None
+        item: Item | None = response.get("Item")
+        return item or None
 
     async def spawn_thread(
         self,
@@ -222,8 +240,15 @@ class DynamoConversationStore:
         entries = await self._io.query_prefix(self.table, thread_id, CHILD_PREFIX)
         entries.sort(key=lambda item: (int(item["seq"]["N"]), str(item["sk"]["S"])))
         ids = [str(item["sk"]["S"])[len(CHILD_PREFIX) :] for item in entries]
-        found = await self._io.batch_get(self.table, [item_key(child, HEAD_SK) for child in ids])
+        if not ids:
+            return []
+        # The parent's head rides along: a thread that does not exist has no children (an import writes
+        # its children first and the root's head last).
+        keys = [item_key(child, HEAD_SK) for child in [thread_id, *ids]]
+        found = await self._io.batch_get(self.table, keys)
         heads = {info.thread_id: info for info in map(_info_from_item, found)}
+        if thread_id not in heads:
+            return []
         missing = [child for child in ids if child not in heads]
         if missing:
             raise CorruptRowError(f"thread {thread_id}: child index lists {missing} without a head")
@@ -247,9 +272,10 @@ class DynamoConversationStore:
     async def load_rows(
         self, thread_id: str, after: int = 0, up_to: int | None = None
     ) -> AsyncIterator[StoredRow]:
-        info = await self.get_thread(thread_id)
-        if info is None:
+        head = await self._read_head(thread_id)
+        if head is None:
             return
+        info, generation = _info_from_item(head), _generation(head)
         last = info.tail if up_to is None else min(up_to, info.tail)
         first = max(after, 0) + 1
         if first > last:
@@ -260,8 +286,8 @@ class DynamoConversationStore:
             "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
             "ExpressionAttributeValues": {
                 ":pk": s_attr(thread_id),
-                ":lo": s_attr(_row_sk(first)),
-                ":hi": s_attr(_row_sk(last)),
+                ":lo": s_attr(_row_sk(first, generation)),
+                ":hi": s_attr(_row_sk(last, generation)),
             },
             "ConsistentRead": True,  # the previous step may have committed a moment ago
         }
@@ -272,7 +298,7 @@ class DynamoConversationStore:
             # Only the current page is held: its rows are decoded and yielded one by one, then it is dropped.
             page = await self._io.call("Query", self.table, **query)
             for raw in page.get("Items", []):
-                order = int(str(raw["sk"]["S"])[2:])
+                order = int(str(raw["sk"]["S"])[-12:])
                 if order != expected:
                     raise CorruptRowError(f"thread {thread_id}: row {expected} is missing (found {order})")
                 data = await self._io.read_payload(raw, f"thread {thread_id} row {order}")
@@ -289,20 +315,23 @@ class DynamoConversationStore:
     # ---- commit -------------------------------------------------------------------------------------------
 
     async def commit(self, thread_id: str, commit: Commit) -> ThreadInfo:
-        info = await self.get_thread(thread_id) or ThreadInfo(thread_id=thread_id, root_id=thread_id)
+        head = await self._read_head(thread_id)
+        info = _info_from_item(head) if head else ThreadInfo(thread_id=thread_id, root_id=thread_id)
+        generation = _generation(head) if head else ""
         if info.version != commit.expected_version:
             raise ConcurrentWriteError(
                 f"thread {thread_id} is at version {info.version}, commit expected {commit.expected_version}"
             )
         encoded = [(message_id, encode_item(item)) for item, message_id in commit.rows]
         try:
-            return await self._commit_at(info, encoded, commit)
+            return await self._commit_at(info, generation, encoded, commit)
         except _RowConflict:
             pass
         # Same-base debris past the tail: fence its writer out, then retry once above it.
         await self._fence(info)
         try:
-            return await self._commit_at(replace(info, version=info.version + 1), encoded, commit)
+            fenced = replace(info, version=info.version + 1)
+            return await self._commit_at(fenced, generation, encoded, commit)
         except _RowConflict:
             raise ConcurrentWriteError(f"thread {thread_id}: rows past the tail keep changing") from None
 
@@ -354,11 +383,14 @@ class DynamoConversationStore:
         except ConditionFailed:
             raise ConcurrentWriteError(f"thread {info.thread_id} moved past version {info.version}") from None
 
-    async def _row_write(self, info: ThreadInfo, order: int, message_id: str, data: str) -> Write:
+    async def _row_write(
+        self, info: ThreadInfo, generation: str, order: int, message_id: str, data: str
+    ) -> Write:
         cv = info.version + 1
-        payload = await self._io.payload(data, f"rows/{info.thread_id}/{order:012d}-{cv}")
+        folder = f"rows/{info.thread_id}/g{generation}" if generation else f"rows/{info.thread_id}"
+        payload = await self._io.payload(data, f"{folder}/{order:012d}-{cv}")
         item = {
-            **item_key(info.thread_id, _row_sk(order)),
+            **item_key(info.thread_id, _row_sk(order, generation)),
             "message_id": s_attr(message_id),
             "cv": n_attr(cv),
         }
@@ -372,12 +404,12 @@ class DynamoConversationStore:
         )
 
     async def _commit_at(
-        self, info: ThreadInfo, encoded: list[tuple[str, str]], commit: Commit
+        self, info: ThreadInfo, generation: str, encoded: list[tuple[str, str]], commit: Commit
     ) -> ThreadInfo:
         thread_id = info.thread_id
         # Large rows go to S3 here, before any transaction, so a committed row never points at nothing.
         rows = [
-            await self._row_write(info, info.tail + index, message_id, data)
+            await self._row_write(info, generation, info.tail + index, message_id, data)
             for index, (message_id, data) in enumerate(encoded, start=1)
         ]
         others = await state_writes(self._io, self.state_table, thread_id, commit, info.version + 1)
@@ -422,6 +454,23 @@ class DynamoConversationStore:
                 f"{', '.join(reasons)}"
             ) from None
         self._io.count_written(writes)
+
+    # ---- rewind and whole-history replacement (implemented in dynamodb_replace, which imports this module)
+
+    async def rewind(self, thread_id: str, rewind: Rewind) -> ThreadInfo:
+        from stepagent.stores.dynamodb_replace import rewind_thread
+
+        return await rewind_thread(self, thread_id, rewind)
+
+    async def stage_history(self, thread_id: str, expected_version: int) -> HistoryStaging:
+        from stepagent.stores.dynamodb_replace import stage_history
+
+        return await stage_history(self, thread_id, expected_version)
+
+    async def sweep_generations(self, thread_id: str, *, now: float, lease_seconds: float) -> int:
+        from stepagent.stores.dynamodb_replace import sweep_generations
+
+        return await sweep_generations(self, thread_id, now=now, lease_seconds=lease_seconds)
 
     # ---- summaries ----------------------------------------------------------------------------------------
 

@@ -272,8 +272,20 @@ class DynamoIo:
 
     async def batch_put(self, table: str, items: Sequence[Item]) -> None:
         """BatchWriteItem in chunks of 25, retrying ``UnprocessedItems`` with backoff."""
-        for chunk in chunks(items, _BATCH_WRITE_ITEMS):
-            request: Item = {table: [{"PutRequest": {"Item": item}} for item in chunk]}
+        await self._batch_write(table, [{"PutRequest": {"Item": item}} for item in items], items)
+
+    async def batch_delete(self, table: str, keys: Sequence[Item]) -> None:
+        """BatchWriteItem deletes in chunks of 25 (absent keys are fine), retrying unprocessed ones."""
+        unique = list({(str(k["pk"]["S"]), str(k["sk"]["S"])): k for k in keys}.values())
+        await self._batch_write(table, [{"DeleteRequest": {"Key": key}} for key in unique], unique)
+
+    async def delete_blob(self, key: str) -> None:
+        await self._s3("DeleteObject", key)
+
+    async def _batch_write(self, table: str, requests: Sequence[Item], items: Sequence[Item]) -> None:
+        for start in range(0, len(requests), _BATCH_WRITE_ITEMS):
+            chunk = items[start : start + _BATCH_WRITE_ITEMS]
+            request: Item = {table: list(requests[start : start + _BATCH_WRITE_ITEMS])}
             for attempt in range(_MAX_BATCH_ATTEMPTS):
                 response = await self.call("BatchWriteItem", table, RequestItems=request)
                 request = response.get("UnprocessedItems") or {}

@@ -4,19 +4,42 @@ Both stores share one :class:`MemoryBackend`, so a :class:`Commit` — which spa
 applied atomically: every method runs without awaiting in between, so no other task can observe or
 interleave with a half-applied commit. Rows are stored encoded, as a real store would, so what is read
 back is exactly what was persisted.
+
+A whole-history replacement has the DynamoDB store's write boundaries — pending mark, one write per batch
+of :data:`STAGING_BATCH` staged rows, the flip — with ``MemoryBackend.fault_hook`` called around each, so
+crash-injection tests exercise the same protocol; staged and retired generations stay in ``staged`` until
+``sweep_generations``, and the visible history is only ever swapped whole by the flip.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Sequence
+import time
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepagent.errors import ConcurrentWriteError
 from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.messages import ToolCall, UserChoiceRequired
-from stepagent.stores.base import Commit, DeferredInput, DispatchIntent, StoredRow, ThreadInfo, ThreadKind
+from stepagent.stores.base import (
+    Commit,
+    DeferredInput,
+    DispatchIntent,
+    HistoryEntry,
+    Replacement,
+    Rewind,
+    StateCleanup,
+    StoredRow,
+    ThreadInfo,
+    ThreadKind,
+    iterate_entries,
+)
+
+#: Rows per staged write of a history replacement (as DynamoDB's BatchWriteItem), so a replacement has the
+#: same write boundaries here as there and crash injection exercises the same protocol.
+STAGING_BATCH = 25
 
 
 @dataclass(slots=True)
@@ -32,6 +55,14 @@ class _ThreadState:
 
 
 @dataclass(slots=True)
+class _Staged:
+    """A staged (not yet visible) generation of one thread's history."""
+
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    summaries: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class MemoryBackend:
     threads: dict[str, ThreadInfo] = field(default_factory=dict)
     rows: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # thread -> [(message_id, json)]
@@ -39,8 +70,59 @@ class MemoryBackend:
     state: dict[str, _ThreadState] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    # History replacement: staged and retired generations by (thread, generation), each thread's current
+    # generation, and pending marks (generation, began at); the visible history is always ``rows``.
+    staged: dict[tuple[str, str], _Staged] = field(default_factory=dict)
+    generation: dict[str, str] = field(default_factory=dict)
+    pending: dict[str, tuple[str, float]] = field(default_factory=dict)
+    #: Called with a boundary name before and after every write of a replacement; a test raises from it to
+    #: simulate the process dying there.
+    fault_hook: Callable[[str], None] | None = None
+
     def thread_state(self, thread_id: str) -> _ThreadState:
         return self.state.setdefault(thread_id, _ThreadState())
+
+    def boundary(self, name: str) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(name)
+
+    def apply_state(self, thread_id: str, commit: Commit) -> None:
+        """Every non-row field of ``commit`` (shared by commits and replacement flips)."""
+        state = self.thread_state(thread_id)
+        state.processed.update(commit.processed_message_ids)
+        state.answered.update(commit.answered_tool_calls)
+        for intent in commit.intents_added:
+            state.intents[intent.tool_call_id] = intent
+        state.subscriptions.update(commit.subscriptions_added)
+        state.subscriptions.difference_update(commit.subscriptions_removed)
+        for deferred in commit.deferred_added:
+            state.deferred[deferred.message_id] = deferred
+        for message_id in commit.deferred_removed:
+            state.deferred.pop(message_id, None)
+        for call in commit.indexed_calls:
+            state.calls[call.id] = call
+        if commit.metadata is not None:
+            root_id, value = commit.metadata
+            self.metadata[root_id] = copy.deepcopy(value)
+
+    def apply_cleanup(self, thread_id: str, cleanup: StateCleanup) -> None:
+        state = self.thread_state(thread_id)
+        for tool_call_id in cleanup.intents:
+            state.intents.pop(tool_call_id, None)
+        state.subscriptions.difference_update(cleanup.subscriptions)
+        for message_id in cleanup.deferred:
+            state.deferred.pop(message_id, None)
+        for choice_id in cleanup.choices:
+            state.choices.pop(choice_id, None)
+        for tool_call_id in cleanup.indexed_calls:
+            state.calls.pop(tool_call_id, None)
+        state.answered.difference_update(cleanup.answered)
+        state.processed.difference_update(cleanup.processed)
+        for closing in cleanup.close_threads:
+            if (info := self.threads.get(closing)) is not None:
+                self.threads[closing] = replace(info, closed=True)
+        if cleanup.release_compaction:
+            state.compaction = None
 
 
 class InMemoryConversationStore:
@@ -102,22 +184,7 @@ class InMemoryConversationStore:
         log = backend.rows.setdefault(thread_id, [])
         del log[info.tail :]  # rows past the tail are invisible leftovers; a commit overwrites them
         log.extend(encoded)
-        state = backend.thread_state(thread_id)
-        state.processed.update(commit.processed_message_ids)
-        state.answered.update(commit.answered_tool_calls)
-        for intent in commit.intents_added:
-            state.intents[intent.tool_call_id] = intent
-        state.subscriptions.update(commit.subscriptions_added)
-        state.subscriptions.difference_update(commit.subscriptions_removed)
-        for deferred in commit.deferred_added:
-            state.deferred[deferred.message_id] = deferred
-        for message_id in commit.deferred_removed:
-            state.deferred.pop(message_id, None)
-        for call in commit.indexed_calls:
-            state.calls[call.id] = call
-        if commit.metadata is not None:
-            root_id, value = commit.metadata
-            backend.metadata[root_id] = copy.deepcopy(value)
+        backend.apply_state(thread_id, commit)
         new = replace(info, version=info.version + 1, tail=info.tail + len(encoded))
         backend.threads[thread_id] = new
         return new
@@ -128,6 +195,8 @@ class InMemoryConversationStore:
             self.backend.threads[thread_id] = replace(info, closed=True)
 
     async def children(self, thread_id: str) -> list[ThreadInfo]:
+        if thread_id not in self.backend.threads:
+            return []  # a thread that does not exist has no children (an import's root flips last)
         return [info for info in self.backend.threads.values() if info.parent_id == thread_id]
 
     async def save_summary(self, thread_id: str, summary: Summary) -> None:
@@ -141,6 +210,121 @@ class InMemoryConversationStore:
             return None
         best = max(candidates)
         return Summary(text=self.backend.summaries[thread_id][best], up_to_order=best)
+
+    # ---- rewind and whole-history replacement ----------------------------------------------------------
+
+    async def rewind(self, thread_id: str, rewind: Rewind) -> ThreadInfo:
+        backend = self.backend
+        info = backend.threads.get(thread_id)
+        if info is None or info.version != rewind.expected_version:
+            raise ConcurrentWriteError(f"thread {thread_id} is not at version {rewind.expected_version}")
+        if not 0 <= rewind.to_order <= info.tail:
+            raise ValueError(f"thread {thread_id}: cannot rewind to {rewind.to_order} (tail {info.tail})")
+        summaries = backend.summaries.get(thread_id, {})
+        for order in rewind.summaries_removed:
+            summaries.pop(order, None)
+        backend.apply_cleanup(thread_id, rewind.cleanup)
+        # Rows past the new tail stay as invisible leftovers; the next commit overwrites them.
+        new = replace(info, version=info.version + 1, tail=rewind.to_order)
+        backend.threads[thread_id] = new
+        return new
+
+    async def stage_history(self, thread_id: str, expected_version: int) -> _MemoryStaging:
+        info = self.backend.threads.get(thread_id)
+        current = info.version if info is not None else 0
+        if current != expected_version:
+            raise ConcurrentWriteError(f"thread {thread_id} is at version {current}, not {expected_version}")
+        staging = _MemoryStaging(self.backend, thread_id, uuid.uuid4().hex[:16], expected_version, info)
+        self.backend.boundary("begin:before")
+        if info is not None:  # a head that does not exist yet is created by the flip, not marked
+            self.backend.pending[thread_id] = (staging.generation, time.time())
+        self.backend.boundary("begin:after")
+        return staging
+
+    async def sweep_generations(self, thread_id: str, *, now: float, lease_seconds: float) -> int:
+        backend = self.backend
+        live: str | None = None
+        if (pending := backend.pending.get(thread_id)) is not None:
+            if pending[1] + lease_seconds > now:
+                live = pending[0]
+            else:
+                del backend.pending[thread_id]  # the stalled flip can no longer succeed
+        current = backend.generation.get(thread_id, "")
+        doomed = [key for key in backend.staged if key[0] == thread_id and key[1] not in (live, current)]
+        return sum(len(backend.staged.pop(key).rows) for key in doomed)
+
+
+class _MemoryStaging:
+    """``HistoryStaging`` in memory: rows are encoded into a staged generation in batches, and the flip
+    swaps it in with the head, the state and the cleanup in one uninterrupted step."""
+
+    def __init__(
+        self, backend: MemoryBackend, thread_id: str, generation: str, expected: int, info: ThreadInfo | None
+    ) -> None:
+        self.thread_id = thread_id
+        self.generation = generation
+        self._backend = backend
+        self._expected = expected
+        self._marked = info is not None
+        self._flipped = False
+
+    async def add(self, entries: AsyncIterable[HistoryEntry] | Iterable[HistoryEntry]) -> None:
+        batch: list[HistoryEntry] = []
+        async for entry in iterate_entries(entries):
+            batch.append(entry)
+            if len(batch) >= STAGING_BATCH:
+                self._write(batch)
+                batch = []
+        if batch:
+            self._write(batch)
+
+    def _write(self, batch: list[HistoryEntry]) -> None:
+        self._backend.boundary("rows:before")
+        staged = self._backend.staged.setdefault((self.thread_id, self.generation), _Staged())
+        for entry in batch:
+            if isinstance(entry, Summary):
+                staged.summaries[entry.up_to_order] = entry.text
+            else:
+                item, message_id = entry
+                staged.rows.append((message_id, encode_item(item)))
+        self._backend.boundary("rows:after")
+
+    async def flip(self, replacement: Replacement) -> ThreadInfo:
+        backend, thread_id = self._backend, self.thread_id
+        backend.boundary("flip:before")
+        info = backend.threads.get(thread_id)
+        if self._marked:
+            ours = backend.pending.get(thread_id, ("", 0.0))[0] == self.generation
+            current = info is not None and info.version == self._expected and ours
+        else:
+            current = info is None
+        if not current:
+            raise ConcurrentWriteError(f"thread {thread_id} changed while its history was being replaced")
+        staged = backend.staged.pop((thread_id, self.generation), _Staged())
+        base = replacement.record or info or ThreadInfo(thread_id=thread_id, root_id=thread_id)
+        new = replace(base, thread_id=thread_id, version=self._expected + 1, tail=len(staged.rows))
+        # The old generation's rows are retired, not dropped: a sweep deletes them, as on DynamoDB.
+        retired = _Staged(rows=backend.rows.get(thread_id, []))
+        backend.staged[(thread_id, backend.generation.get(thread_id, ""))] = retired
+        backend.rows[thread_id] = staged.rows
+        backend.summaries[thread_id] = staged.summaries
+        backend.generation[thread_id] = self.generation
+        backend.pending.pop(thread_id, None)
+        backend.apply_cleanup(thread_id, replacement.cleanup)
+        if replacement.state is not None:
+            backend.apply_state(thread_id, replacement.state)
+        backend.threads[thread_id] = new
+        self._flipped = True
+        backend.boundary("flip:after")
+        return new
+
+    async def abandon(self) -> None:
+        if self._flipped:
+            return
+        backend = self._backend
+        if backend.pending.get(self.thread_id, ("", 0.0))[0] == self.generation:
+            del backend.pending[self.thread_id]
+        backend.staged.pop((self.thread_id, self.generation), None)
 
 
 class InMemoryStateStore:

@@ -1,0 +1,177 @@
+"""The ``export``, ``import`` and ``rewind`` CLI commands (wired into ``stepagent.cli``).
+
+They read the same settings as the handlers (``STEPAGENT_CONVERSATION_TABLE``, ``STEPAGENT_STATE_TABLE``,
+``STEPAGENT_BLOB_BUCKET``, ``AWS_ENDPOINT_URL``). ``export`` streams lines to stdout (or ``--output``) one at
+a time; ``import`` reads a file twice (validate, then write), so standard input (``-``) is first spooled to
+a temporary file. Failures a person can fix raise :class:`~stepagent.errors.StepagentError` subclasses with
+a one-line message; ``cli.main`` prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from stepagent.lifecycle.export import LifecycleError, export_lines
+from stepagent.lifecycle.importer import ImportLimits, import_tree
+from stepagent.lifecycle.rewind import rewind_thread
+from stepagent.stores.base import ConversationStore, StateStore
+
+COMMANDS = ("export", "import", "rewind")
+
+
+def add_lifecycle_commands(subparsers: Any) -> None:
+    """Register ``export``, ``import`` and ``rewind`` on an ``argparse`` sub-parsers object."""
+    export = subparsers.add_parser(
+        "export", help="write a thread and its descendants as JSON lines (stdout by default)"
+    )
+    export.add_argument("thread", help="the thread id (usually a root)")
+    export.add_argument(
+        "--output", "-o", default=None, metavar="FILE", help="write to FILE instead of stdout"
+    )
+
+    importer = subparsers.add_parser(
+        "import",
+        help="recreate a thread tree from an export file",
+        description=(
+            "Validate every line of FILE first (nothing is written if any line is bad), then write the tree. "
+            "With --as the copy gets fresh ids (the root NEW_ROOT, children derived from it); thread ids "
+            "inside texts and tool-call arguments are not rewritten."
+        ),
+    )
+    importer.add_argument("file", help="an export file, or - for standard input")
+    importer.add_argument(
+        "--as", dest="new_root", default=None, metavar="NEW_ROOT", help="import a copy as NEW_ROOT"
+    )
+    importer.add_argument(
+        "--replace", action="store_true", help="restore over existing threads with the same ids (in place)"
+    )
+    limits = ImportLimits()
+    importer.add_argument("--max-line-bytes", type=int, default=limits.max_line_bytes, metavar="N")
+    importer.add_argument("--max-rows", type=int, default=limits.max_rows, metavar="N")
+    importer.add_argument("--max-threads", type=int, default=limits.max_threads, metavar="N")
+
+    rewind = subparsers.add_parser(
+        "rewind",
+        help="drop everything after a committed order (see `history --json` for orders)",
+        description=(
+            "Drop the thread's rows after ORDER. A cut inside a tool call/result pair moves to the pair's "
+            "start; the order actually used is printed. Intents, subscriptions and children started after "
+            "it are cleaned up; inputs whose turns are dropped stay processed."
+        ),
+    )
+    rewind.add_argument("thread", help="the thread id")
+    rewind.add_argument(
+        "--to", dest="order", type=int, required=True, metavar="ORDER", help="last order to keep"
+    )
+    rewind.add_argument(
+        "--expected-version",
+        type=int,
+        default=None,
+        metavar="V",
+        help="fail instead of retrying if the thread is no longer at head version V",
+    )
+
+
+async def run_lifecycle_command(args: argparse.Namespace) -> int:
+    """Run the parsed ``export``/``import``/``rewind`` command; the exit status."""
+    async with _stores() as (conversation, state):
+        if args.command == "export":
+            return await _export(conversation, state, args)
+        if args.command == "import":
+            return await _import(conversation, state, args)
+        if args.command == "rewind":
+            return await _rewind(conversation, state, args)
+    raise LifecycleError(f"unknown lifecycle command {args.command!r}")
+
+
+@asynccontextmanager
+async def _stores() -> AsyncIterator[tuple[ConversationStore, StateStore]]:
+    from stepagent.aws.clients import aws_session, client
+    from stepagent.aws.settings import Settings
+    from stepagent.stores.dynamodb import dynamo_stores
+
+    settings = Settings.from_env()
+    settings.require("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE")
+    assert settings.conversation_table is not None and settings.state_table is not None
+    session = aws_session(settings)
+    async with client(session, "dynamodb", settings) as dynamodb, client(session, "s3", settings) as s3:
+        yield dynamo_stores(
+            dynamodb,
+            conversation_table=settings.conversation_table,
+            state_table=settings.state_table,
+            s3_client=s3,
+            bucket=settings.blob_bucket,
+        )
+
+
+async def _export(conversation: ConversationStore, state: StateStore, args: argparse.Namespace) -> int:
+    if await conversation.get_thread(args.thread) is None:
+        print(f"stepagent: no thread {args.thread!r}", file=sys.stderr)
+        return 1
+    sink: IO[str] = sys.stdout if args.output is None else _open_output(args.output)
+    try:
+        async for line in export_lines(conversation, state, args.thread):
+            sink.write(line)
+            sink.write("\n")
+        sink.flush()
+    finally:
+        if sink is not sys.stdout:
+            sink.close()
+    return 0
+
+
+def _open_output(path: str) -> IO[str]:
+    try:
+        return Path(path).open("w", encoding="utf-8")
+    except OSError as exc:
+        raise LifecycleError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+async def _import(conversation: ConversationStore, state: StateStore, args: argparse.Namespace) -> int:
+    limits = ImportLimits(args.max_line_bytes, args.max_rows, args.max_threads)
+    with tempfile.TemporaryDirectory() as spool_dir:
+        path = args.file
+        if path == "-":  # two passes need a file that can be read twice
+            path = str(Path(spool_dir) / "import.jsonl")
+            _spool_stdin(path)
+        result = await import_tree(
+            conversation, state, path, new_root=args.new_root, replace_existing=args.replace, limits=limits
+        )
+    print(
+        f"imported {result.threads} thread(s), {result.rows} row(s) as {result.root_thread_id}"
+        + (f"; replaced {result.replaced} existing thread(s)" if result.replaced else "")
+        + (f"; closed {len(result.closed)} thread(s) the file does not list" if result.closed else "")
+    )
+    return 0
+
+
+def _spool_stdin(path: str) -> None:
+    with Path(path).open("wb") as spool:
+        shutil.copyfileobj(sys.stdin.buffer, spool)
+
+
+async def _rewind(conversation: ConversationStore, state: StateStore, args: argparse.Namespace) -> int:
+    result = await rewind_thread(
+        conversation, state, args.thread, args.order, expected_version=args.expected_version
+    )
+    if result.dropped_rows == 0:
+        print(f"thread {result.thread_id} already ends at order {result.effective}; nothing changed")
+        return 0
+    moved = "" if result.effective == result.requested else f" (moved from {result.requested}: inside a pair)"
+    extras = [f"{len(result.closed_threads)} child thread(s) closed"] if result.closed_threads else []
+    if result.cleanup.intents:
+        extras.append(f"{len(result.cleanup.intents)} pending dispatch(es) cancelled")
+    if result.summaries_removed:
+        extras.append(f"{len(result.summaries_removed)} summary(ies) dropped")
+    print(
+        f"rewound thread {result.thread_id} to order {result.effective}{moved}: {result.dropped_rows} row(s) "
+        f"dropped" + (f"; {', '.join(extras)}" if extras else "")
+    )
+    return 0
