@@ -311,6 +311,15 @@ class StateStore(Protocol):
         """Clear the in-progress mark (the summary landed, or the compaction was abandoned)."""
         ...
 
+    async def cache_get(self, key: str) -> str | None:
+        """A value stored by :meth:`cache_put`, or ``None`` when absent or past its ``expires_at``."""
+        ...
+
+    async def cache_put(self, key: str, value: str, expires_at: float) -> None:
+        """Store ``value`` under ``key`` (replacing any) until ``expires_at`` (epoch seconds). A small
+        key/value cache for derived data (RAP manifests, which server owns a call); never history."""
+        ...
+
 
 @dataclass(slots=True)
 class AncestorLink:

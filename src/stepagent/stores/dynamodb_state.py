@@ -15,6 +15,7 @@ What it guarantees (beyond the port's contract, which it meets exactly like the 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ __all__ = ["MARKER_TTL_S", "DynamoStateStore", "state_writes"]
 
 META_SK = "META"
 COMPACTION_SK = "COMPACTION"
+CACHE_SK = "CACHE"
 # Intents and deferrals are ordered by commit: head versions only grow, the index orders within a commit.
 _SEQ_PER_VERSION = 1_000_000
 
@@ -241,3 +243,23 @@ class DynamoStateStore:
 
     async def release_compaction(self, thread_id: str) -> None:
         await self._io.write(delete(self.table, item_key(thread_id, COMPACTION_SK)))
+
+    async def cache_get(self, key: str) -> str | None:
+        response = await self._io.call(
+            "GetItem",
+            self.table,
+            TableName=self.table,
+            Key=item_key(f"cache#{key}", CACHE_SK),
+            ConsistentRead=True,
+        )
+        item = response.get("Item")
+        # DynamoDB deletes expired items lazily (up to days later), so expiry is checked on read too.
+        if not item or float(item["expires_at"]["N"]) <= time.time():
+            return None
+        return await self._io.read_payload(item, f"cache entry {key}")
+
+    async def cache_put(self, key: str, value: str, expires_at: float) -> None:
+        pk = f"cache#{key}"
+        payload = await self._io.payload(value, f"state/{pk}/{CACHE_SK}")
+        item = {**item_key(pk, CACHE_SK), **payload, "expires_at": {"N": str(int(expires_at))}}
+        await self._io.write(put(self.table, item))

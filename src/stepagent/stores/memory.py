@@ -69,6 +69,7 @@ class MemoryBackend:
     summaries: dict[str, dict[int, str]] = field(default_factory=dict)
     state: dict[str, _ThreadState] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, tuple[str, float]] = field(default_factory=dict)  # key -> (value, expires at)
 
     # History replacement: staged and retired generations by (thread, generation), each thread's current
     # generation, and pending marks (generation, began at); the visible history is always ``rows``.
@@ -391,6 +392,15 @@ class InMemoryStateStore:
 
     async def release_compaction(self, thread_id: str) -> None:
         self._state(thread_id).compaction = None
+
+    async def cache_get(self, key: str) -> str | None:
+        entry = self.backend.cache.get(key)
+        if entry is None or entry[1] <= time.time():
+            return None
+        return entry[0]
+
+    async def cache_put(self, key: str, value: str, expires_at: float) -> None:
+        self.backend.cache[key] = (value, expires_at)
 
 
 def memory_stores() -> tuple[InMemoryConversationStore, InMemoryStateStore]:

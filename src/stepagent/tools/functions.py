@@ -30,7 +30,7 @@ import inspect
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Generic, ParamSpec, TypeVar, get_type_hints, overload
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, get_type_hints, overload, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -430,6 +430,17 @@ def _describe(value: Any) -> str:
 # The in-process runner
 
 
+@runtime_checkable
+class Invocable(Protocol):
+    """What a function runner can execute: a named tool whose ``invoke`` returns the result text and raises
+    only ``ToolError`` for failures the model should see (function tools, MCP tools)."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def invoke(self, arguments: Mapping[str, Any]) -> str: ...
+
+
 class InProcessFunctionRunner:
     """A :class:`~stepagent.tools.base.FunctionRunner` that runs function tools in this process.
 
@@ -444,19 +455,17 @@ class InProcessFunctionRunner:
 
     def __init__(self, tools: Iterable[Tool] | Mapping[str, Tool] = (), *, background: bool = False) -> None:
         values: Iterable[Tool] = tools.values() if isinstance(tools, Mapping) else tools
-        # Only function tools run here; other asynchronous tools dispatch by their own means.
-        self._tools: dict[str, FunctionTool[..., Any]] = {
-            t.name: t for t in values if isinstance(t, FunctionTool)
-        }
+        # Only invocable tools (function and MCP tools) run here; others dispatch by their own means.
+        self._tools: dict[str, Invocable] = {t.name: t for t in values if isinstance(t, Invocable)}
         self._background = background
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._failures: list[BaseException] = []
 
     @property
-    def tools(self) -> Mapping[str, FunctionTool[..., Any]]:
+    def tools(self) -> Mapping[str, Invocable]:
         return self._tools
 
-    def add(self, function_tool: FunctionTool[..., Any]) -> None:
+    def add(self, function_tool: Invocable) -> None:
         self._tools[function_tool.name] = function_tool
 
     @property

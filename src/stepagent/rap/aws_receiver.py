@@ -1,0 +1,141 @@
+"""The RAP receiver Lambda (behind a Function URL): callback → input queue; view update → output queue.
+
+Guarantees:
+
+- Cold start builds everything once (settings, SQS/S3 clients, and — for view updates — the stores);
+  ``STEPAGENT_INPUT_QUEUE_URL`` and ``STEPAGENT_CALLBACK_SECRET`` are required (one
+  :class:`~stepagent.errors.ConfigurationError` names what is missing). Every invocation runs on the
+  process's one event loop (:func:`stepagent.aws.lambda_entry.event_loop`), where the clients live.
+- Authentication, validation and conversion are :func:`~stepagent.rap.receiver.receive_function_url_event`.
+  Messages go to the FIFO input queue through :class:`~stepagent.senders.sqs.SqsSender` (group = thread,
+  deterministic dedup id, claim check for big bodies via ``STEPAGENT_BLOB_BUCKET``).
+- The answer is 200 only after every send succeeded; a queue failure is 500 ``{"error": "Internal
+  error"}`` so the tool server retries (the same dedup id makes the retry harmless).
+- ``view_update`` needs ``STEPAGENT_OUTPUT_QUEUE_URL`` and both tables (it is published with the thread
+  context, like every output event). The thread must be known (404 otherwise). Without that
+  configuration view updates are acknowledged and dropped, with a log line, as the reference does.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AsyncExitStack
+from typing import Any
+
+from stepagent.aws.clients import aws_session, client
+from stepagent.aws.outputs import OutputPublisher
+from stepagent.aws.settings import Settings
+from stepagent.rap.receiver import (
+    INTERNAL_ERROR_BODY,
+    ReceiverResult,
+    ViewUpdate,
+    function_url_response,
+    receive_function_url_event,
+)
+from stepagent.rap.receiver_app import deliver
+from stepagent.senders.sqs import SqsQueues, SqsSender
+from stepagent.stores.dynamodb import dynamo_stores
+
+log = logging.getLogger(__name__)
+
+
+class UnknownThread(Exception):
+    pass
+
+
+class RapReceiverRuntime:
+    """Clients and the request handler of the receiver. Build with :meth:`create`."""
+
+    def __init__(self, settings: Settings, sender: SqsSender, publisher: OutputPublisher | None) -> None:
+        self.settings = settings
+        self.sender = sender
+        self.publisher = publisher
+        self._stack = AsyncExitStack()
+
+    @classmethod
+    async def create(cls, settings: Settings | None = None, *, session: Any = None) -> RapReceiverRuntime:
+        settings = settings if settings is not None else Settings.from_env()
+        settings.require("STEPAGENT_INPUT_QUEUE_URL", "STEPAGENT_CALLBACK_SECRET")
+        session = session if session is not None else aws_session(settings)
+        stack = AsyncExitStack()
+        try:
+            sqs = await stack.enter_async_context(client(session, "sqs", settings))
+            s3 = (
+                await stack.enter_async_context(client(session, "s3", settings))
+                if settings.blob_bucket
+                else None
+            )
+            queues = SqsQueues(sqs, s3_client=s3, bucket=settings.blob_bucket)
+            sender = SqsSender(sqs, str(settings.input_queue_url), queues=queues)
+            publisher = None
+            if settings.output_queue_url and settings.conversation_table and settings.state_table:
+                dynamodb = await stack.enter_async_context(client(session, "dynamodb", settings))
+                conversation, state = dynamo_stores(
+                    dynamodb,
+                    conversation_table=settings.conversation_table,
+                    state_table=settings.state_table,
+                    s3_client=s3,
+                    bucket=settings.blob_bucket,
+                )
+                publisher = OutputPublisher(queues, settings.output_queue_url, conversation, state)
+        except BaseException:
+            await stack.aclose()
+            raise
+        runtime = cls(settings, sender, publisher)
+        runtime._stack = stack
+        return runtime
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
+
+    async def publish_view(self, view: ViewUpdate) -> None:
+        if self.publisher is None:
+            log.info("view_update for %s dropped: no output queue or tables configured", view.thread_id)
+            return
+        if await self.publisher.conversation.get_thread(view.thread_id) is None:
+            raise UnknownThread(view.thread_id)
+        await self.publisher.publish(view.thread_id, [view.output_event()])
+
+    async def handle(self, event: dict[str, Any]) -> dict[str, Any]:
+        """One Function URL request → the Function URL response."""
+        result = receive_function_url_event(event, str(self.settings.callback_secret))
+        if result.ok:
+            try:
+                for view in result.views:
+                    await self.publish_view(view)
+            except UnknownThread as unknown:
+                result = ReceiverResult(404, {"error": f"unknown thread {unknown.args[0]!r}"})
+            except Exception:
+                log.exception("could not publish a RAP view update")
+                result = ReceiverResult(500, INTERNAL_ERROR_BODY)
+            else:
+                result = await deliver(
+                    ReceiverResult(result.status, result.body, result.messages), self.sender, None
+                )
+        if not result.ok:
+            log.warning("RAP callback refused: %s %s", result.status, result.body.get("error"))
+        return function_url_response(result)
+
+
+_runtime: RapReceiverRuntime | None = None
+
+
+def rap_receiver_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """The Lambda entry point (``handlers/rap_receiver.py``)."""
+    global _runtime
+    from stepagent.aws.lambda_entry import event_loop
+
+    loop = event_loop()
+    if _runtime is None:
+        _runtime = loop.run_until_complete(RapReceiverRuntime.create())
+    return loop.run_until_complete(_runtime.handle(event))
+
+
+def reset() -> None:
+    """Forget the cached runtime (tests)."""
+    global _runtime
+    if _runtime is not None:
+        from stepagent.aws.lambda_entry import event_loop
+
+        event_loop().run_until_complete(_runtime.aclose())
+    _runtime = None

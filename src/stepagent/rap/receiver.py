@@ -1,0 +1,283 @@
+"""The RAP callback receiver, as pure functions: an HTTP request in, a response plus what to enqueue out.
+
+Nothing here does I/O. :func:`receive_callback` (and :func:`receive_function_url_event` for the Lambda
+Function URL event shape) returns a :class:`ReceiverResult`: the HTTP status and JSON body to answer
+with, the :class:`OutgoingInput` messages to put on the input queue (``sender.send(message, dedup_id)``)
+and the :class:`ViewUpdate` s to publish as output events. The caller answers with the result's status
+only after every send succeeded, and with 500 ``{"error": "Internal error"}`` otherwise, so the tool
+retries and nothing is lost.
+
+Guarantees:
+
+- Authentication: every callback must carry ``?token=`` (see :mod:`stepagent.rap.tokens`) valid for the
+  callback's ``group_id``, and — except ``view_update``, which names no call — issued for the call it
+  names (``id``, or ``tool_call_id`` for events). Missing token → 401; a token for another thread or
+  another call → 403. The body is parsed only after the token is seen, and the MAC is checked before
+  anything is converted.
+- Rejections are 4xx with a JSON ``{"error": "..."}`` built by ``json.dumps`` (never string formatting):
+  405 for a method other than POST, 413 for a body over :data:`MAX_BODY_BYTES` (Lambda's 6 MB request
+  limit), 400 for a missing, undecodable, non-JSON or schema-violating body (naming the field).
+- Conversion is the reference's ``prepare_callback``: a ``tool_result`` keeps its ``content`` items when
+  there are any, else one text item from ``text`` (empty when both are absent); ``display_as`` and
+  ``subscription`` pass through; an image keeps its data, and a ``mediaType`` the models do not know is
+  dropped. A ``subscription_event`` becomes a tool result for the subscribe call with a synthetic
+  ``subscription_event`` (``associative``/``final`` copied). ``oauth`` and ``user_choice`` become the
+  notice contents. ``view_update`` never becomes agent input: it is an output event.
+- Dedup ids are stable, so a tool's retried POST is one message: ``rap-tool-result-{id}``,
+  ``rap-oauth-{id}``, ``rap-user-choice-{id}``. The reference gives each event a random id, so a retried
+  event is delivered twice; here an event's id is ``rap-event-{call}-{event_id}`` when the tool names the
+  event, else ``rap-event-{sha256 of (thread, call, text, associative, final)}``. Consequence: a tool that
+  sends two events with identical text and flags for one subscription must tell them apart, by
+  ``event_id`` or by putting a sequence number or timestamp in the text (it SHOULD be JSON anyway).
+- Large results are passed on whole; the sender claim-checks bodies over the queue limit.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from stepagent.core.ids import derived_id
+from stepagent.messages import (
+    ImageBlock,
+    InputMessage,
+    OAuthRequired,
+    SubscriptionEvent,
+    TextBlock,
+    ToolResult,
+    UserChoiceRequired,
+)
+from stepagent.rap.protocol import (
+    CALLBACK_ADAPTER,
+    IMAGE_MEDIA_TYPES,
+    ImageItem,
+    OAuthCallback,
+    RapCallback,
+    SubscriptionEventCallback,
+    TextItem,
+    ToolResultCallback,
+    UserChoiceCallback,
+    ViewUpdateCallback,
+    describe_validation_error,
+)
+from stepagent.rap.tokens import verify_token
+
+#: Lambda Function URLs accept request payloads up to 6 MB; larger bodies are refused the same way here.
+MAX_BODY_BYTES = 6 * 1024 * 1024
+OK_BODY: dict[str, Any] = {"ok": True}
+INTERNAL_ERROR_BODY: dict[str, Any] = {"error": "Internal error"}
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingInput:
+    """A message for the input queue and its deterministic dedup id."""
+
+    message: InputMessage
+    dedup_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ViewUpdate:
+    """The latest content of one view of a thread (``content`` ``None`` or ``{}``: clear the view)."""
+
+    thread_id: str
+    view_type: str
+    content: dict[str, Any] | None
+
+    def output_event(self) -> dict[str, Any]:
+        """The output-queue event (the publisher adds ``thread_id``, ``root_thread_id`` and ``metadata``).
+        ``event_id`` depends on the content, so a retried POST is one event and a new state is another."""
+        digest = hashlib.sha256(_canonical(self.content).encode()).hexdigest()
+        return {
+            "type": "view_update",
+            "event_id": derived_id("rap-view", self.thread_id, self.view_type, digest),
+            "view_type": self.view_type,
+            "content": self.content,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiverResult:
+    status: int
+    body: dict[str, Any]
+    messages: tuple[OutgoingInput, ...] = ()
+    views: tuple[ViewUpdate, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    def body_json(self) -> str:
+        return json.dumps(self.body, ensure_ascii=False, separators=(",", ":"))
+
+
+def reject(status: int, message: str) -> ReceiverResult:
+    return ReceiverResult(status, {"error": message})
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Conversion (the reference's prepare_callback)
+
+
+def _block(item: TextItem | ImageItem) -> TextBlock | ImageBlock:
+    if isinstance(item, TextItem):
+        return TextBlock(text=item.text)
+    media_type = item.media_type if item.media_type in IMAGE_MEDIA_TYPES else None
+    return ImageBlock(data=item.data, media_type=media_type)
+
+
+def event_dedup_id(callback: SubscriptionEventCallback) -> str:
+    if callback.event_id is not None:
+        return f"rap-event-{callback.tool_call_id}-{callback.event_id}"
+    identity = [callback.group_id, callback.tool_call_id, callback.text, callback.associative, callback.final]
+    return f"rap-event-{hashlib.sha256(_canonical(identity).encode()).hexdigest()}"
+
+
+def convert_callback(callback: RapCallback) -> OutgoingInput | ViewUpdate:
+    """One validated callback as input-queue message (with its dedup id) or view update."""
+    if isinstance(callback, ToolResultCallback):
+        blocks = [_block(item) for item in callback.content or []]
+        result = ToolResult(
+            id=callback.id,
+            call_id=callback.call_id,
+            content=blocks or [TextBlock(text=callback.text or "")],
+        )
+        message = InputMessage(
+            content=result,
+            group_id=callback.group_id,
+            display_as=callback.display_as,
+            subscription=callback.subscription,
+        )
+        return OutgoingInput(message, f"rap-tool-result-{callback.id}")
+    if isinstance(callback, SubscriptionEventCallback):
+        message = InputMessage(
+            content=ToolResult.text(callback.tool_call_id, callback.text),
+            group_id=callback.group_id,
+            synthetic=SubscriptionEvent(
+                tool_call_id=callback.tool_call_id, associative=callback.associative, final=callback.final
+            ),
+        )
+        return OutgoingInput(message, event_dedup_id(callback))
+    if isinstance(callback, OAuthCallback):
+        notice = OAuthRequired(id=callback.id, call_id=callback.call_id, auth_url=callback.auth_url)
+        return OutgoingInput(
+            InputMessage(content=notice, group_id=callback.group_id), f"rap-oauth-{callback.id}"
+        )
+    if isinstance(callback, UserChoiceCallback):
+        choice = UserChoiceRequired(
+            id=callback.id,
+            call_id=callback.call_id,
+            prompt=callback.prompt,
+            choices=callback.choices,
+            default=callback.default,
+            response_url=callback.response_url,
+        )
+        message = InputMessage(content=choice, group_id=callback.group_id)
+        return OutgoingInput(message, f"rap-user-choice-{callback.id}")
+    return ViewUpdate(callback.group_id, callback.view_type, callback.content)
+
+
+def _named_call(callback: RapCallback) -> str | None:
+    if isinstance(callback, SubscriptionEventCallback):
+        return callback.tool_call_id
+    if isinstance(callback, ViewUpdateCallback):
+        return None
+    return callback.id
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Requests
+
+
+def receive_callback(
+    body: bytes | str | None,
+    token: str | None,
+    secret: str,
+    *,
+    method: str = "POST",
+    max_bytes: int = MAX_BODY_BYTES,
+) -> ReceiverResult:
+    """Authenticate, validate and convert one callback request."""
+    if method.upper() != "POST":
+        return reject(405, f"method {method.upper()} is not allowed; RAP callbacks are POSTed")
+    raw = body.encode() if isinstance(body, str) else body
+    if raw is not None and len(raw) > max_bytes:
+        return reject(413, f"the callback body is {len(raw)} bytes, over the {max_bytes}-byte limit")
+    if not token:
+        return reject(401, "missing callback token (the callback URL's 'token' query parameter)")
+    if not raw:
+        return reject(400, "the request has no body")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return reject(400, "the body is not valid UTF-8")
+    except json.JSONDecodeError as exc:
+        return reject(400, f"the body is not valid JSON: {exc}")
+    if not isinstance(data, dict):
+        return reject(400, "the body must be a JSON object")
+    try:
+        callback = CALLBACK_ADAPTER.validate_python(data)
+    except ValidationError as exc:
+        if data.get("type") not in (
+            "tool_result",
+            "subscription_event",
+            "oauth",
+            "user_choice",
+            "view_update",
+        ):
+            return reject(400, f"unknown callback type {data.get('type')!r}")
+        return reject(400, f"invalid {data['type']} callback: {describe_validation_error(exc)}")
+    token_call = verify_token(secret, callback.group_id, token)
+    if token_call is None:
+        return reject(403, f"the callback token is not valid for thread {callback.group_id!r}")
+    named = _named_call(callback)
+    if named is not None and named != token_call:
+        return reject(403, f"the callback token was not issued for tool call {named!r}")
+    converted = convert_callback(callback)
+    if isinstance(converted, ViewUpdate):
+        return ReceiverResult(200, OK_BODY, views=(converted,))
+    return ReceiverResult(200, OK_BODY, messages=(converted,))
+
+
+def receive_function_url_event(
+    event: Mapping[str, Any], secret: str, *, max_bytes: int = MAX_BODY_BYTES
+) -> ReceiverResult:
+    """:func:`receive_callback` for a Lambda Function URL (payload format 2.0) event."""
+    http = event.get("requestContext", {}).get("http", {})
+    method = str(http.get("method") or event.get("httpMethod") or "POST")
+    query = event.get("queryStringParameters") or {}
+    token = query.get("token") if isinstance(query, Mapping) else None
+    body = event.get("body")
+    if body is not None and not isinstance(body, str):
+        return reject(400, "the request body must be a string")
+    if body is not None and event.get("isBase64Encoded"):
+        # Base64 grows data by 4/3: refuse an oversized body before decoding it.
+        if len(body) > max_bytes * 4 // 3 + 4:
+            return reject(413, f"the callback body is over the {max_bytes}-byte limit")
+        try:
+            decoded: bytes | None = base64.b64decode(body, validate=True)
+        except (binascii.Error, ValueError):
+            return reject(400, "the body is flagged base64 but is not valid base64")
+    else:
+        decoded = body.encode() if body is not None else None
+    return receive_callback(decoded, token, secret, method=method, max_bytes=max_bytes)
+
+
+def function_url_response(result: ReceiverResult) -> dict[str, Any]:
+    """The Lambda Function URL response for ``result``."""
+    return {
+        "statusCode": result.status,
+        "headers": {"content-type": "application/json"},
+        "body": result.body_json(),
+    }

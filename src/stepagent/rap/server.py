@@ -1,0 +1,393 @@
+"""A small RAP tool server on Starlette: write tools as typed Python functions, serve them over RAP.
+
+::
+
+    server = RapToolServer("clock", description="Time tools")
+
+    @server.tool
+    def get_time(timezone: str = "UTC") -> str:
+        \"\"\"The current time in an IANA timezone.\"\"\"
+        return datetime.now(ZoneInfo(timezone)).isoformat()
+
+    server.run(port=8080)            # or mount server.app in any ASGI host
+
+What it does for you (RAP §4):
+
+- ``GET /.well-known/rap-toolset`` serves the manifest; schemas and descriptions come from the type hints
+  and docstrings, exactly as for ``@tool``. Invocations are POSTed to ``/invoke`` (``/`` works too).
+- An invocation is acknowledged with 200 at once and run in the background; the return value is sent as
+  the ``tool_result`` (``str`` as is, anything else as JSON). A :class:`ToolError` or any exception, invalid
+  arguments and unknown operations are sent as ``Error: ...`` results, so every accepted call ends in a
+  result. A body that is not a valid invocation gets a 400 (there is nowhere to send a result).
+- Return :class:`Subscription` to start a subscription: the result is sent with ``subscription: true``
+  first, then ``run(call)`` runs in the background and sends events with :meth:`RapCall.send_event`.
+  Return :data:`DEFERRED` to answer later yourself through :func:`current_call`.
+- ``/cancel_tool_call`` cancels the call's running work (handler and subscription); ``/close_thread``
+  cancels all of a thread's work. Both always answer 200.
+- :meth:`RapCall.ask_user` sends a ``user_choice`` and waits for the runtime's POST to ``response_url``
+  (``/choices/<unguessable key>``).
+- Callbacks are retried on 5xx and network errors with backoff, never on 4xx.
+
+Limits: state (running subscriptions, open choices) lives in this process. A production server that must
+survive restarts stores each subscription's ``callback_url`` durably and sends events from wherever the
+events come from (see :meth:`RapToolServer.call_for`). Requests are not authenticated unless you pass
+``authorize``; put the server behind IAM (Lambda Function URL with ``sigv4=1``) or your own check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, overload
+
+import httpx
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from stepagent.errors import ToolError
+from stepagent.rap.call import (
+    DEFERRED,
+    CallbackError,
+    RapCall,
+    Result,
+    Subscription,
+    _current,
+    current_call,
+)
+from stepagent.rap.protocol import RapInvocation
+from stepagent.tools.functions import FunctionTool, result_text
+
+__all__ = [
+    "DEFERRED",
+    "CallbackError",
+    "RapCall",
+    "RapToolServer",
+    "Result",
+    "Subscription",
+    "current_call",
+    "serve_in_background",
+]
+
+log = logging.getLogger(__name__)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+class RapToolServer:
+    """Tools served over RAP. Build it, decorate functions with :meth:`tool`, serve :attr:`app`."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        description: str | None = None,
+        public_url: str | None = None,
+        authorize: Callable[[Request], Awaitable[bool]] | None = None,
+        http: httpx.AsyncClient | None = None,
+        callback_attempts: int = 4,
+        callback_backoff: float = 0.25,
+    ) -> None:
+        self.name = name
+        self.description = description
+        self.public_url = public_url.rstrip("/") if public_url else None
+        self.authorize = authorize
+        self._http = http
+        self._own_http = http is None
+        self.callback_attempts = callback_attempts
+        self.callback_backoff = callback_backoff
+        self.tools: dict[str, FunctionTool[..., Any]] = {}
+        self.annotations: dict[str, dict[str, Any]] = {}
+        #: What the runtime told this server, in order (for tests and logs).
+        self.cancelled: list[tuple[str, str]] = []
+        self.closed: list[str] = []
+        self._work: dict[tuple[str, str], set[asyncio.Task[None]]] = {}
+        self.choices: dict[str, tuple[str, int, asyncio.Future[int]]] = {}
+        self.app = Starlette(
+            routes=[
+                Route("/.well-known/rap-toolset", self._manifest, methods=["GET"]),
+                Route("/invoke", self._invoke, methods=["POST"]),
+                Route("/", self._invoke, methods=["POST"]),
+                Route("/cancel_tool_call", self._cancel, methods=["POST"]),
+                Route("/close_thread", self._close, methods=["POST"]),
+                Route("/choices/{key}", self._choice, methods=["POST"]),
+            ],
+            lifespan=self._lifespan,
+        )
+
+    # ---- declaring tools ----------------------------------------------------------------------------------
+
+    @overload
+    def tool(self, func: Callable[..., Any], /) -> FunctionTool[..., Any]: ...
+
+    @overload
+    def tool(
+        self,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout: float | None = None,
+        annotations: dict[str, Any] | None = None,
+    ) -> Callable[[Callable[..., Any]], FunctionTool[..., Any]]: ...
+
+    def tool(
+        self,
+        func: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout: float | None = None,
+        annotations: dict[str, Any] | None = None,
+    ) -> FunctionTool[..., Any] | Callable[[Callable[..., Any]], FunctionTool[..., Any]]:
+        """``@server.tool`` or ``@server.tool(name=..., timeout=..., annotations=...)``."""
+
+        def register(function: Callable[..., Any]) -> FunctionTool[..., Any]:
+            made = FunctionTool(function, name=name, description=description, timeout=timeout)
+            if not made.description:
+                raise ValueError(f"RAP tool {made.name!r} needs a description (a docstring)")
+            self.tools[made.name] = made
+            if annotations:
+                self.annotations[made.name] = dict(annotations)
+            return made
+
+        return register(func) if func is not None else register
+
+    def manifest(self, base_url: str) -> dict[str, Any]:
+        tools = []
+        for tool in self.tools.values():
+            entry: dict[str, Any] = {
+                "name": tool.name,
+                "description": tool.description,
+                "inputSchema": tool.parameters,
+            }
+            if tool.name in self.annotations:
+                entry["annotations"] = self.annotations[tool.name]
+            tools.append(entry)
+        manifest: dict[str, Any] = {"name": self.name, "endpoint": f"{base_url}/invoke", "tools": tools}
+        if self.description:
+            manifest["description"] = self.description
+        return manifest
+
+    def call_for(self, invocation: dict[str, Any], base_url: str | None = None) -> RapCall:
+        """A :class:`RapCall` for a stored invocation body, to send results or events outside a request."""
+        return RapCall(RapInvocation.model_validate(invocation), self, base_url or self.public_url or "")
+
+    # ---- callbacks ----------------------------------------------------------------------------------------
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=10.0)
+        return self._http
+
+    async def post_callback(self, url: str, body: dict[str, Any]) -> None:
+        """POST a callback; retry 5xx and network errors with backoff; raise ``CallbackError`` on failure."""
+        problem = ""
+        for attempt in range(self.callback_attempts):
+            if attempt:
+                await asyncio.sleep(self.callback_backoff * 2 ** (attempt - 1))
+            try:
+                response = await self.http.post(url, json=body)
+            except httpx.HTTPError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code < 300:
+                return
+            problem = f"HTTP {response.status_code}: {response.text[:200]}"
+            if response.status_code < 500:
+                break  # the receiver refused this callback: resending the same body cannot help
+        raise CallbackError(f"{body['type']} callback for {body['group_id']} failed: {problem}")
+
+    # ---- running calls ------------------------------------------------------------------------------------
+
+    def _start(self, key: tuple[str, str], work: Coroutine[Any, Any, None], call: RapCall) -> None:
+        async def guarded() -> None:
+            _current.set(call)
+            try:
+                await work
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("RAP call %s of thread %s failed in the background", key[1], key[0])
+
+        task = asyncio.get_running_loop().create_task(guarded())
+        tasks = self._work.setdefault(key, set())
+        tasks.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            work.close()  # a task cancelled before it started never awaited ``work``; closing is a no-op otherwise
+            tasks.discard(finished)
+            if not tasks and self._work.get(key) is tasks:
+                del self._work[key]
+
+        task.add_done_callback(done)
+
+    async def _serve_call(self, call: RapCall) -> None:
+        invocation = call.invocation
+        tool = self.tools.get(invocation.operation)
+        if tool is None:
+            await call.send_error(f"unknown operation '{invocation.operation}' on RAP server '{self.name}'")
+            return
+        arguments = invocation.arguments if invocation.arguments is not None else {}
+        try:
+            if not isinstance(arguments, dict):
+                raise ToolError(f"arguments for tool '{tool.name}' must be a JSON object")
+            kwargs = tool.validate(arguments)
+            value = await self._call_function(tool, kwargs)
+        except ToolError as exc:
+            await call.send_error(str(exc))
+            return
+        if value is DEFERRED:
+            return
+        if isinstance(value, Subscription):
+            await call.send_result(value.text, subscription=True)
+            self._start((call.thread_id, call.id), value.run(call), call)
+        elif isinstance(value, Result):
+            await call.send_result(value.text, content=value.content, display_as=value.display_as)
+        else:
+            try:
+                text = result_text(value)
+            except (TypeError, ValueError) as exc:
+                text = f"Error: tool '{tool.name}' returned a value that is not JSON-serialisable: {exc}"
+            await call.send_result(text)
+
+    @staticmethod
+    async def _call_function(tool: FunctionTool[..., Any], kwargs: dict[str, Any]) -> Any:
+        function = tool.function
+        try:
+            if asyncio.iscoroutinefunction(function):
+                work: Awaitable[Any] = function(**kwargs)
+            else:
+                work = asyncio.to_thread(function, **kwargs)  # copies the context: current_call() works
+            if tool.timeout is None:
+                return await work
+            return await asyncio.wait_for(work, tool.timeout)
+        except ToolError:
+            raise
+        except TimeoutError:
+            raise ToolError(f"tool '{tool.name}' timed out after {tool.timeout:g} s") from None
+        except Exception as exc:
+            raise ToolError(f"{type(exc).__name__}: {exc}") from exc
+
+    # ---- routes -------------------------------------------------------------------------------------------
+
+    def _base_url(self, request: Request) -> str:
+        return self.public_url or str(request.base_url).rstrip("/")
+
+    async def _denied(self, request: Request) -> JSONResponse | None:
+        if self.authorize is not None and not await self.authorize(request):
+            return _error(401, "unauthorized")
+        return None
+
+    async def _json(self, request: Request) -> dict[str, Any] | None:
+        try:
+            data = await request.json()
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    async def _manifest(self, request: Request) -> JSONResponse:
+        return JSONResponse(self.manifest(self._base_url(request)))
+
+    async def _invoke(self, request: Request) -> JSONResponse:
+        denied = await self._denied(request)
+        if denied is not None:
+            return denied
+        data = await self._json(request)
+        if data is None:
+            return _error(400, "the body must be a JSON object")
+        try:
+            invocation = RapInvocation.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            return _error(400, f"invalid invocation: {'.'.join(map(str, first['loc']))}: {first['msg']}")
+        call = RapCall(invocation, self, self._base_url(request))
+        self._start((invocation.group_id, invocation.id), self._serve_call(call), call)
+        return JSONResponse({"ok": True})
+
+    def _cancel_work(self, match: Callable[[tuple[str, str]], bool]) -> None:
+        for key, tasks in list(self._work.items()):
+            if match(key):
+                for task in list(tasks):
+                    task.cancel()
+
+    async def _cancel(self, request: Request) -> JSONResponse:
+        denied = await self._denied(request)
+        if denied is not None:
+            return denied
+        data = await self._json(request) or {}
+        thread, call = str(data.get("thread_id", "")), str(data.get("tool_call_id", ""))
+        self.cancelled.append((thread, call))
+        self._cancel_work(lambda key: key == (thread, call))
+        return JSONResponse({"ok": True})
+
+    async def _close(self, request: Request) -> JSONResponse:
+        denied = await self._denied(request)
+        if denied is not None:
+            return denied
+        data = await self._json(request) or {}
+        thread = str(data.get("thread_id", ""))
+        self.closed.append(thread)
+        self._cancel_work(lambda key: key[0] == thread)
+        return JSONResponse({"ok": True})
+
+    async def _choice(self, request: Request) -> JSONResponse:
+        pending = self.choices.get(request.path_params["key"])
+        if pending is None:
+            return _error(404, "no such pending choice (answered already, or the server restarted)")
+        call_id, count, answer = pending
+        data = await self._json(request) or {}
+        selected = data.get("selected")
+        if data.get("id") != call_id:
+            return _error(400, "'id' does not match the call that asked")
+        if not isinstance(selected, int) or isinstance(selected, bool) or not 0 <= selected < count:
+            return _error(400, f"'selected' must be an index below {count}")
+        if not answer.done():
+            answer.set_result(selected)
+        return JSONResponse({"ok": True})
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        yield
+        self._cancel_work(lambda key: True)
+        tasks = [task for tasks in self._work.values() for task in tasks]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._own_http and self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    # ---- serving ------------------------------------------------------------------------------------------
+
+    def run(self, host: str = "127.0.0.1", port: int = 8080) -> None:
+        """Serve with uvicorn until interrupted."""
+        import uvicorn
+
+        uvicorn.run(self.app, host=host, port=port, log_level="info")
+
+
+@contextlib.asynccontextmanager
+async def serve_in_background(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Run ``app`` with uvicorn on this event loop; yields its base URL (``port=0``: a free port)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+    task = asyncio.get_running_loop().create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()  # startup failed: raise its error
+                raise RuntimeError("the server stopped during startup")
+            await asyncio.sleep(0.01)
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        await task

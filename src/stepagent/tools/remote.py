@@ -1,0 +1,91 @@
+"""Building the remote tools (RAP servers, MCP servers) and the lifecycle notifier from :class:`Settings`.
+
+:func:`load_remote_tools` is what a runtime calls once at start (the worker, the tool runner, local mode):
+
+- RAP servers need ``STEPAGENT_CALLBACK_URL`` and ``STEPAGENT_CALLBACK_SECRET`` (a
+  :class:`~stepagent.errors.ConfigurationError` names whichever is missing). A server that cannot be
+  reached or serves an invalid manifest is logged and skipped — its tools are missing until the process
+  loads them again — so one broken tool server does not stop every agent.
+- MCP servers are listed; one that cannot be listed is a ``ConfigurationError`` (a configuration the
+  operator controls, so failing loudly at start is the useful answer).
+- Names are unique across everything: a clash names both owners (``existing`` are the tools already
+  chosen: built-ins and ``STEPAGENT_TOOLS``).
+- The notifier (``None`` without RAP servers) cancels a RAP call on its owning server and tells every
+  server when a thread closes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import httpx
+
+from stepagent.aws.settings import Settings
+from stepagent.errors import ConfigurationError
+from stepagent.stores.base import StateStore
+from stepagent.tools.base import LifecycleNotifier, Tool
+from stepagent.tools.mcp import load_mcp_tools
+from stepagent.tools.rap import DEFAULT_MANIFEST_TTL, CallbackConfig, RapNotifier, load_rap_tools
+from stepagent.tools.rap_http import RapHttp, RapServerConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RemoteTools:
+    tools: list[Tool] = field(default_factory=list)
+    notifier: LifecycleNotifier | None = None
+    #: One message per RAP server that could not be loaded (already logged).
+    errors: list[str] = field(default_factory=list)
+
+
+async def load_remote(
+    settings: Settings,
+    state: StateStore | None,
+    http: httpx.AsyncClient,
+    *,
+    existing: Iterable[Tool] = (),
+    rap_http: RapHttp | None = None,
+    manifest_ttl: float = DEFAULT_MANIFEST_TTL,
+    mcp: bool = True,
+) -> RemoteTools:
+    """RAP and MCP tools plus the notifier (see the module docstring). ``mcp=False`` skips MCP servers."""
+    existing = list(existing)
+    out = RemoteTools()
+    if settings.rap_servers:
+        missing = [
+            name
+            for name, value in (
+                ("STEPAGENT_CALLBACK_URL", settings.callback_url),
+                ("STEPAGENT_CALLBACK_SECRET", settings.callback_secret),
+            )
+            if not value
+        ]
+        if missing:
+            raise ConfigurationError(
+                f"STEPAGENT_RAP_SERVERS is set, so {' and '.join(missing)} must be set too "
+                "(callbacks go to the receiver's URL and carry an HMAC token made with the secret)"
+            )
+        servers = [RapServerConfig.parse(s, default_region=settings.region) for s in settings.rap_servers]
+        client = rap_http if rap_http is not None else RapHttp(http)
+        callbacks = CallbackConfig(settings.callback_url, settings.callback_secret)
+        loaded = await load_rap_tools(servers, client, state, callbacks, existing=existing, ttl=manifest_ttl)
+        for error in loaded.errors:
+            log.error("%s; its tools are unavailable", error)
+        out.tools.extend(loaded.tools)
+        out.errors.extend(loaded.errors)
+        if state is not None:
+            out.notifier = RapNotifier(servers, client, state)
+    if mcp and settings.mcp_servers:
+        out.tools.extend(await load_mcp_tools(settings.mcp_servers, existing=[*existing, *out.tools]))
+    return out
+
+
+async def load_remote_tools(
+    settings: Settings, state: StateStore | None, http: httpx.AsyncClient, *, existing: Iterable[Tool] = ()
+) -> tuple[list[Tool], LifecycleNotifier | None]:
+    """``(tools, notifier)``: the remote tools to add to the toolset, and the notifier for ``StepConfig``."""
+    remote = await load_remote(settings, state, http, existing=existing)
+    return remote.tools, remote.notifier
