@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import pytest
-
 from stepagent.events import Info, OAuthRequiredEvent, UserChoiceDismissed, UserChoiceRequiredEvent
 from stepagent.history_items import AssistantText, EventItem, ToolResultItem
 from stepagent.messages import ToolResult
@@ -192,11 +190,6 @@ async def test_view_updates_go_to_the_output_side_not_the_agent() -> None:
         assert [v.content for v in s.views] == [{"pct": 10}] and s.h.sender.queue == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core/prepare.py reads active subscriptions once per step, before this step's subscription "
-    "result is committed: an event in the same batch as the subscribe result is dropped",
-)
 async def test_an_event_in_the_same_batch_as_the_subscription_result_is_kept() -> None:
     async with rap_stack(model) as s:
         await s.h.say(T, "subscribe 1", "m1")

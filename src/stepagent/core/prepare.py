@@ -141,6 +141,7 @@ class Preparer:
         if isinstance(content, ToolResult):
             if message.subscription:
                 history.track_subscription(content.id)
+                (await self._active_subscriptions()).add(content.id)  # later inputs of this batch see it
             text = content.first_text()
             if text is not None:
                 segments = [*(message.display_as or []), {"type": "text", "content": text}]
@@ -174,6 +175,7 @@ class Preparer:
             await self._route_to_event_child(original, content, message_id)
             if synthetic.final:
                 history.remove_subscription(original_id)
+                (await self._active_subscriptions()).discard(original_id)
             history.record_processed(message_id)
             return False
 
@@ -182,6 +184,7 @@ class Preparer:
             return False
         if isinstance(synthetic, SubscriptionEvent) and synthetic.final:
             history.remove_subscription(original_id)
+            (await self._active_subscriptions()).discard(original_id)
         return True
 
     async def _inline(
