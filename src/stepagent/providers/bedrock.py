@@ -1,0 +1,432 @@
+"""Amazon Bedrock ConverseStream provider (``bedrock:<model id>``): pure translation, thin aioboto3 I/O.
+
+Request (:func:`converse_params`): the ``converse_stream`` parameters, which botocore serialises to the
+same bytes as for any other caller passing the same parameters (tests compare with a plain boto3 client
+through a botocore event hook, no network):
+
+- Keys in the API's order: ``modelId, messages, system, inferenceConfig, toolConfig,
+  additionalModelRequestFields``. ``inferenceConfig.maxTokens`` is the model's maximum output.
+- The conversation comes from :func:`~stepagent.providers.requests_common.conversation` (alternating roles,
+  starting with the user, every call answered, no empty text, reasoning first in its assistant message).
+  Blocks: ``text``, ``image`` (format from the media type, source bytes decoded from base64),
+  ``reasoningContent`` (``reasoningText`` with its signature, or ``redactedContent``), ``toolUse``,
+  ``toolResult`` (no ``status``).
+- Prompt caching, for models known to accept it (Claude, Nova; see the catalog): a ``cachePoint`` after
+  the system prompt, after the tools and at the end of the last message. Unknown models get none, since
+  a model without caching rejects the request.
+
+Stream (:class:`BedrockStreamParser`, over the event dicts botocore yields): text, reasoning text with its
+signature, redacted reasoning (bytes, kept base64-encoded), tool use with streamed JSON input, and one
+``Final`` with usage including ``cacheReadInputTokens``/``cacheWriteInputTokens``. Exception events
+raise classified ProviderErrors; a stream that ends before ``messageStop`` raises a retryable one.
+
+I/O: one aioboto3 client per call from one shared session (clients are bound to the event loop; creating
+one from a warm session is cheap next to a model call). botocore's own retries are off (the engine owns
+retries). Only ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME`` redirects the endpoint (passed in by the factory);
+the global ``AWS_ENDPOINT_URL`` that points the stores at moto or LocalStack is deliberately ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aioboto3
+import aiohttp
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from stepagent.errors import ProviderError
+from stepagent.messages import ToolCall
+from stepagent.providers.base import (
+    Final,
+    ModelInfo,
+    ModelRequest,
+    ReasoningComplete,
+    ReasoningDelta,
+    StreamEvent,
+    TextDelta,
+    ToolCallComplete,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
+from stepagent.providers.http import error_from_transport, is_retryable_status, parse_retry_after, stream_cut
+from stepagent.providers.requests_common import (
+    ImagePart,
+    Part,
+    ResultContent,
+    TextPart,
+    ThinkingPart,
+    ToolResultPart,
+    ToolUsePart,
+    Turn,
+    conversation,
+    image_bytes,
+)
+from stepagent.providers.window import TruncationReport, annotate, fit_request
+
+PROVIDER = "bedrock"
+_CACHE_POINT = {"cachePoint": {"type": "default"}}
+RETRYABLE_CODES = frozenset(
+    {
+        "throttlingexception",
+        "serviceunavailableexception",
+        "internalserverexception",
+        "modelnotreadyexception",
+        "modeltimeoutexception",
+        "modelstreamerrorexception",
+        "requesttimeout",
+        "requesttimeoutexception",
+    }
+)
+NON_RETRYABLE_CODES = frozenset(
+    {
+        "validationexception",
+        "accessdeniedexception",
+        "resourcenotfoundexception",
+        "servicequotaexceededexception",
+        "modelerrorexception",
+        "unrecognizedclientexception",
+    }
+)
+_EXCEPTION_KEYS = (
+    "internalServerException",
+    "modelStreamErrorException",
+    "validationException",
+    "throttlingException",
+    "serviceUnavailableException",
+)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Request translation (pure)
+
+
+def _content(part: ResultContent) -> dict[str, Any]:
+    if isinstance(part, TextPart):
+        return {"text": part.text}
+    image_format = part.media_type.split("/", 1)[1]
+    return {"image": {"format": image_format, "source": {"bytes": image_bytes(part.data)}}}
+
+
+def redacted_bytes(redacted: str) -> bytes:
+    """Stored redacted reasoning is base64 (as received from Bedrock); anything else is sent as UTF-8."""
+    try:
+        return base64.b64decode(redacted, validate=True)
+    except (binascii.Error, ValueError):
+        return redacted.encode("utf-8")
+
+
+def _block(part: Part) -> dict[str, Any]:
+    match part:
+        case TextPart() | ImagePart():
+            return _content(part)
+        case ThinkingPart(text=text, signature=signature, redacted=redacted):
+            if redacted is not None:
+                return {"reasoningContent": {"redactedContent": redacted_bytes(redacted)}}
+            reasoning: dict[str, Any] = {"text": text}
+            if signature is not None:
+                reasoning["signature"] = signature
+            return {"reasoningContent": {"reasoningText": reasoning}}
+        case ToolUsePart(id=call_id, name=name, arguments=arguments):
+            return {"toolUse": {"toolUseId": call_id, "name": name, "input": arguments}}
+        case ToolResultPart(tool_use_id=call_id, content=content):
+            return {"toolResult": {"toolUseId": call_id, "content": [_content(c) for c in content]}}
+    raise TypeError(f"unknown part {part!r}")  # pragma: no cover - the union is exhaustive
+
+
+def converse_messages(turns: list[Turn], *, cache: bool) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": turn.role, "content": [_block(part) for part in turn.parts]} for turn in turns
+    ]
+    if cache and messages:
+        messages[-1]["content"].append(dict(_CACHE_POINT))
+    return messages
+
+
+def converse_tools(tools: list[ToolSpec], *, cache: bool) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [
+        {"toolSpec": {"name": t.name, "description": t.description, "inputSchema": {"json": t.parameters}}}
+        for t in tools
+    ]
+    if cache and out:
+        out.append(dict(_CACHE_POINT))
+    return out
+
+
+def converse_params(
+    request: ModelRequest,
+    model_id: str,
+    *,
+    history: list[Any] | None = None,
+    cache: bool = True,
+    additional_fields: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ``converse_stream`` keyword arguments for ``request``."""
+    turns = conversation(
+        request.history if history is None else history, images=request.model.supports_image_input
+    )
+    params: dict[str, Any] = {"modelId": model_id, "messages": converse_messages(turns, cache=cache)}
+    if request.system.strip():
+        params["system"] = [{"text": request.system}, *([dict(_CACHE_POINT)] if cache else [])]
+    params["inferenceConfig"] = {"maxTokens": request.model.max_output_tokens}
+    if request.tools:
+        params["toolConfig"] = {"tools": converse_tools(request.tools, cache=cache)}
+    if additional_fields:
+        params["additionalModelRequestFields"] = dict(additional_fields)
+    return params
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Errors
+
+
+def error_from_code(
+    code: str, message: str, *, status: int | None = None, retry_after: float | None = None
+) -> ProviderError:
+    lowered = code.lower()
+    if lowered in RETRYABLE_CODES:
+        retryable = True
+    elif lowered in NON_RETRYABLE_CODES:
+        retryable = False
+    else:
+        retryable = is_retryable_status(status) if status is not None else True
+    return ProviderError(
+        f"{PROVIDER} error {code}: {message}", retryable=retryable, status=status, retry_after=retry_after
+    )
+
+
+def error_from_client_error(error: ClientError) -> ProviderError:
+    response: dict[str, Any] = getattr(error, "response", None) or {}
+    details = response.get("Error") or {}
+    metadata = response.get("ResponseMetadata") or {}
+    status = metadata.get("HTTPStatusCode")
+    headers = metadata.get("HTTPHeaders") or {}
+    return error_from_code(
+        str(details.get("Code") or "UnknownError"),
+        str(details.get("Message") or error),
+        status=status if isinstance(status, int) else None,
+        retry_after=parse_retry_after(headers) if isinstance(headers, Mapping) else None,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Stream translation (pure)
+
+
+@dataclass(slots=True)
+class _Block:
+    kind: str = "text"
+    text: list[str] = field(default_factory=list)
+    signature: str | None = None
+    redacted: bytearray | None = None
+    tool_id: str = ""
+    tool_name: str = ""
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+class BedrockStreamParser:
+    """Feed ConverseStream events (dicts as botocore yields them); call :meth:`finish` at the end."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, _Block] = {}
+        self._stop_reason: str | None = None
+        self._stopped = False
+        self._done = False
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def feed(self, event: Mapping[str, Any]) -> list[StreamEvent]:
+        for key in _EXCEPTION_KEYS:
+            if key in event:
+                body = event[key] if isinstance(event[key], Mapping) else {}
+                raise error_from_code(key[0].upper() + key[1:], str(body.get("message") or "(no message)"))
+        if "contentBlockStart" in event:
+            return self._start(event["contentBlockStart"])
+        if "contentBlockDelta" in event:
+            return self._delta(event["contentBlockDelta"])
+        if "contentBlockStop" in event:
+            return self._stop(event["contentBlockStop"])
+        if "messageStop" in event:
+            self._stopped = True
+            self._stop_reason = str(event["messageStop"].get("stopReason") or "") or None
+            return []
+        if "metadata" in event:
+            return self._metadata(event["metadata"])
+        return []  # messageStart and anything newer
+
+    def finish(self) -> list[StreamEvent]:
+        if self._done:
+            return []
+        if not self._stopped:
+            raise stream_cut(PROVIDER, "messageStop")
+        self._done = True
+        return [Final(usage=None, stop_reason=self._stop_reason)]
+
+    def _start(self, start_event: Mapping[str, Any]) -> list[StreamEvent]:
+        start = start_event.get("start") or {}
+        tool = start.get("toolUse")
+        block = self._blocks.setdefault(_int(start_event.get("contentBlockIndex")), _Block())
+        if isinstance(tool, Mapping):
+            block.kind = "tool"
+            block.tool_id = str(tool.get("toolUseId", ""))
+            block.tool_name = str(tool.get("name", ""))
+            return [ToolCallDelta(name=block.tool_name)]
+        return []
+
+    def _delta(self, delta_event: Mapping[str, Any]) -> list[StreamEvent]:
+        delta = delta_event.get("delta") or {}
+        block = self._blocks.setdefault(_int(delta_event.get("contentBlockIndex")), _Block())
+        if "text" in delta:
+            text = str(delta["text"])
+            return [TextDelta(text)] if text else []
+        if "toolUse" in delta:
+            fragment = str((delta["toolUse"] or {}).get("input", ""))
+            block.text.append(fragment)
+            return [ToolCallDelta(arguments_delta=fragment)] if fragment else []
+        reasoning = delta.get("reasoningContent")
+        if isinstance(reasoning, Mapping):
+            block.kind = "reasoning"
+            if reasoning.get("text"):
+                block.text.append(str(reasoning["text"]))
+                return [ReasoningDelta(str(reasoning["text"]))]
+            if reasoning.get("signature"):
+                block.signature = (block.signature or "") + str(reasoning["signature"])
+            redacted = reasoning.get("redactedContent")
+            if isinstance(redacted, bytes | bytearray):
+                block.redacted = (block.redacted or bytearray()) + redacted
+        return []
+
+    def _stop(self, stop_event: Mapping[str, Any]) -> list[StreamEvent]:
+        block = self._blocks.pop(_int(stop_event.get("contentBlockIndex")), None)
+        if block is None:
+            return []
+        if block.kind == "tool":
+            return [
+                ToolCallComplete(ToolCall(id=block.tool_id, name=block.tool_name, arguments=_args(block)))
+            ]
+        if block.kind == "reasoning":
+            if block.redacted is not None:
+                encoded = base64.b64encode(bytes(block.redacted)).decode("ascii")
+                return [ReasoningComplete(text="", redacted=encoded)]
+            return [ReasoningComplete(text="".join(block.text), signature=block.signature)]
+        return []
+
+    def _metadata(self, metadata: Mapping[str, Any]) -> list[StreamEvent]:
+        usage = metadata.get("usage") or {}
+        self._done = True
+        final = Final(
+            usage=Usage(
+                input_tokens=_int(usage.get("inputTokens")),
+                output_tokens=_int(usage.get("outputTokens")),
+                cache_read_tokens=_int(usage.get("cacheReadInputTokens")),
+                cache_write_tokens=_int(usage.get("cacheWriteInputTokens")),
+            ),
+            stop_reason=self._stop_reason,
+        )
+        return [final]
+
+
+def _args(block: _Block) -> dict[str, Any]:
+    raw = "".join(block.text).strip()
+    if not raw:
+        return {}
+    try:
+        arguments = json.loads(raw)
+    except ValueError:
+        arguments = None
+    if not isinstance(arguments, dict):
+        raise ProviderError(
+            f"{PROVIDER}: the model produced invalid arguments for tool {block.tool_name!r}: {raw[:200]!r}",
+            retryable=True,
+        )
+    return arguments
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The provider (thin I/O)
+
+_TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
+
+
+class BedrockProvider:
+    """``ModelProvider`` for Bedrock ConverseStream."""
+
+    def __init__(
+        self,
+        model_id: str,
+        *,
+        info: ModelInfo,
+        region: str,
+        endpoint_url: str | None = None,
+        session: Any = None,
+        prompt_cache: bool = True,
+        additional_fields: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._model_id = model_id
+        self._info = info
+        self._region = region
+        self._endpoint_url = endpoint_url
+        self._session = session if session is not None else aioboto3.Session(region_name=region)
+        self._cache = prompt_cache
+        self._additional = dict(additional_fields) if additional_fields else None
+        # No botocore retries: the engine's RetryPolicy owns them (bounded by the Lambda's remaining time).
+        self._config = Config(
+            retries={"total_max_attempts": 1},
+            connect_timeout=10,
+            read_timeout=300,
+            ignore_configured_endpoint_urls=True,
+        )
+        self.last_truncation: TruncationReport | None = None
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._info
+
+    def request_params(self, request: ModelRequest) -> dict[str, Any]:
+        """The exact ``converse_stream`` arguments :meth:`stream` sends (after window truncation)."""
+        history, self.last_truncation = fit_request(request)
+        return converse_params(
+            request, self._model_id, history=history, cache=self._cache, additional_fields=self._additional
+        )
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        params = self.request_params(request)
+        truncation = self.last_truncation
+        parser = BedrockStreamParser()
+        kwargs: dict[str, Any] = {"region_name": self._region, "config": self._config}
+        if self._endpoint_url:
+            kwargs["endpoint_url"] = self._endpoint_url
+        try:
+            async with self._session.client("bedrock-runtime", **kwargs) as client:
+                try:
+                    response = await client.converse_stream(**params)
+                except ClientError as exc:
+                    raise error_from_client_error(exc) from exc
+                except _TRANSPORT_ERRORS as exc:
+                    raise error_from_transport(PROVIDER, exc, during_stream=False) from exc
+                try:
+                    async for event in response["stream"]:
+                        for out in parser.feed(event):
+                            yield annotate(out, truncation)
+                        if parser.done:
+                            return
+                except ClientError as exc:  # EventStreamError: an exception event
+                    raise error_from_client_error(exc) from exc
+                except _TRANSPORT_ERRORS as exc:
+                    raise error_from_transport(PROVIDER, exc, during_stream=True) from exc
+        except _TRANSPORT_ERRORS as exc:  # creating or closing the client
+            raise error_from_transport(PROVIDER, exc, during_stream=False) from exc
+        for out in parser.finish():
+            yield annotate(out, truncation)

@@ -1,0 +1,116 @@
+"""A small catalog of known models: context window, maximum output tokens, image input, prompt caching.
+
+Guarantees:
+
+- :func:`model_info` never fails: an unknown model gets ``context_window=0`` (which disables automatic
+  compaction and request truncation, since we cannot know the limit), :data:`DEFAULT_MAX_OUTPUT_TOKENS`
+  and no image input (the conservative choice: an image placeholder is better than a rejected request).
+- Dated snapshots resolve to their family (``claude-sonnet-4-5-20250929`` → ``claude-sonnet-4-5``,
+  ``gpt-4o-2024-11-20`` → ``gpt-4o``), and Bedrock ids resolve through their inference-profile prefix
+  (``us.``, ``eu.``, ``apac.``, ``global.``, ...), their ``anthropic.`` vendor prefix and their
+  ``-v1:0`` version suffix, so ``us.anthropic.claude-sonnet-4-5-20250929-v1:0`` is Claude Sonnet 4.5.
+- Numbers are the vendors' published limits at the time of writing; a wrong entry only shifts when
+  compaction and truncation start, it never breaks a request (the API still enforces the real limit).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from stepagent.providers.base import ModelInfo
+
+DEFAULT_MAX_OUTPUT_TOKENS = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogEntry:
+    context_window: int
+    max_output_tokens: int
+    images: bool = True
+    prompt_cache: bool = True  # Bedrock: whether ``cachePoint`` blocks are accepted
+
+
+_K = 1000
+_CLAUDE: dict[str, CatalogEntry] = {
+    "claude-opus-4-8": CatalogEntry(1_000_000, 128_000),
+    "claude-opus-4-6": CatalogEntry(200_000, 128_000),
+    "claude-opus-4-5": CatalogEntry(200_000, 64_000),
+    "claude-opus-4-1": CatalogEntry(200_000, 32_000),
+    "claude-opus-4": CatalogEntry(200_000, 32_000),
+    "claude-sonnet-4-6": CatalogEntry(200_000, 64_000),
+    "claude-sonnet-4-5": CatalogEntry(200_000, 64_000),
+    "claude-sonnet-4": CatalogEntry(200_000, 64_000),
+    "claude-haiku-4-5": CatalogEntry(200_000, 64_000),
+    "claude-3-7-sonnet": CatalogEntry(200_000, 64_000),
+    "claude-3-5-haiku": CatalogEntry(200_000, 8192, images=False),
+}
+
+_OPENAI: dict[str, CatalogEntry] = {
+    "gpt-4o": CatalogEntry(128 * 1024, 16_384),
+    "gpt-4o-mini": CatalogEntry(128 * 1024, 16_384),
+    "chatgpt-4o-latest": CatalogEntry(128 * 1024, 16_384),
+    "gpt-4.1": CatalogEntry(1_047_576, 32_768),
+    "gpt-4.1-mini": CatalogEntry(1_047_576, 32_768),
+    "gpt-4.1-nano": CatalogEntry(1_047_576, 32_768),
+    "gpt-5": CatalogEntry(400 * _K, 128 * _K),
+    "gpt-5-mini": CatalogEntry(400 * _K, 128 * _K),
+    "gpt-5-nano": CatalogEntry(400 * _K, 128 * _K),
+    "gpt-5-chat-latest": CatalogEntry(128 * _K, 16_384),
+    "gpt-5.1": CatalogEntry(400 * _K, 128 * _K),
+    "gpt-5.2": CatalogEntry(400 * _K, 128 * _K),
+    "o3": CatalogEntry(200 * _K, 100 * _K),
+    "o4-mini": CatalogEntry(200 * _K, 100 * _K),
+}
+
+_BEDROCK_OTHER: dict[str, CatalogEntry] = {
+    "amazon.nova-premier": CatalogEntry(1_000_000, 10_000),
+    "amazon.nova-pro": CatalogEntry(300 * _K, 10_000),
+    "amazon.nova-lite": CatalogEntry(300 * _K, 10_000),
+    "amazon.nova-micro": CatalogEntry(128 * _K, 10_000, images=False),
+}
+
+_DATE_SUFFIX = re.compile(r"-(?:\d{8}|\d{4}-\d{2}-\d{2})$")
+_BEDROCK_GEO = re.compile(r"^(?:us|eu|apac|global|jp|au|ca|us-gov)\.")
+_BEDROCK_VERSION = re.compile(r"-v\d+(?::\d+[a-z]*)?$")
+
+
+def _family(model_id: str, table: dict[str, CatalogEntry]) -> CatalogEntry | None:
+    if model_id in table:
+        return table[model_id]
+    return table.get(_DATE_SUFFIX.sub("", model_id))
+
+
+def catalog_entry(provider: str, model_id: str) -> CatalogEntry | None:
+    """The catalog's entry for ``provider``'s ``model_id``, or ``None`` when the model is unknown."""
+    model = model_id.strip().lower()
+    if provider == "anthropic":
+        return _family(model, _CLAUDE)
+    if provider == "openai":
+        return _family(model, _OPENAI)
+    if provider == "bedrock":
+        bare = _BEDROCK_VERSION.sub("", _BEDROCK_GEO.sub("", model))
+        if bare.startswith("anthropic."):
+            return _family(bare.removeprefix("anthropic."), _CLAUDE)
+        return _family(bare, _BEDROCK_OTHER)
+    return None
+
+
+def model_info(provider: str, model_id: str) -> ModelInfo:
+    """What the engine needs to know about a model (see the module docstring for unknown models)."""
+    entry = catalog_entry(provider, model_id)
+    if entry is None:
+        return ModelInfo(model_id=model_id, context_window=0, max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS)
+    return ModelInfo(
+        model_id=model_id,
+        context_window=entry.context_window,
+        max_output_tokens=entry.max_output_tokens,
+        supports_image_input=entry.images,
+    )
+
+
+def bedrock_prompt_cache(model_id: str) -> bool:
+    """Whether to send ``cachePoint`` blocks: only to models known to accept them (Claude, Nova); an
+    unknown model might reject the request with a ValidationException."""
+    entry = catalog_entry("bedrock", model_id)
+    return entry is not None and entry.prompt_cache

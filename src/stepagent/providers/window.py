@@ -1,0 +1,211 @@
+"""Context accounting: a cheap token estimate and one-pass truncation of tool outputs that overflow.
+
+The estimate (:func:`estimate_item`, :func:`estimate_text`) needs no tokenizer and no network (tiktoken
+would have to download its vocabulary, which the Lambda must not do at cold start). It is
+
+    ceil(UTF-8 bytes / 3) per text + 8 tokens of framing per history item + 1,600 tokens per image.
+
+Accuracy, stated honestly: byte-level BPE vocabularies (Claude, GPT-4o/o200k) spend about 4 bytes per
+token on English prose, 3-3.5 on code and JSON, and about 1 token per CJK character (3 bytes), so the
+estimate over-counts prose by ~25-35% and is close for code, JSON and CJK. It is *not* a strict upper
+bound: random base64/hex, long digit runs and some emoji sequences can cost more than one token per 3
+bytes (up to ~1 token per 2 bytes), so an adversarial request can be under-counted by up to ~35%. The
+only strict bound (tokens <= bytes) would over-count prose fourfold and truncate tool outputs long before
+the engine's compaction (75% of the window, measured with the provider's real usage) gets a chance.
+Images are charged Anthropic's cost of a full-size image (~1,600 tokens).
+
+:func:`truncate_for_window` guarantees:
+
+- One pass: every row is estimated exactly once (``rows_examined``), candidates are ranked once by size,
+  and the largest tool outputs (tool results and synthetic event results — never user text, assistant
+  text, reasoning or tool calls) are replaced by the stub ``[tool output truncated: N characters]`` until
+  the estimate fits. No re-estimation of the whole request per candidate (that is quadratic).
+- Deterministic: ties are broken by position (earlier first), so a retry truncates the same rows and
+  re-sends identical bytes. Stored history is never changed; only the outgoing request is.
+- If even replacing every candidate cannot fit, it raises a non-retryable ProviderError at once (the
+  engine's compaction then has to shrink the thread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from stepagent.errors import ProviderError
+from stepagent.history_items import (
+    AssistantText,
+    EventItem,
+    HistoryItem,
+    Reasoning,
+    Summary,
+    ToolCallItem,
+    ToolResultItem,
+    UserItem,
+)
+from stepagent.messages import ImageBlock, TextBlock, TextContent, ToolResult
+from stepagent.providers.base import Final, ModelRequest, StreamEvent, ToolSpec
+
+_log = logging.getLogger(__name__)
+
+BYTES_PER_TOKEN = 3
+ITEM_FRAMING_TOKENS = 8
+IMAGE_TOKENS = 1600
+TRUNCATED_STUB = "[tool output truncated: {chars} characters]"
+
+Estimate = Callable[[HistoryItem], int]
+
+
+def estimate_text(text: str) -> int:
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return -(-size // BYTES_PER_TOKEN)
+
+
+def _result_tokens(result: ToolResult) -> int:
+    total = 0
+    for block in result.content:
+        if isinstance(block, TextBlock):
+            total += estimate_text(block.text)
+        else:
+            total += IMAGE_TOKENS
+    return total
+
+
+def estimate_item(item: HistoryItem) -> int:
+    """The estimated tokens of one history item as it appears in a request (see the module docstring)."""
+    tokens = ITEM_FRAMING_TOKENS
+    match item:
+        case UserItem(content=content):
+            if isinstance(content, TextContent):
+                tokens += estimate_text(content.text)
+            elif isinstance(content, ImageBlock):
+                tokens += IMAGE_TOKENS
+            else:
+                tokens += estimate_text(json.dumps(content.model_dump(), ensure_ascii=False))
+        case AssistantText(text=text):
+            tokens += estimate_text(text)
+        case Reasoning(text=text, signature=signature, redacted=redacted):
+            tokens += estimate_text(text) + estimate_text(signature or "") + estimate_text(redacted or "")
+        case ToolCallItem(call=call):
+            tokens += estimate_text(call.name) + estimate_text(json.dumps(call.arguments, ensure_ascii=False))
+        case ToolResultItem(result=result):
+            tokens += _result_tokens(result)
+        case EventItem(result=result, invocation=invocation):
+            tokens += ITEM_FRAMING_TOKENS + _result_tokens(result)
+            if invocation is not None:
+                tokens += estimate_text(invocation.name)
+                tokens += estimate_text(json.dumps(invocation.arguments, ensure_ascii=False))
+        case Summary():
+            tokens += estimate_text(item.rendered)
+    return tokens
+
+
+def estimate_fixed(system: str, tools: Sequence[ToolSpec]) -> int:
+    """The estimated tokens of the system prompt and tool definitions."""
+    specs = [{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools]
+    return ITEM_FRAMING_TOKENS + estimate_text(system) + estimate_text(json.dumps(specs, ensure_ascii=False))
+
+
+@dataclass(frozen=True, slots=True)
+class TruncationReport:
+    rows_examined: int
+    rows_replaced: int
+    estimate_before: int
+    estimate_after: int
+    budget: int
+    replaced_positions: tuple[int, ...] = ()
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "rows_examined": self.rows_examined,
+            "rows_replaced": self.rows_replaced,
+            "estimate_before": self.estimate_before,
+            "estimate_after": self.estimate_after,
+            "budget": self.budget,
+        }
+
+
+def _stub(item: ToolResultItem | EventItem) -> ToolResultItem | EventItem:
+    chars = sum(len(b.text) if isinstance(b, TextBlock) else len(b.data) for b in item.result.content)
+    text = TRUNCATED_STUB.format(chars=chars)
+    result = ToolResult(id=item.result.id, call_id=item.result.call_id, content=[TextBlock(text=text)])
+    return dataclasses.replace(item, result=result)
+
+
+def truncate_for_window(
+    history: Sequence[HistoryItem], budget: int, estimate: Estimate = estimate_item
+) -> tuple[list[HistoryItem], TruncationReport]:
+    """Fit ``history`` into ``budget`` tokens by stubbing the largest tool outputs, in one pass."""
+    sizes = [estimate(item) for item in history]  # the only estimate of each original row
+    total = sum(sizes)
+    if total <= budget:
+        return list(history), TruncationReport(len(history), 0, total, total, budget)
+    candidates = sorted(
+        (index for index, item in enumerate(history) if isinstance(item, ToolResultItem | EventItem)),
+        key=lambda index: (-sizes[index], index),
+    )
+    needed = total - budget
+    replaced: dict[int, HistoryItem] = {}
+    for index in candidates:
+        if needed <= 0:
+            break
+        item = history[index]
+        assert isinstance(item, ToolResultItem | EventItem)
+        stub = _stub(item)
+        saving = sizes[index] - estimate(stub)
+        if saving <= 0:
+            continue  # already as small as a stub: replacing it cannot help
+        replaced[index] = stub
+        needed -= saving
+    after = budget + needed
+    if needed > 0:
+        raise ProviderError(
+            f"the request does not fit the model's context window even with all {len(replaced)} tool "
+            f"outputs truncated: estimated {after} tokens > budget {budget}; the thread needs compaction",
+            retryable=False,
+        )
+    out = [replaced.get(index, item) for index, item in enumerate(history)]
+    report = TruncationReport(len(history), len(replaced), total, after, budget, tuple(sorted(replaced)))
+    return out, report
+
+
+def window_budget(context_window: int, max_output_tokens: int) -> int:
+    """Input tokens a request may use: the window minus room for the answer. The reserve is capped at an
+    eighth of the window so that a model with a huge maximum output (64k of a 200k window) is not
+    truncated long before the engine's compaction threshold (75% of the window)."""
+    return context_window - min(max_output_tokens, context_window // 8)
+
+
+def fit_request(
+    request: ModelRequest, estimate: Estimate = estimate_item
+) -> tuple[list[HistoryItem], TruncationReport | None]:
+    """The request's history, truncated once to fit its model's window; ``None`` report when the window
+    is unknown (``context_window == 0``: nothing to fit against) or nothing had to change."""
+    window = request.model.context_window
+    if window <= 0:
+        return list(request.history), None
+    budget = window_budget(window, request.model.max_output_tokens)
+    budget -= estimate_fixed(request.system, request.tools)
+    history, report = truncate_for_window(request.history, budget, estimate)
+    if not report.rows_replaced:
+        return history, None
+    _log.warning(
+        "request for %s over its context window: replaced %d of %d rows with stubs (estimate %d -> %d tokens, "
+        "budget %d)",
+        request.model.model_id,
+        report.rows_replaced,
+        report.rows_examined,
+        report.estimate_before,
+        report.estimate_after,
+        report.budget,
+    )
+    return history, report
+
+
+def annotate(event: StreamEvent, report: TruncationReport | None) -> StreamEvent:
+    """``event``, with the truncation report in ``Final.extra["truncation"]`` when the request was cut."""
+    if report is None or not isinstance(event, Final):
+        return event
+    return Final(event.usage, event.stop_reason, {**event.extra, "truncation": report.as_dict()})

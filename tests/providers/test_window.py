@@ -1,0 +1,174 @@
+"""Token estimate and one-pass truncation of overflowing tool outputs, and its wiring in the providers."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import httpx
+import pytest
+
+from stepagent.errors import ProviderError
+from stepagent.history_items import (
+    AssistantText,
+    EventItem,
+    HistoryItem,
+    ToolCallItem,
+    ToolResultItem,
+    UserItem,
+)
+from stepagent.messages import ImageBlock, TextBlock, TextContent, ToolCall, ToolResult
+from stepagent.providers.anthropic import AnthropicProvider
+from stepagent.providers.base import Final, ModelInfo, ModelRequest
+from stepagent.providers.window import (
+    IMAGE_TOKENS,
+    TRUNCATED_STUB,
+    estimate_item,
+    estimate_text,
+    fit_request,
+    truncate_for_window,
+    window_budget,
+)
+
+
+def user(text: str) -> UserItem:
+    return UserItem(TextContent(text=text))
+
+
+def result(call_id: str, text: str) -> ToolResultItem:
+    return ToolResultItem(ToolResult.text(call_id, text))
+
+
+def pair(call_id: str, text: str) -> list[HistoryItem]:
+    return [ToolCallItem(ToolCall(id=call_id, name="t", arguments={})), result(call_id, text)]
+
+
+def test_estimate_text_is_bytes_over_three() -> None:
+    assert estimate_text("") == 0
+    assert estimate_text("abc") == 1
+    assert estimate_text("abcd") == 2
+    assert estimate_text("😀") == 2  # 4 bytes
+    assert estimate_text("日本語") == 3  # 9 bytes
+
+
+def test_estimate_counts_images_and_framing() -> None:
+    item = ToolResultItem(ToolResult(id="a", content=[TextBlock(text="abc"), ImageBlock(data="x" * 10_000)]))
+    assert estimate_item(item) == 8 + 1 + IMAGE_TOKENS
+
+
+def test_fits_already_replaces_nothing() -> None:
+    history = [user("hi"), *pair("a", "small")]
+    out, report = truncate_for_window(history, 10_000)
+    assert out == history
+    assert (report.rows_examined, report.rows_replaced) == (3, 0)
+
+
+def test_largest_tool_outputs_go_first_never_user_text() -> None:
+    history: list[HistoryItem] = [
+        user("u" * 30_000),  # the biggest row, but user text is never touched
+        *pair("small", "s" * 3_000),
+        *pair("big", "b" * 60_000),
+        *pair("mid", "m" * 30_000),
+        AssistantText("a" * 3_000),
+    ]
+    total = sum(estimate_item(i) for i in history)
+    out, report = truncate_for_window(history, total - 15_000)
+    assert report.rows_replaced == 1 and report.replaced_positions == (4,)
+    replaced = out[4]
+    assert isinstance(replaced, ToolResultItem)
+    assert replaced.result.joined_text() == TRUNCATED_STUB.format(chars=60_000)
+    assert replaced.result.id == "big"
+    assert out[0] == history[0] and out[2] == history[2] and out[6] == history[6]
+    assert report.estimate_after <= report.budget
+
+    out, report = truncate_for_window(history, total - 25_000)
+    assert report.replaced_positions == (4, 6)  # big, then mid
+
+
+def test_event_results_are_candidates_too() -> None:
+    event = EventItem(result=ToolResult.text("ev", "e" * 90_000), tool_call_id="orig")
+    out, report = truncate_for_window([user("hi"), event], 1_000)
+    assert report.rows_replaced == 1
+    stubbed = out[1]
+    assert isinstance(stubbed, EventItem) and stubbed.tool_call_id == "orig"
+    assert stubbed.result.joined_text() == TRUNCATED_STUB.format(chars=90_000)
+
+
+def test_cannot_fit_raises_non_retryable() -> None:
+    history = [user("u" * 90_000), *pair("a", "x" * 9_000)]
+    with pytest.raises(ProviderError) as caught:
+        truncate_for_window(history, 1_000)
+    assert not caught.value.retryable
+    assert "compaction" in str(caught.value)
+
+
+@pytest.mark.parametrize("rows", [100, 1_000, 5_000])
+def test_one_pass_each_row_estimated_once(rows: int) -> None:
+    """Work, not time: the estimate runs once per original row (plus once per stub made), whatever the
+    number of rows replaced — a per-candidate re-estimate of the request would be quadratic."""
+    rng = random.Random(rows)
+    history: list[HistoryItem] = [user("start")]
+    for index in range(rows):
+        history.extend(pair(f"c{index}", "z" * rng.randint(100, 5_000)))
+    calls: list[HistoryItem] = []
+
+    def counting(item: HistoryItem) -> int:
+        calls.append(item)
+        return estimate_item(item)
+
+    total = sum(estimate_item(i) for i in history)
+    out, report = truncate_for_window(history, total // 2, counting)
+    row_ids = {id(h) for h in history}
+    originals = [c for c in calls if id(c) in row_ids]
+    assert len(originals) == len(history) == report.rows_examined
+    assert len({id(c) for c in originals}) == len(history), "a row was estimated twice"
+    assert len(calls) == len(history) + report.rows_replaced
+    assert report.rows_replaced > rows // 10
+    assert sum(estimate_item(i) for i in out) == report.estimate_after <= total // 2
+
+
+def test_deterministic_ties_break_by_position() -> None:
+    history = [user("x"), *pair("a", "q" * 9_000), *pair("b", "q" * 9_000)]
+    total = sum(estimate_item(i) for i in history)
+    _, first = truncate_for_window(history, total - 100)
+    _, second = truncate_for_window(history, total - 100)
+    assert first.replaced_positions == second.replaced_positions == (2,)
+
+
+def test_budget_reserve_is_capped() -> None:
+    assert window_budget(200_000, 64_000) == 175_000
+    assert window_budget(200_000, 4_096) == 195_904
+
+
+def test_unknown_window_never_truncates() -> None:
+    info = ModelInfo("m", context_window=0)
+    request = ModelRequest(system="", history=[*pair("a", "x" * 3_000_000)], tools=[], model=info)
+    history, report = fit_request(request)
+    assert report is None and history == request.history
+
+
+async def test_provider_truncates_once_and_reports_it() -> None:
+    info = ModelInfo("claude-x", context_window=50_000, max_output_tokens=4_096)
+    history = [user("read the log"), *pair("big", "L" * 300_000), user("and?")]
+    bodies: list[bytes] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append(request.content)
+        sse = (
+            b'event: message_start\ndata: {"type":"message_start","message":{"usage":{"input_tokens":5}}}\n\n'
+            b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+        )
+        return httpx.Response(200, content=sse)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    provider = AnthropicProvider("claude-x", api_key="k", info=info, http_client=client)
+    request = ModelRequest(system="s", history=history, tools=[], model=info)
+    events = [e async for e in provider.stream(request)]
+    final = events[-1]
+    assert isinstance(final, Final)
+    assert final.extra["truncation"]["rows_replaced"] == 1
+    body = json.loads(bodies[0])
+    tool_result = body["messages"][2]["content"][0]
+    assert tool_result["content"] == [{"type": "text", "text": TRUNCATED_STUB.format(chars=300_000)}]
+    assert body["messages"][2]["content"][1]["text"] == "and?"
+    assert len(bodies[0]) < 10_000
