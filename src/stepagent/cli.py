@@ -1,7 +1,7 @@
 """The ``stepagent`` command line.
 
 Commands: ``run`` (chat on the embedded local stack — the main job), ``send``, ``history``,
-``infra create``. Commands that touch the stores or queues read the same settings as the handlers.
+``infra create``, and the conversation lifecycle: ``export``, ``import``, ``rewind``. Commands that touch the stores or queues read the same settings as the handlers.
 Errors are printed for people (one line, what to do next) with exit status 2; ``--debug`` shows the
 traceback.
 """
@@ -68,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     create.add_argument("--endpoint-url", required=True, help="e.g. http://localhost:4566 (LocalStack)")
     create.add_argument("--prefix", default="stepagent", help="name prefix for the resources")
+
+    from stepagent.lifecycle.commands import add_lifecycle_commands
+
+    add_lifecycle_commands(commands)
     return parser
 
 
@@ -88,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stepagent.local.stack import infra_create
 
             return asyncio.run(infra_create(args.endpoint_url, args.prefix))
+        from stepagent.lifecycle.commands import COMMANDS, run_lifecycle_command
+
+        if args.command in COMMANDS:
+            return asyncio.run(run_lifecycle_command(args))
     except StepagentError as error:
         if args.debug:
             raise

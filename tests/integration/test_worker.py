@@ -78,7 +78,8 @@ async def test_tool_round_trip_through_the_tool_runner() -> None:
             "It is sunny in Paris.",
         ]
         events = await stack.outputs()
-        assert [e["type"] for e in events] == ["text", "tool_call", "text"]
+        assert [e["type"] for e in events] == ["text", "tool_call", "tool_result", "text"]
+        assert events[2]["text"] == "Sunny in Paris" and events[2]["tool_call_id"] == events[1]["tool_call_id"]
         call = events[1]
         assert call["name"] == "get_weather" and call["args"] == {"city": "Paris"}
         assert call["tool_call_id"].startswith("call_")
@@ -379,5 +380,5 @@ async def test_output_event_ids_are_stable_when_a_step_is_re_run() -> None:
         second = await clean.outputs()
     texts = [e for e in first if e["type"] != "error"]
     assert [e["event_id"] for e in texts] == [e["event_id"] for e in second]
-    assert [e["type"] for e in texts] == ["text", "tool_call", "text"]
+    assert [e["type"] for e in texts] == ["text", "tool_call", "tool_result", "text"]
     assert texts[0]["event_id"] == event_id(thread, "2", "text")

@@ -5,8 +5,9 @@ Guarantees (DESIGN §1 "Output queue"):
 - One queue message per event, ``MessageGroupId`` = the root thread id (a conversation's events stay in
   order), ``MessageDeduplicationId`` = the event's ``event_id``. Every event has ``type``, ``event_id``,
   ``thread_id``, ``root_thread_id`` and ``metadata`` (the root's stored metadata, ``{}`` when none).
-- Only *committed* content is reported: ``text`` (one per assistant text row) and ``tool_call`` (one per
-  tool-call row) come from :class:`~stepagent.events.TurnCommitted`, never from stream chunks, so a step
+- Only *committed* content is reported: ``text`` (one per assistant text row), ``tool_call`` (one per
+  tool-call row), ``tool_result`` and ``event`` (results and folded-in reports/events, with ``text``)
+  come from :class:`~stepagent.events.TurnCommitted`, never from stream chunks, so a step
   that fails after streaming shows nothing it did not keep.
 - ``event_id`` is stable: row events derive it from (thread, order, kind); the others from the input's
   logical message id (``error``, ``oauth_required``, ``user_choice_required``) or the choice id
@@ -32,7 +33,7 @@ from stepagent.events import (
     UserChoiceDismissed,
     UserChoiceRequiredEvent,
 )
-from stepagent.history_items import AssistantText, ToolCallItem
+from stepagent.history_items import AssistantText, EventItem, ToolCallItem, ToolResultItem
 from stepagent.messages import OAuthRequired, UserChoiceRequired
 from stepagent.senders.sqs import SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore, StoredRow
@@ -64,7 +65,8 @@ class StepEvents:
 
 
 def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[dict[str, Any]]:
-    """``text`` and ``tool_call`` events (without the thread context) for committed rows."""
+    """``text``, ``tool_call``, ``tool_result`` and ``event`` (a report or subscription event folded into
+    the thread) events, without the thread context, for committed rows."""
     out: list[dict[str, Any]] = []
     for row in rows:
         item = row.item
@@ -80,6 +82,17 @@ def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[dict[str, Any]
                     "name": item.call.name,
                     "args": item.call.arguments,
                     "tool_call_id": item.call.id,
+                }
+            )
+        elif isinstance(item, ToolResultItem | EventItem):
+            kind = "tool_result" if isinstance(item, ToolResultItem) else "event"
+            original = item.result.id if isinstance(item, ToolResultItem) else item.tool_call_id
+            out.append(
+                {
+                    "type": kind,
+                    "event_id": event_id(thread_id, str(row.order), kind),
+                    "tool_call_id": original,
+                    "text": item.result.joined_text(),
                 }
             )
     return out

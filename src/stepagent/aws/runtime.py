@@ -26,6 +26,8 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
+import httpx
+
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.aws.settings import Settings
@@ -36,13 +38,15 @@ from stepagent.core.completion import RetryPolicy
 from stepagent.core.step import StepConfig
 from stepagent.errors import ConfigurationError
 from stepagent.providers.base import ModelProvider
-from stepagent.providers.scripted import ScriptedProvider
+from stepagent.providers.factory import make_provider
 from stepagent.senders.sqs import SqsQueues, SqsSender
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
 from stepagent.system.step_mode import AgentSystem
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
-from stepagent.tools.functions import FunctionTool, load_toolset
+from stepagent.tools.functions import Invocable, load_toolset
+from stepagent.tools.mcp import load_mcp_tools
+from stepagent.tools.remote import load_remote
 from stepagent.tools.sleep import Clock, Sleep, SleepUntil, utc_now
 
 WORKER, TOOL_RUNNER, TIMER_RELAY = "worker", "tool_runner", "timer_relay"
@@ -74,20 +78,6 @@ def remaining_seconds() -> float:
     return math.inf if remaining is None else remaining() / 1000.0
 
 
-def make_provider(model: str) -> ModelProvider:
-    """The model provider for ``STEPAGENT_MODEL`` (``<provider>:<model id>``)."""
-    provider, _, model_id = model.partition(":")
-    if provider == "scripted":
-        if not model_id:
-            raise ConfigurationError("STEPAGENT_MODEL=scripted: needs a script path (scripted:<path>)")
-        return ScriptedProvider(model_id)
-    if provider in ("anthropic", "openai", "bedrock"):
-        raise ConfigurationError(f"STEPAGENT_MODEL={model!r}: the {provider} provider is not available yet")
-    raise ConfigurationError(
-        f"STEPAGENT_MODEL={model!r}: unknown provider {provider!r} (use anthropic:, openai:, bedrock: or scripted:)"
-    )
-
-
 class AwsRuntime:
     """Clients, stores, provider, tools and the three batch handlers. Build with :meth:`create`."""
 
@@ -100,7 +90,7 @@ class AwsRuntime:
     sender: SqsSender
     metrics: MetricsSink
     user_tools: list[Tool]
-    function_tools: dict[str, FunctionTool[..., Any]]
+    function_tools: dict[str, Invocable]
 
     def __init__(self) -> None:
         self._stack = AsyncExitStack()
@@ -143,9 +133,9 @@ class AwsRuntime:
         runtime.user_tools = (
             list(tools) if tools is not None else (load_toolset(settings.tools) if settings.tools else [])
         )
-        runtime.function_tools = {t.name: t for t in runtime.user_tools if isinstance(t, FunctionTool)}
+        runtime.function_tools = {t.name: t for t in runtime.user_tools if isinstance(t, Invocable)}
         if WORKER in wanted and provider is None:
-            provider = make_provider(str(settings.model))
+            provider = make_provider(str(settings.model))  # reads API keys from the environment
         session = session if session is not None else aws_session(settings)
         try:
             await runtime._open(session, provider, clock)
@@ -161,7 +151,11 @@ class AwsRuntime:
         self.s3 = await self._stack.enter_async_context(client(session, "s3", settings))
         self.queues = SqsQueues(self.sqs, s3_client=self.s3, bucket=settings.blob_bucket)
         self.sender = SqsSender(self.sqs, str(settings.input_queue_url), queues=self.queues)
+        local_tools = [*builtin_tools(), Sleep(), SleepUntil(clock), *self.user_tools]
         if WORKER not in self.roles:
+            if TOOL_RUNNER in self.roles and settings.mcp_servers:
+                mcp_tools = await load_mcp_tools(settings.mcp_servers, existing=local_tools)
+                self.function_tools.update({t.name: t for t in mcp_tools if isinstance(t, Invocable)})
             return
         assert provider is not None  # create() resolved it for the worker role
         self.dynamodb = await self._stack.enter_async_context(client(session, "dynamodb", settings))
@@ -181,7 +175,13 @@ class AwsRuntime:
             dead_letter_arn=settings.scheduler_dlq_arn,
             clock=clock,
         )
-        toolset = Toolset.of([*builtin_tools(), Sleep(), SleepUntil(clock), *self.user_tools])
+        # Remote tools (RAP servers, MCP servers) are listed once per process, at cold start.
+        http = await self._stack.enter_async_context(httpx.AsyncClient(timeout=30.0))
+        remote = await load_remote(
+            settings, state, http, existing=local_tools, mcp=bool(settings.mcp_servers)
+        )
+        self.function_tools.update({t.name: t for t in remote.tools if isinstance(t, Invocable)})
+        toolset = Toolset.of([*local_tools, *remote.tools])
         config = StepConfig(
             provider=provider,
             toolset=toolset,
@@ -189,6 +189,7 @@ class AwsRuntime:
             callback_url=settings.callback_url,
             timers=timers,
             runner=SqsFunctionRunner(self.queues, str(settings.tool_queue_url)),
+            notifier=remote.notifier,
             retry=RetryPolicy(remaining=remaining_seconds),
         )
         self._system = AgentSystem(conversation, state, config)

@@ -29,7 +29,7 @@ from stepagent.errors import MalformedMessageError, ToolError
 from stepagent.messages import InputMessage, ToolResult
 from stepagent.senders.sqs import SqsQueues, SqsSender
 from stepagent.tools.base import ToolContext
-from stepagent.tools.functions import FunctionTool
+from stepagent.tools.functions import Invocable
 
 logger = Logger(service="stepagent")
 
@@ -113,7 +113,7 @@ class ToolCallMessage:
 
 
 async def run_tool_call(
-    tools: Mapping[str, FunctionTool[..., Any]], call: ToolCallMessage, time_limit: float | None
+    tools: Mapping[str, Invocable], call: ToolCallMessage, time_limit: float | None
 ) -> str:
     """The result text of one call (``Error: ...`` for anything the model should see as a failure)."""
     function_tool = tools.get(call.tool_name)
@@ -131,7 +131,7 @@ async def run_tool_call(
 
 async def handle_tool_batch(
     event: dict[str, Any],
-    tools: Mapping[str, FunctionTool[..., Any]],
+    tools: Mapping[str, Invocable],
     queues: SqsQueues,
     sender: SqsSender,
     remaining_ms: Callable[[], int] | None = None,

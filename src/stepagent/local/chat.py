@@ -25,7 +25,6 @@ from stepagent.aws.settings import Settings
 from stepagent.local.poller import SqsEventSource
 from stepagent.local.stack import EmbeddedMoto, create_resources, use_fake_credentials
 
-DEMO_TOOLS = "stepagent.demo.tools:toolset"
 LOCAL_PREFIX = "stepagent-local"
 
 
@@ -50,6 +49,11 @@ def choose_model(environ: dict[str, str] | os._Environ[str]) -> tuple[str, bool]
     return f"scripted:{demo_script_path()}", True
 
 
+def _clip(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class Printer:
     """Renders output-queue events for a person at a terminal."""
 
@@ -66,11 +70,17 @@ class Printer:
         elif kind == "tool_call":
             args = json.dumps(event.get("args") or {}, ensure_ascii=False)
             print(f"{who} ⚙ {event.get('name')}({'' if args == '{}' else args})", file=self.out)
+        elif kind == "tool_result":
+            print(f"{who} ← {_clip(str(event.get('text', '')))}", file=self.out)
+        elif kind == "event":
+            print(f"{who} ✉ {_clip(str(event.get('text', '')))}", file=self.out)
         elif kind == "error":
             retrying = " (retrying)" if event.get("retrying") else ""
             print(f"{who} ! {event.get('message')}{retrying}", file=self.out)
         elif kind == "oauth_required":
             print(f"{who} 🔑 authorise at {event.get('auth_url')}", file=self.out)
+        elif kind == "view_update":
+            print(f"{who} ◇ view {event.get('view_type')} updated", file=self.out)
         elif kind == "user_choice_required":
             choices = ", ".join(f"{i}: {c}" for i, c in enumerate(event.get("choices", [])))
             print(f"{who} ? {event.get('prompt')} [{choices}]", file=self.out)
@@ -173,8 +183,6 @@ async def run_chat(*, say: list[str], thread_id: str | None, idle_timeout: float
         os.environ.update(env)
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         os.environ["STEPAGENT_MODEL"] = model
-        if demo and not os.environ.get("STEPAGENT_TOOLS"):
-            os.environ["STEPAGENT_TOOLS"] = DEMO_TOOLS
         os.environ.setdefault("STEPAGENT_CALLBACK_SECRET", secrets.token_hex(32))
         settings = Settings.from_env()
         if demo:
@@ -189,18 +197,52 @@ async def run_chat(*, say: list[str], thread_id: str | None, idle_timeout: float
             say=say,
             thread_id=thread_id or f"chat-{uuid.uuid4().hex[:8]}",
             idle_timeout=idle_timeout,
+            demo=demo,
         )
     finally:
         if moto is not None:
             moto.stop()
 
 
-async def _chat(settings: Settings, *, say: list[str], thread_id: str, idle_timeout: float) -> int:
+async def _serve_tool_servers(
+    stack: contextlib.AsyncExitStack, settings: Settings, demo: bool, printer: Printer
+) -> Settings:
+    """Serve the RAP receiver on loopback (unless ``STEPAGENT_CALLBACK_URL`` points elsewhere) and, for
+    the demo, the local RAP tool server; return the settings that point at them."""
+    from stepagent.aws.clients import aws_session, client
+    from stepagent.local.rap_demo_server import build_server
+    from stepagent.rap.receiver import ViewUpdate
+    from stepagent.rap.receiver_app import receiver_app
+    from stepagent.rap.server import serve_in_background
+    from stepagent.senders.sqs import SqsSender
+
+    session = aws_session(settings)
+    sqs = await stack.enter_async_context(client(session, "sqs", settings))
+    s3 = await stack.enter_async_context(client(session, "s3", settings))
+    sender = SqsSender(sqs, str(settings.input_queue_url), s3_client=s3, bucket=settings.blob_bucket)
+
+    async def show_view(view: ViewUpdate) -> None:
+        printer.show({"type": "view_update", "thread_id": view.thread_id, "view_type": view.view_type})
+
+    if not settings.callback_url:
+        app = receiver_app(str(settings.callback_secret), sender, show_view)
+        os.environ["STEPAGENT_CALLBACK_URL"] = await stack.enter_async_context(serve_in_background(app))
+    if demo and not settings.rap_servers:
+        tools_url = await stack.enter_async_context(serve_in_background(build_server().app))
+        os.environ["STEPAGENT_RAP_SERVERS"] = tools_url
+    return Settings.from_env()
+
+
+async def _chat(
+    settings: Settings, *, say: list[str], thread_id: str, idle_timeout: float, demo: bool
+) -> int:
     from stepagent.aws.runtime import AwsRuntime
     from stepagent.messages import InputMessage
 
     printer = Printer(thread_id)
-    async with AwsRuntime.open(settings) as runtime:
+    async with contextlib.AsyncExitStack() as stack:
+        settings = await _serve_tool_servers(stack, settings, demo, printer)
+        runtime = await stack.enter_async_context(AwsRuntime.open(settings))
         sqs = runtime.sqs
         assert settings.input_queue_url and settings.tool_queue_url and settings.delay_queue_url
         assert settings.output_queue_url

@@ -56,7 +56,9 @@ class SqsEventSource:
 
     async def _arn(self) -> str:
         if self._queue_arn is None:
-            attributes = await self.sqs.get_queue_attributes(QueueUrl=self.queue_url, AttributeNames=["QueueArn"])
+            attributes = await self.sqs.get_queue_attributes(
+                QueueUrl=self.queue_url, AttributeNames=["QueueArn"]
+            )
             self._queue_arn = str(attributes["Attributes"]["QueueArn"])
         return self._queue_arn
 
@@ -93,7 +95,11 @@ class SqsEventSource:
                 await self.sqs.change_message_visibility_batch(
                     QueueUrl=self.queue_url,
                     Entries=[
-                        {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": self.retry_after_seconds}
+                        {
+                            "Id": str(i),
+                            "ReceiptHandle": m["ReceiptHandle"],
+                            "VisibilityTimeout": self.retry_after_seconds,
+                        }
                         for i, m in enumerate(retry)
                     ],
                 )
