@@ -347,27 +347,64 @@ async def test_interleaved_write_then_flip_writers_never_mix_rows(dynamo: Dynamo
     assert await texts(store, thread) == ["seed0 0"] + [f"fast {i}" for i in range(120)]
 
 
+class HoldsTransactions:
+    """A DynamoDB client proxy whose first ``TransactWriteItems`` waits until ``go`` is set.
+
+    Two writers that both read the head at the same version are raced deterministically: the held writer
+    has already read the head when the other one commits. (Truly simultaneous requests are not usable on
+    moto: a cancelled transaction restores a table snapshot, which can undo the other writer's commit —
+    real DynamoDB isolates transactions.)"""
+
+    def __init__(self, inner: Any, go: asyncio.Event) -> None:
+        self._inner, self._go = inner, go
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def transact_write_items(self, **kwargs: Any) -> Any:
+        await self._go.wait()
+        return await self._inner.transact_write_items(**kwargs)
+
+
 async def test_two_writers_at_the_same_version_exactly_one_wins(dynamo: DynamoEnv) -> None:
-    for size_a, size_b in [(2, 3), (1, 1), (150, 2), (2, 150)]:
+    for size_a, size_b, a_first in [
+        (2, 3, True),
+        (1, 1, False),
+        (150, 2, True),
+        (150, 2, False),
+        (2, 150, True),
+    ]:
         thread = uid()
         seeding, _ = dynamo.stores()
         base = await seed(seeding, thread, 2)
-        (a, _), (b, _) = dynamo.stores(), dynamo.stores()
-        results = await asyncio.gather(
-            a.commit(thread, Commit(base.version, rows=rows("A", size_a), processed_message_ids=["in-a"])),
-            b.commit(thread, Commit(base.version, rows=rows("B", size_b), processed_message_ids=["in-b"])),
-            return_exceptions=True,
-        )
+        go = asyncio.Event()
+        held = dynamo.stores(client=HoldsTransactions(dynamo.client, go))[0]
+        free = dynamo.stores()[0]
+        a, b = (free, held) if a_first else (held, free)
+
+        async def commit(store: Any, prefix: str, size: int) -> ThreadInfo | BaseException:
+            try:
+                return await store.commit(
+                    thread,
+                    Commit(base.version, rows=rows(prefix, size), processed_message_ids=[f"in-{prefix}"]),
+                )
+            except ConcurrentWriteError as error:
+                return error
+            finally:
+                go.set()  # the first writer is done (won or lost): release the held one
+
+        results = await asyncio.gather(commit(a, "A", size_a), commit(b, "B", size_b))
         winners = [r for r in results if isinstance(r, ThreadInfo)]
         losers = [r for r in results if isinstance(r, BaseException)]
         assert len(winners) == 1 and len(losers) == 1, results
         assert isinstance(losers[0], ConcurrentWriteError)
         won_a = isinstance(results[0], ThreadInfo)
+        assert won_a == a_first  # the writer that reached DynamoDB first wins; the held one must lose
         prefix, size = ("A", size_a) if won_a else ("B", size_b)
         history = await texts(seeding, thread)
         assert history == ["seed0 0", "seed0 1"] + [f"{prefix} {i}" for i in range(size)]
         _, state = dynamo.stores()
-        assert await state.filter_processed(thread, ["in-a", "in-b"]) == {"in-a" if won_a else "in-b"}
+        assert await state.filter_processed(thread, ["in-A", "in-B"]) == {"in-A" if won_a else "in-B"}
 
 
 # ---- cost ------------------------------------------------------------------------------------------------
