@@ -366,6 +366,19 @@ class HoldsTransactions:
         return await self._inner.transact_write_items(**kwargs)
 
 
+async def _racing_commit(
+    store: Any, thread: str, version: int, prefix: str, size: int, go: asyncio.Event
+) -> ThreadInfo | BaseException:
+    try:
+        return await store.commit(  # type: ignore[no-any-return]
+            thread, Commit(version, rows=rows(prefix, size), processed_message_ids=[f"in-{prefix}"])
+        )
+    except ConcurrentWriteError as error:
+        return error
+    finally:
+        go.set()  # the first writer is done (won or lost): release the held one
+
+
 async def test_two_writers_at_the_same_version_exactly_one_wins(dynamo: DynamoEnv) -> None:
     for size_a, size_b, a_first in [
         (2, 3, True),
@@ -382,18 +395,10 @@ async def test_two_writers_at_the_same_version_exactly_one_wins(dynamo: DynamoEn
         free = dynamo.stores()[0]
         a, b = (free, held) if a_first else (held, free)
 
-        async def commit(store: Any, prefix: str, size: int) -> ThreadInfo | BaseException:
-            try:
-                return await store.commit(
-                    thread,
-                    Commit(base.version, rows=rows(prefix, size), processed_message_ids=[f"in-{prefix}"]),
-                )
-            except ConcurrentWriteError as error:
-                return error
-            finally:
-                go.set()  # the first writer is done (won or lost): release the held one
-
-        results = await asyncio.gather(commit(a, "A", size_a), commit(b, "B", size_b))
+        results = await asyncio.gather(
+            _racing_commit(a, thread, base.version, "A", size_a, go),
+            _racing_commit(b, thread, base.version, "B", size_b, go),
+        )
         winners = [r for r in results if isinstance(r, ThreadInfo)]
         losers = [r for r in results if isinstance(r, BaseException)]
         assert len(winners) == 1 and len(losers) == 1, results

@@ -79,7 +79,9 @@ async def test_tool_round_trip_through_the_tool_runner() -> None:
         ]
         events = await stack.outputs()
         assert [e["type"] for e in events] == ["text", "tool_call", "tool_result", "text"]
-        assert events[2]["text"] == "Sunny in Paris" and events[2]["tool_call_id"] == events[1]["tool_call_id"]
+        assert (
+            events[2]["text"] == "Sunny in Paris" and events[2]["tool_call_id"] == events[1]["tool_call_id"]
+        )
         call = events[1]
         assert call["name"] == "get_weather" and call["args"] == {"city": "Paris"}
         assert call["tool_call_id"].startswith("call_")
