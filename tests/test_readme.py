@@ -1,0 +1,48 @@
+"""The README's offline-testing example runs as written (its script and its test function)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepagent import tool
+from stepagent.core.history import HistoryManager
+from stepagent.history_items import AssistantText
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text(), flags=re.DOTALL)
+
+
+@tool
+async def get_weather(city: str, unit: str = "C") -> str:
+    """Current weather for a city."""
+    return f"14°{unit} in {city}"
+
+
+async def test_the_scripted_model_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = next(block for block in _blocks("json") if '"rules"' in block)
+    (tmp_path / "agent.json").write_text(script)
+    json.loads(script)  # the README shows valid JSON
+    code = next(block for block in _blocks("python") if "async def test_my_agent" in block)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict[str, Any] = {"get_weather": get_weather}
+    exec(code, namespace)  # the README's imports and test function, verbatim
+    captured: dict[str, Any] = {}
+    original = namespace["memory_stores"]
+
+    def remembering_stores() -> Any:
+        captured["stores"] = original()
+        return captured["stores"]
+
+    namespace["memory_stores"] = remembering_stores
+    await namespace["test_my_agent"]()
+    conversation, state = captured["stores"]
+    history = (await HistoryManager.load(conversation, state, "t1")).history
+    assert history[-1] == AssistantText("It is mild in Paris.")
