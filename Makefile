@@ -47,10 +47,11 @@ deploy: $(SAM_STAMP)
 	SAM_CLI_TELEMETRY=0 $(SAM) deploy --guided
 
 # Called by `sam build` for RuntimeLayer (BuildMethod: makefile): the package and its pinned
-# dependencies, as Lambda (manylinux, CPython 3.11) wheels, so no container is needed.
+# dependencies, as Lambda (manylinux, CPython 3.11) wheels, so no container is needed; the .pyc files
+# are kept because compiling at cold start is billed.
 build-RuntimeLayer:
 	rm -rf "$(ARTIFACTS_DIR)/wheel" && $(PYTHON) -m pip wheel -q --no-deps -w "$(ARTIFACTS_DIR)/wheel" .
-	$(PYTHON) -m pip install -q --no-compile --target "$(ARTIFACTS_DIR)/python" -c constraints.txt \
+	$(PYTHON) -m pip install -q --target "$(ARTIFACTS_DIR)/python" -c constraints.txt \
 		--platform manylinux2014_x86_64 --implementation cp --python-version 3.11 --only-binary=:all: \
 		"$(ARTIFACTS_DIR)"/wheel/*.whl
 	rm -rf "$(ARTIFACTS_DIR)/wheel"

@@ -2,11 +2,34 @@
 
 Public entry points: :func:`tool` (turn a function into a tool), :class:`InputMessage` (the wire
 format), :class:`AgentSystem` (step mode), :class:`LocalAgentSystem` (one process).
+
+They are imported on first use, so a Lambda handler that imports one submodule does not pay for the rest
+(cold starts are billed).
 """
 
-from stepagent.messages import InputMessage
-from stepagent.system.local import LocalAgentSystem
-from stepagent.system.step_mode import AgentSystem
-from stepagent.tools.functions import tool
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stepagent.messages import InputMessage
+    from stepagent.system.local import LocalAgentSystem
+    from stepagent.system.step_mode import AgentSystem
+    from stepagent.tools.functions import tool
 
 __all__ = ["AgentSystem", "InputMessage", "LocalAgentSystem", "tool"]
+
+_LOCATIONS = {
+    "AgentSystem": "stepagent.system.step_mode",
+    "InputMessage": "stepagent.messages",
+    "LocalAgentSystem": "stepagent.system.local",
+    "tool": "stepagent.tools.functions",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LOCATIONS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stepagent' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
