@@ -206,3 +206,26 @@ async def test_a_compaction_thread_never_triggers_its_own_compaction() -> None:
     for child in compaction_children(h, "t1"):
         assert not compaction_children(h, child)
     assert (await h.history("t1"))[-1] == AssistantText("ok")
+
+
+async def test_a_trigger_measured_before_the_summary_landed_starts_no_second_compaction() -> None:
+    """Reference issue #64: a step that loaded the thread before the summary landed reports the old, high
+    usage after the compaction finished. Its request names the same (old) state as the first one, so the
+    thread drops it as already processed."""
+    from stepagent.core.step import ThreadStep
+    from stepagent.providers.base import Usage
+
+    h = Harness(ScriptedProvider(compacting_script()))
+    await h.say("t1", "hello", "m0")
+    stale = await HistoryManager.load(h.conversation, h.state, "t1")  # before any summary
+    step = ThreadStep(h.conversation, h.state, h.config, h.observer, "t1")
+    await step._maybe_trigger_compaction(stale, Usage(input_tokens=1900), 2000)
+    await h.run()  # the first compaction runs to completion
+    assert len(compaction_children(h, "t1")) == 1
+    await step._maybe_trigger_compaction(stale, Usage(input_tokens=1900), 2000)  # the stale trigger
+    await h.run()
+    assert len(compaction_children(h, "t1")) == 1
+    fresh = await HistoryManager.load(h.conversation, h.state, "t1")
+    await step._maybe_trigger_compaction(fresh, Usage(input_tokens=1900), 2000)  # a real new need
+    await h.run()
+    assert len(compaction_children(h, "t1")) == 2

@@ -198,24 +198,21 @@ class ThreadStep:
     async def _maybe_trigger_compaction(
         self, history: HistoryManager, usage: Usage | None, window: int
     ) -> None:
-        """Ask this thread to compact itself. The request is an input like any other, so it is ordered
-        with the thread's other inputs; its preparation takes the durable claim, so a request sent while a
-        compaction runs is dropped there. The id depends on the committed version: a re-run of this step
-        re-sends the same request."""
+        """Ask this thread to compact itself, with an input ordered like any other.
+
+        The request's id names what would be compacted (the summary the thread already has) and the lease
+        period, so every trigger between two compactions sends the same request: the queue's dedup and the
+        thread's processed ids keep all but the first, including a trigger from a step that measured its
+        usage before the last summary landed (reference issue #64). Preparing the request takes the
+        durable claim (two compactions never overlap); once a lease period has passed without a new
+        summary — a compaction child that never finished — the id changes and compaction is tried again."""
         if not should_compact(usage, window, self.config.compaction_threshold):
             return
         if history.info is not None and history.info.kind == ThreadKind.COMPACTION:
             return
-        request_id = derived_id("compaction-request", self.thread_id, str(history.version))
-        # Claim when triggering, not only when the request is prepared: while a compaction runs (until
-        # this thread processes its compaction_complete) nothing is sent, so a step whose usage was
-        # measured before the summary landed cannot start a second compaction right after it (reference
-        # issue #64). Preparing the request re-claims with the same id, which succeeds.
-        claimed = await self.state.claim_compaction(
-            self.thread_id, request_id, self.config.clock(), self.config.compaction_lease_seconds
-        )
-        if not claimed:
-            return
+        epoch = int(self.config.clock() // self.config.compaction_lease_seconds)
+        covered = str(history.compacted_up_to or 0)
+        request_id = derived_id("compaction-request", self.thread_id, covered, str(epoch))
         request = InputMessage(content=TextContent(text=""), group_id=self.thread_id, synthetic=Compaction())
         await self.config.sender.send(request, request_id)
         self.emit(Info("✦ Auto-compaction triggered (context > 75%)"))
