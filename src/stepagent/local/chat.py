@@ -22,8 +22,10 @@ from importlib import resources
 from typing import Any, TextIO
 
 from stepagent.aws.settings import Settings
+from stepagent.errors import ConfigurationError
 from stepagent.local.poller import SqsEventSource
 from stepagent.local.stack import EmbeddedMoto, create_resources, use_fake_credentials
+from stepagent.providers.base import ModelProvider
 
 LOCAL_PREFIX = "stepagent-local"
 
@@ -168,6 +170,9 @@ async def run_chat(*, say: list[str], thread_id: str | None, idle_timeout: float
         # The handlers log structured JSON for CloudWatch; at a terminal only problems are worth showing.
         os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
     model, demo = choose_model(os.environ)
+    # Build the model provider before the local stack swaps in throwaway credentials: a bedrock: model
+    # needs the real AWS credentials, while the tables and queues live on the local endpoint.
+    provider = _bedrock_with_real_credentials(model) if model.startswith("bedrock:") else None
     moto: EmbeddedMoto | None = None
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
@@ -198,10 +203,34 @@ async def run_chat(*, say: list[str], thread_id: str | None, idle_timeout: float
             thread_id=thread_id or f"chat-{uuid.uuid4().hex[:8]}",
             idle_timeout=idle_timeout,
             demo=demo,
+            provider=provider,
         )
     finally:
         if moto is not None:
             moto.stop()
+
+
+def _bedrock_with_real_credentials(model: str) -> ModelProvider:
+    import boto3
+
+    from stepagent.providers.factory import make_provider
+
+    credentials = boto3.Session().get_credentials()
+    if credentials is None:
+        raise ConfigurationError(
+            f"STEPAGENT_MODEL={model} needs AWS credentials (environment, profile or SSO) to call Bedrock"
+        )
+    frozen = credentials.get_frozen_credentials()
+    environ = {
+        "AWS_ACCESS_KEY_ID": frozen.access_key,
+        "AWS_SECRET_ACCESS_KEY": frozen.secret_key,
+        "AWS_REGION": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1",
+    }
+    if frozen.token:
+        environ["AWS_SESSION_TOKEN"] = frozen.token
+    if os.environ.get("AWS_ENDPOINT_URL_BEDROCK_RUNTIME"):
+        environ["AWS_ENDPOINT_URL_BEDROCK_RUNTIME"] = os.environ["AWS_ENDPOINT_URL_BEDROCK_RUNTIME"]
+    return make_provider(model, environ=environ)
 
 
 async def _serve_tool_servers(
@@ -234,7 +263,13 @@ async def _serve_tool_servers(
 
 
 async def _chat(
-    settings: Settings, *, say: list[str], thread_id: str, idle_timeout: float, demo: bool
+    settings: Settings,
+    *,
+    say: list[str],
+    thread_id: str,
+    idle_timeout: float,
+    demo: bool,
+    provider: ModelProvider | None,
 ) -> int:
     from stepagent.aws.runtime import AwsRuntime
     from stepagent.messages import InputMessage
@@ -242,7 +277,7 @@ async def _chat(
     printer = Printer(thread_id)
     async with contextlib.AsyncExitStack() as stack:
         settings = await _serve_tool_servers(stack, settings, demo, printer)
-        runtime = await stack.enter_async_context(AwsRuntime.open(settings))
+        runtime = await stack.enter_async_context(AwsRuntime.open(settings, provider=provider))
         sqs = runtime.sqs
         assert settings.input_queue_url and settings.tool_queue_url and settings.delay_queue_url
         assert settings.output_queue_url
