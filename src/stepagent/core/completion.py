@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from stepagent.core import texts
 from stepagent.core.history import HistoryManager
 from stepagent.core.ids import completion_id
-from stepagent.errors import ProviderError, ToolError, TransientError
+from stepagent.errors import InvariantViolation, ProviderError, ToolError, TransientError
 from stepagent.events import (
     AgentEvent,
     Info,
@@ -225,7 +225,7 @@ class CompletionRunner:
         """Consume one stream. Returns ``True`` when it ended with ``Final``."""
         history = self.history
         if not history.turn_buffer_is_empty:
-            raise AssertionError("bug: a round started with a non-empty turn buffer")
+            raise InvariantViolation("bug: a round started with a non-empty turn buffer")
         async for event in self._until_cancelled(self.provider.stream(self._request())):
             if self.cancel is not None and self.cancel.is_set():
                 self._end_thinking()
