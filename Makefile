@@ -62,3 +62,11 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) $(SAM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+
+## soak: the long reliability runs, not part of make test (see docs/reliability.md): 1,000 crash runs
+## through the worker on moto, 10,000 in memory with a fresh seed, 50 threads x 20 steps of load
+.PHONY: soak
+soak: setup
+	@seed=$${STEPAGENT_CRASH_SEED:-$$(date +%s)}; echo "soak: STEPAGENT_CRASH_SEED=$$seed"; \
+		STEPAGENT_SOAK=1 STEPAGENT_MOTO_CRASH_RUNS=1000 STEPAGENT_CRASH_RUNS=10000 STEPAGENT_CRASH_SEED=$$seed \
+		$(PY) -m pytest tests/reliability -q

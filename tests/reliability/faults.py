@@ -6,8 +6,10 @@ swallow it: it models the process dying (a Lambda timeout or OOM) between two I/
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,3 +106,87 @@ class FifoQueue:
     def ack(self, received: list[Received]) -> None:
         ids = {id(r) for r in received}
         self.messages = [m for m in self.messages if id(m) not in ids]
+
+
+# ---- appended for the crash-injection matrix (tests/reliability/test_crash_matrix.py) ---------------------
+
+#: Which simulated Lambda invocation the current task belongs to (tasks inherit it from the invocation that
+#: created them, e.g. through ``asyncio.gather``).
+INVOCATION: ContextVar[int] = ContextVar("stepagent_test_invocation", default=0)
+
+
+@dataclass
+class CrashPlan(FaultPlan):
+    """A ``FaultPlan`` with several crash points and process-death semantics.
+
+    A crash kills the whole invocation, not just the task that hit the crash point: concurrently running
+    steps of the same invocation (``AgentSystem.step`` gathers one task per thread) raise
+    ``InjectedCrash`` at their next I/O call, so a dead invocation never writes again — as when a Lambda
+    sandbox is killed. Those "zombie" calls are not counted: they perform no I/O."""
+
+    crash_points: frozenset[int] = frozenset()
+    dead: set[int] = field(default_factory=set)
+    crashes: int = 0
+
+    def tick(self, name: str) -> None:
+        invocation = INVOCATION.get()
+        if invocation in self.dead:
+            raise InjectedCrash(f"I/O ({name}) from invocation {invocation}, which already died")
+        self.calls += 1
+        self.log.append(name)
+        if self.calls in self.crash_points:
+            self.crashed = True
+            self.crashes += 1
+            self.dead.add(invocation)
+            raise InjectedCrash(f"crash before I/O #{self.calls} ({name})")
+
+
+async def in_invocation(number: int, work: Callable[[], Awaitable[Any]]) -> Any:
+    """Run ``work`` as simulated invocation ``number`` (in its own task, so the context var does not leak)."""
+
+    async def run() -> Any:
+        INVOCATION.set(number)
+        return await work()
+
+    return await asyncio.create_task(run())
+
+
+class FaultyProvider:
+    """Wraps a model provider: opening the stream is one I/O call, and so is every pull of the next event
+    after the first (a crash *mid-stream*, between two chunks the step has already consumed)."""
+
+    def __init__(self, inner: Any, plan: FaultPlan, label: str = "model") -> None:
+        self.inner = inner
+        self.plan = plan
+        self.label = label
+
+    @property
+    def info(self) -> Any:
+        return self.inner.info
+
+    async def stream(self, request: Any) -> AsyncIterator[Any]:
+        self.plan.tick(f"{self.label}.stream")
+        async for event in self.inner.stream(request):
+            yield event
+            self.plan.tick(f"{self.label}.stream:next")
+
+
+@dataclass
+class MixedFifoQueue(FifoQueue):
+    """A ``FifoQueue`` whose batches may span several message groups, as an SQS FIFO batch does: the first
+    ``limit`` messages in queue order (a prefix, so each group's messages stay in order and a group is
+    never delivered past one of its own undelivered messages). Records every body sent per
+    ``(group, dedup id)`` so a test can require deterministic dedup ids (same id, same body)."""
+
+    bodies: dict[tuple[str, str], str] = field(default_factory=dict)
+    conflicting_bodies: list[tuple[str, str]] = field(default_factory=list)
+
+    async def send(self, message: InputMessage, dedup_id: str) -> None:
+        key = (message.group_id, dedup_id)
+        body = message.model_dump_json()
+        if self.bodies.setdefault(key, body) != body:
+            self.conflicting_bodies.append(key)
+        await super().send(message, dedup_id)
+
+    def receive_any(self, limit: int = 10) -> list[Received]:
+        return list(self.messages[:limit])

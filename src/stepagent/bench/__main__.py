@@ -1,0 +1,277 @@
+"""``make bench`` (``python -m stepagent.bench``): run every benchmark, write ``docs/benchmarks.json`` and
+the charts ``docs/bench-*.png``.
+
+Sections of the JSON (each with its own method notes):
+
+- ``cold_import``: the worker handler's cold import in fresh interpreters, against the 300 ms target, with
+  the ``-X importtime`` attribution;
+- ``step_overhead``: one worker step excluding the model, at 10 → 10,000 stored rows, all in context or
+  compacted to 10, on the in-memory, SQLite and DynamoDB-on-moto stores, with AWS calls per step;
+- ``local_mode``: local-mode steps per second;
+- ``memory``: the retained-growth gate (normal run and traps) and per-step peaks (see
+  :mod:`stepagent.bench.memory`), each measured in a fresh process.
+
+Options: ``--quick`` (a smoke run with tiny counts; its numbers mean nothing), ``--skip-moto``,
+``--skip-memory``, ``--out-dir`` (default: the repository's ``docs/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from stepagent.bench.imports import cold_import, import_costs
+from stepagent.bench.overhead import (
+    as_dict,
+    dynamodb_overhead,
+    local_mode_rate,
+    local_store_overhead,
+    moto_dynamodb,
+)
+from stepagent.bench.png import Series, line_plot
+
+ROOT = Path(__file__).resolve().parents[3]
+IMPORT_TARGET_MS = 300
+# spec/bounded-history.md S6: step overhead excluding the model, against a local store.
+OVERHEAD_TARGETS_MS = {1_000: 150, 10_000: 1_500}
+SIZES = (10, 100, 1_000, 10_000)
+
+
+async def overheads(quick: bool, skip_moto: bool) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    for store in ("memory", "sqlite"):
+        for rows in SIZES:
+            for in_context in sorted({rows, min(rows, 10)}):
+                results.append(as_dict(await local_store_overhead(store, rows, in_context, quick=quick)))
+                print(
+                    f"  {store} {rows} rows, {in_context} in context: {results[-1]['median_ms']} ms",
+                    flush=True,
+                )
+    if skip_moto:
+        return results
+    async with moto_dynamodb() as moto:
+        for rows in SIZES:
+            for in_context in sorted({rows, min(rows, 10)}):
+                results.append(as_dict(await dynamodb_overhead(moto, rows, in_context, quick=quick)))
+                print(
+                    f"  moto {rows} rows, {in_context} in context: {results[-1]['median_ms']} ms", flush=True
+                )
+    return results
+
+
+def memory_runs(quick: bool) -> dict[str, Any]:
+    """The memory measurements, each in a fresh process (two at a time)."""
+    jobs: list[tuple[str, list[str]]] = []
+    for variant in ("normal", "retaining", "per-thread-cache", "creep"):
+        extra = ["--measured", "120"] if quick else []
+        jobs.append((f"retained/{variant}", ["retained", "--variant", variant, *extra]))
+    peaks = [(10, 10), (1_000, 10), (10_000, 10), (10_000, 100), (100, 100), (1_000, 1_000)]
+    for rows, in_context in peaks:
+        jobs.append(
+            (f"peak/{rows}/{in_context}", ["peak", "--rows", str(rows), "--in-context", str(in_context)])
+        )
+    jobs.append(
+        ("peak/10000/10/holding", ["peak", "--rows", "10000", "--in-context", "10", "--variant", "holding"])
+    )
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="stepagent-bench-memory-") as folder:
+        for start in range(0, len(jobs), 2):
+            running = []
+            for name, args in jobs[start : start + 2]:
+                out = os.path.join(folder, name.replace("/", "_") + ".json")
+                command = [sys.executable, "-m", "stepagent.bench.memory", *args, "--out", out]
+                running.append((name, out, subprocess.Popen(command, stdout=subprocess.DEVNULL)))
+            for name, out, process in running:
+                if process.wait() != 0:
+                    raise RuntimeError(f"memory measurement {name} failed")
+                with open(out, encoding="utf-8") as handle:
+                    results[name] = json.load(handle)
+                print(f"  memory {name} done", flush=True)
+    retained = {
+        name.split("/")[1]: {
+            "passes_gate": not run["failures"],
+            "failures": run["failures"],
+            "checkpoint_deltas_bytes": [round(c - run["baseline"]) for c in run["checkpoints"]],
+            "fitted_late_growth_bytes": round(run["fitted_growth"]),
+            "interval_steps": run["interval"],
+            "warmup_steps": run["warmup_steps"],
+            "steps": run["steps"],
+            "compactions": run["compactions"],
+            "tool_results": run["tool_results"],
+            "threads_seen": run["threads_seen"],
+        }
+        for name, run in results.items()
+        if name.startswith("retained/")
+    }
+    peaks_out = [
+        {key: run[key] for key in ("variant", "rows", "in_context", "peak", "rows_read", "maxrss_growth_kb")}
+        for name, run in results.items()
+        if name.startswith("peak/")
+    ]
+    return {"retained": retained, "peaks": peaks_out}
+
+
+def charts(results: dict[str, Any], out_dir: Path) -> list[str]:
+    written: list[str] = []
+
+    def save(name: str, data: bytes) -> None:
+        (out_dir / name).write_bytes(data)
+        written.append(name)
+
+    def shape(row: dict[str, Any], compacted: bool) -> bool:
+        """Whether a measurement belongs to the compacted (10 in context) or the all-in-context line; the
+        10-row measurement belongs to both."""
+        return bool(row["in_context"] == (min(row["rows"], 10) if compacted else row["rows"]))
+
+    overhead = results["step_overhead"]
+    series = []
+    for store in ("memory", "sqlite", "dynamodb-moto"):
+        for compacted in (False, True):
+            points = sorted(
+                (float(r["rows"]), float(r["median_ms"]))
+                for r in overhead
+                if r["store"] == store and shape(r, compacted)
+            )
+            if points:
+                label = f"{store}, {'compacted to 10' if compacted else 'all in context'}"
+                series.append(Series(label, points, dashed=compacted))
+    save(
+        "bench-step-overhead.png",
+        line_plot(
+            "Step overhead, model excluded",
+            "stored rows",
+            "median ms per step",
+            series,
+            log_x=True,
+            log_y=True,
+        ),
+    )
+    moto = [r for r in overhead if r["store"] == "dynamodb-moto"]
+    if moto:
+        calls = [
+            Series(
+                "AWS calls, " + ("compacted to 10" if compacted else "all in context"),
+                sorted(
+                    (float(r["rows"]), float(sum(r["calls_per_step"].values())))
+                    for r in moto
+                    if shape(r, compacted)
+                ),
+                dashed=compacted,
+            )
+            for compacted in (False, True)
+        ]
+        save(
+            "bench-store-calls.png",
+            line_plot("DynamoDB calls per step", "stored rows", "calls", calls, log_x=True, y_min=0),
+        )
+    memory = results.get("memory")
+    if memory:
+        retained = [
+            Series(
+                f"{variant} ({'passes' if run['passes_gate'] else 'fails'})",
+                [(0.0, 0.0)]
+                + [
+                    ((k + 1.0) * run["interval_steps"], delta / 1024)
+                    for k, delta in enumerate(run["checkpoint_deltas_bytes"])
+                ],
+            )
+            for variant, run in memory["retained"].items()
+            if variant != "retaining"  # megabytes: off this chart (see benchmarks.json)
+        ]
+        save(
+            "bench-retained-memory.png",
+            line_plot("Retained heap after warm-up", "warm steps", "KiB over baseline", retained),
+        )
+
+        def peak_kind(peak: dict[str, Any]) -> list[str]:
+            if peak["variant"] == "holding":
+                return ["holding trap"]
+            return [
+                label
+                for label, compacted in (("compacted to 10", True), ("all in context", False))
+                if shape(peak, compacted)
+            ]
+
+        peak_series = []
+        for label in ("compacted to 10", "all in context", "holding trap"):
+            points = sorted(
+                {(float(p["rows"]), p["peak"] / 2**20) for p in memory["peaks"] if label in peak_kind(p)}
+            )
+            if points:
+                peak_series.append(Series(label, points))
+        save(
+            "bench-step-peak.png",
+            line_plot("Traced peak of one step", "stored rows", "MiB", peak_series, log_x=True, log_y=True),
+        )
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m stepagent.bench", description="stepagent benchmarks")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "docs")
+    parser.add_argument("--quick", action="store_true", help="tiny counts: a smoke run, not a measurement")
+    parser.add_argument("--skip-moto", action="store_true")
+    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument(
+        "--charts-only", action="store_true", help="redraw the charts from an existing benchmarks.json"
+    )
+    args = parser.parse_args(argv)
+    logging.getLogger("stepagent").setLevel(logging.WARNING)  # the worker logs every step at INFO
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out = args.out_dir / "benchmarks.json"
+    if args.charts_only:
+        print(", ".join(charts(json.loads(out.read_text(encoding="utf-8")), args.out_dir)))
+        return
+
+    results: dict[str, Any] = {
+        "generated_by": "make bench (python -m stepagent.bench)" + (" --quick" if args.quick else ""),
+        "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
+        "environment": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
+    }
+    print("cold import ...", flush=True)
+    imports = cold_import(ROOT, runs=3 if args.quick else 9)
+    imports["target_ms"] = IMPORT_TARGET_MS
+    imports["within_target"] = imports["import_ms_median"] <= IMPORT_TARGET_MS
+    imports["costs"] = import_costs(ROOT)
+    results["cold_import"] = imports
+    print("step overhead ...", flush=True)
+    results["step_overhead"] = asyncio.run(overheads(args.quick, args.skip_moto))
+    memory_all = {
+        r["rows"]: r["median_ms"]
+        for r in results["step_overhead"]
+        if r["store"] == "memory" and r["in_context"] == r["rows"]
+    }
+    results["step_overhead_targets"] = {
+        f"{rows} rows all in context (memory store)": {
+            "target_ms": target,
+            "median_ms": memory_all.get(rows),
+            "within_target": memory_all.get(rows, float("inf")) <= target,
+        }
+        for rows, target in OVERHEAD_TARGETS_MS.items()
+    }
+    print("local mode ...", flush=True)
+    results["local_mode"] = asyncio.run(local_mode_rate(quick=args.quick))
+    if not args.skip_memory:
+        print("memory ...", flush=True)
+        results["memory"] = memory_runs(args.quick)
+    results["charts"] = charts(results, args.out_dir)
+    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {out} and {', '.join(results['charts'])}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Work counters: what one step costs the store must not depend on how long the thread's history is, once
+compaction bounds what is in context (``spec/bounded-history.md`` §5 S5; DESIGN §4 "writes per step are
+O(new rows), independent of history length"). Counted, never timed.
+
+The step is the real worker handler (``stepagent.bench.workload``: one record per invocation, outputs
+published) doing a function-tool round trip — a user-text step (load, model, commit, dispatch) and the
+tool-result step (load, model, commit) — on a thread with 10, 1,000 or 10,000 stored rows whose latest
+compaction summary leaves the same 10 rows in context.
+
+- **In-memory stores** behind a counting wrapper: store calls per method, rows read, rows and bytes
+  written (encoded rows) per step are identical at 10, 1,000 and 10,000 rows. Without a summary the rows
+  read grow linearly and nothing grows faster (work ratio at 4N vs N ≤ 4.5: no quadratic path).
+- **DynamoDB on moto** with the store's own :class:`~stepagent.stores.metrics.StoreMetrics`: AWS calls
+  per operation, rows read, items and bytes written per step are identical at 10, 1,000 and 10,000 rows.
+  The big histories are seeded directly with ``BatchWriteItem`` in the store's row layout (committing
+  10,000 rows one step at a time would take minutes on moto); without a summary, the Query pages grow
+  with the rows in context (100 rows a page) and nothing else does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepagent.bench.workload import Workload
+from stepagent.history_items import AssistantText, HistoryItem, Summary, UserItem, encode_item
+from stepagent.messages import InputMessage, TextContent
+from stepagent.stores.base import Commit
+from stepagent.stores.memory import memory_stores
+from stepagent.stores.metrics import StoreMetrics
+from tests.conftest import DynamoEnv
+
+SIZES = (10, 1_000, 10_000)
+IN_CONTEXT = 10
+
+
+def seeded_item(order: int) -> HistoryItem:
+    text = f"row {order:06d} " + f"{order:06d}" * 160  # ~1 KB, unique per row
+    return UserItem(content=TextContent(text=text)) if order % 2 else AssistantText(text)
+
+
+@dataclass
+class Counts:
+    calls: dict[str, int] = field(default_factory=dict)
+    rows_read: int = 0
+    rows_written: int = 0
+    bytes_written: int = 0
+
+
+class Counting:
+    """Wraps an in-memory store: counts each async method call, every row ``load_rows`` yields, and the
+    rows and encoded bytes every commit writes."""
+
+    def __init__(self, inner: Any, counts: Callable[[], Counts], label: str) -> None:
+        self._inner, self._counts, self._label = inner, counts, label
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        counts, label = self._counts, self._label
+        if inspect.isasyncgenfunction(attr):
+
+            async def rows(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+                current = counts()
+                current.calls[f"{label}.{name}"] = current.calls.get(f"{label}.{name}", 0) + 1
+                async for row in attr(*args, **kwargs):
+                    current.rows_read += 1
+                    yield row
+
+            return rows
+        if inspect.iscoroutinefunction(attr):
+
+            async def call(*args: Any, **kwargs: Any) -> Any:
+                current = counts()
+                current.calls[f"{label}.{name}"] = current.calls.get(f"{label}.{name}", 0) + 1
+                if name == "commit":
+                    commit: Commit = args[1]
+                    current.rows_written += len(commit.rows)
+                    current.bytes_written += sum(len(encode_item(i).encode()) for i, _ in commit.rows)
+                return await attr(*args, **kwargs)
+
+            return call
+        return attr
+
+
+async def tool_round_trip(workload: Workload, thread: str) -> int:
+    """User text that makes the model call the function tool; returns how many invocations it took."""
+    await workload.queue.send(InputMessage.user_text(thread, "please look up the weather", id="ask"), "ask")
+    before = workload.steps
+    while workload.queue.pending:
+        await workload.step()
+    return workload.steps - before
+
+
+# ---- in-memory stores --------------------------------------------------------------------------------
+
+
+async def memory_step_costs(rows: int, in_context: int | None) -> list[Counts]:
+    conversation, state = memory_stores()
+    version, order = 0, 0
+    while order < rows:
+        batch = [(seeded_item(n), f"seed-{n}") for n in range(order + 1, min(order + 1000, rows) + 1)]
+        version = (await conversation.commit("t", Commit(expected_version=version, rows=batch))).version
+        order += len(batch)
+    if in_context is not None:
+        await conversation.save_summary("t", Summary("SUMMARY", rows - in_context))
+    per_step: list[Counts] = []
+
+    def current() -> Counts:
+        return per_step[-1]
+
+    workload = Workload.build(
+        Counting(conversation, current, "conversation"),  # type: ignore[arg-type]
+        Counting(state, current, "state"),  # type: ignore[arg-type]
+        compact_after_tokens=10**10,
+    )
+    step = workload.step
+
+    async def counted_step() -> None:
+        per_step.append(Counts())
+        await step()
+
+    workload.step = counted_step  # type: ignore[method-assign]
+    assert await tool_round_trip(workload, "t") == 2
+    return per_step
+
+
+async def test_in_memory_step_costs_do_not_grow_with_history_length() -> None:
+    costs = {rows: await memory_step_costs(rows, IN_CONTEXT) for rows in SIZES}
+    small = costs[SIZES[0]]
+    assert [c.rows_read for c in small] == [IN_CONTEXT, IN_CONTEXT + 3]  # the context (+ user, text, call)
+    assert all(c.rows_written > 0 and c.bytes_written > 0 for c in small)
+    for rows, steps in costs.items():
+        assert steps == small, f"{rows} stored rows cost {steps}, 10 rows cost {small}"
+
+
+async def test_without_compaction_reads_grow_linearly_and_nothing_faster() -> None:
+    n, four_n = await memory_step_costs(250, None), await memory_step_costs(1000, None)
+    for a, b in zip(n, four_n, strict=True):
+        assert b.calls == a.calls and b.bytes_written == a.bytes_written
+        assert b.rows_read / a.rows_read <= 4.5
+
+
+# ---- DynamoDB on moto ----------------------------------------------------------------------------------
+
+
+async def seed_dynamo(env: DynamoEnv, thread: str, rows: int, in_context: int | None) -> None:
+    """A committed history in the store's layout (``stores/dynamodb.py``): a ``HEAD`` item at version 1
+    with ``tail`` = rows, ``R#{order:012d}`` rows written by that commit (``cv`` 1), and a summary
+    ``S#{up_to:012d}``. moto does not enforce BatchWriteItem's 25-item limit, so it takes few calls."""
+    items: list[dict[str, Any]] = [
+        {
+            "pk": {"S": thread},
+            "sk": {"S": "HEAD"},
+            "root_id": {"S": thread},
+            "kind": {"S": "root"},
+            "closed": {"BOOL": False},
+            "version": {"N": "1"},
+            "tail": {"N": str(rows)},
+        }
+    ]
+    items += [
+        {
+            "pk": {"S": thread},
+            "sk": {"S": f"R#{order:012d}"},
+            "message_id": {"S": f"seed-{order}"},
+            "cv": {"N": "1"},
+            "body": {"S": encode_item(seeded_item(order))},
+        }
+        for order in range(1, rows + 1)
+    ]
+    if in_context is not None:
+        items.append(
+            {"pk": {"S": thread}, "sk": {"S": f"S#{rows - in_context:012d}"}, "body": {"S": "SUMMARY"}}
+        )
+    for start in range(0, len(items), 1000):
+        chunk = [{"PutRequest": {"Item": item}} for item in items[start : start + 1000]]
+        response = await env.client.batch_write_item(RequestItems={env.conversation_table: chunk})
+        assert not response.get("UnprocessedItems")
+
+
+async def dynamo_step_costs(env: DynamoEnv, thread: str) -> list[StoreMetrics]:
+    metrics = StoreMetrics()
+    conversation, state = env.stores(metrics=metrics)
+    workload = Workload.build(conversation, state, compact_after_tokens=10**10)
+    per_step: list[StoreMetrics] = []
+    step = workload.step
+
+    async def measured_step() -> None:
+        before = metrics.snapshot()
+        await step()
+        per_step.append(metrics.since(before))
+
+    workload.step = measured_step  # type: ignore[method-assign]
+    assert await tool_round_trip(workload, thread) == 2
+    return per_step
+
+
+async def test_dynamodb_step_costs_do_not_grow_with_history_length(dynamo: DynamoEnv) -> None:
+    for rows in SIZES:
+        await seed_dynamo(dynamo, f"t{rows:05d}", rows, IN_CONTEXT)
+    costs = {rows: await dynamo_step_costs(dynamo, f"t{rows:05d}") for rows in SIZES}  # ids of one length
+    small = costs[SIZES[0]]
+    assert [c.rows_read for c in small] == [IN_CONTEXT, IN_CONTEXT + 3]
+    assert all(c.total_calls > 0 and c.bytes_written > 0 for c in small)
+    for rows, steps in costs.items():
+        assert steps == small, f"{rows} stored rows cost {steps}, 10 rows cost {small}"
+
+
+async def test_dynamodb_reads_without_compaction_grow_only_by_query_pages(dynamo: DynamoEnv) -> None:
+    await seed_dynamo(dynamo, "n-250", 250, None)
+    await seed_dynamo(dynamo, "n1000", 1000, None)
+    n, four_n = await dynamo_step_costs(dynamo, "n-250"), await dynamo_step_costs(dynamo, "n1000")
+    for a, b in zip(n, four_n, strict=True):
+        assert b.rows_read / a.rows_read <= 4.5
+        assert b.bytes_written == a.bytes_written and b.items_written == a.items_written
+        extra_pages = b.calls.get("Query", 0) - a.calls.get("Query", 0)
+        assert 0 < extra_pages <= (1000 - 250) // 100 + 1  # 100-row pages: ~8 more, nothing else
+        assert {op: n for op, n in b.calls.items() if op != "Query"} == {
+            op: n for op, n in a.calls.items() if op != "Query"
+        }
