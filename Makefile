@@ -46,15 +46,15 @@ deploy: $(SAM_STAMP)
 	SAM_CLI_TELEMETRY=0 $(SAM) build
 	SAM_CLI_TELEMETRY=0 $(SAM) deploy --guided
 
-# Called by `sam build` for RuntimeLayer (BuildMethod: makefile): the package and its pinned
-# dependencies, as Lambda (manylinux, CPython 3.11) wheels, so no container is needed; the .pyc files
-# are kept because compiling at cold start is billed.
+# Called by `sam build` for RuntimeLayer (BuildMethod: makefile; samconfig.toml builds in source, so
+# nothing is copied first): stepagent, its pinned dependencies and your tools project (TOOLS_DIR) as Lambda
+# wheels for ARCHITECTURE, so no container is needed. See infra/build_layer.py.
+ARCHITECTURE ?= x86_64
+TOOLS_DIR ?=
+LAYER_AWS_SERVICES ?=
 build-RuntimeLayer:
-	rm -rf "$(ARTIFACTS_DIR)/wheel" && $(PYTHON) -m pip wheel -q --no-deps -w "$(ARTIFACTS_DIR)/wheel" .
-	$(PYTHON) -m pip install -q --target "$(ARTIFACTS_DIR)/python" -c constraints.txt \
-		--platform manylinux2014_x86_64 --implementation cp --python-version 3.11 --only-binary=:all: \
-		"$(ARTIFACTS_DIR)"/wheel/*.whl
-	rm -rf "$(ARTIFACTS_DIR)/wheel"
+	$(PYTHON) infra/build_layer.py --artifacts-dir "$(ARTIFACTS_DIR)" --architecture "$(ARCHITECTURE)" \
+		--tools "$(TOOLS_DIR)" --aws-services "$(LAYER_AWS_SERVICES)"
 
 ## bench: benchmarks, results in docs/benchmarks.json (not part of make test)
 bench: setup

@@ -64,11 +64,39 @@ def moto_endpoint() -> str:
         if _server_url is None:
             from moto.server import ThreadedMotoServer
 
+            _serialize_moto_dynamodb()
             server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
             server.start()
             host, port = server.get_host_and_port()
             _server, _server_url = server, f"http://{host}:{port}"
         return _server_url
+
+
+def _serialize_moto_dynamodb() -> None:
+    """Make moto's DynamoDB answer one request at a time, as isolated as DynamoDB's own.
+
+    moto applies a TransactWriteItems by deep-copying every table (for rollback) while other request
+    threads keep reading and writing them, so concurrent steps (one asyncio task per thread of a batch)
+    fail inside moto with "dictionary changed size during iteration". Real DynamoDB isolates these; one lock
+    over the backend's public methods gives moto the same behaviour (and changes nothing else).
+    """
+    import functools
+
+    from moto.dynamodb.models import DynamoDBBackend
+
+    if getattr(DynamoDBBackend, "_stepagent_serialized", False):
+        return
+    lock = threading.RLock()
+    for name, method in list(vars(DynamoDBBackend).items()):
+        if name.startswith("_") or not callable(method):
+            continue
+
+        def locked(*args: Any, __method: Any = method, **kwargs: Any) -> Any:
+            with lock:
+                return __method(*args, **kwargs)
+
+        setattr(DynamoDBBackend, name, functools.wraps(method)(locked))
+    DynamoDBBackend._stepagent_serialized = True  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 
+from stepagent.aws.layer_check import check_layer
 from stepagent.aws.runtime import TIMER_RELAY, TOOL_RUNNER, WORKER, AwsRuntime, RemainingMs
 
 logger = Logger(service="stepagent")
@@ -54,6 +55,7 @@ def runtime(role: str) -> AwsRuntime:
     """The runtime for ``role``, built on first use (cold start)."""
     built = _runtimes.get(role)
     if built is None:
+        check_layer()
         built = event_loop().run_until_complete(AwsRuntime.create(roles=[role], metrics=metrics()))
         _runtimes[role] = built
     return built
@@ -87,9 +89,13 @@ def _handler(role: str) -> Handler:
                 metrics().flush_metrics()
 
     # The tracer imports the X-Ray SDK (~0.2 s), so it is created at the first invocation, not at import.
+    # No auto-patching: the SDK's patches of aiobotocore/httpx keep one subsegment stack per process, which
+    # the concurrent steps of a batch (one asyncio task per thread) corrupt ("Already ended segment"),
+    # failing every AWS call. The invocation is traced as one segment.
     from aws_lambda_powertools import Tracer
 
-    handler = Tracer(service="stepagent").capture_lambda_handler(invoke, capture_response=False)
+    tracer = Tracer(service="stepagent", auto_patch=False)
+    handler = tracer.capture_lambda_handler(invoke, capture_response=False)
     _handlers[role] = handler
     return handler
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
@@ -30,6 +31,7 @@ import httpx
 
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.outputs import OutputPublisher
+from stepagent.aws.secrets import provider_environment, resolve_secrets
 from stepagent.aws.settings import Settings
 from stepagent.aws.timers import AwsTimers, deliver_due_schedules, handle_delay_batch
 from stepagent.aws.tool_runner import SqsFunctionRunner, handle_tool_batch
@@ -134,9 +136,14 @@ class AwsRuntime:
             list(tools) if tools is not None else (load_toolset(settings.tools) if settings.tools else [])
         )
         runtime.function_tools = {t.name: t for t in runtime.user_tools if isinstance(t, Invocable)}
-        if WORKER in wanted and provider is None:
-            provider = make_provider(str(settings.model))  # reads API keys from the environment
         session = session if session is not None else aws_session(settings)
+        if WORKER in wanted:
+            settings = runtime.settings = await resolve_secrets(settings, session)
+        if WORKER in wanted and provider is None:
+            # API keys: from a secret when STEPAGENT_PROVIDER_API_KEY_ID is set, else the environment.
+            provider = make_provider(
+                str(settings.model), environ=provider_environment(settings, dict(os.environ))
+            )
         try:
             await runtime._open(session, provider, clock)
         except BaseException:

@@ -30,6 +30,8 @@ SETTING_NAMES = (
     "STEPAGENT_CALLBACK_URL",
     "STEPAGENT_CALLBACK_SECRET",
     "STEPAGENT_MCP_SERVERS",
+    "STEPAGENT_CALLBACK_SECRET_ID",
+    "STEPAGENT_PROVIDER_API_KEY_ID",
 )
 
 
@@ -59,6 +61,10 @@ class Settings:
     rap_servers: tuple[str, ...] = ()
     callback_url: str | None = None
     callback_secret: str | None = None
+    # Ids of secrets read at cold start (stepagent.aws.secrets); provider_api_key is filled from the second.
+    callback_secret_id: str | None = None
+    provider_api_key_id: str | None = None
+    provider_api_key: str | None = None
     mcp_servers: tuple[McpServer, ...] = ()
     endpoint_url: str | None = None
     scheduler_role_arn: str | None = None
@@ -105,6 +111,8 @@ class Settings:
             rap_servers=rap,
             callback_url=get("STEPAGENT_CALLBACK_URL"),
             callback_secret=get("STEPAGENT_CALLBACK_SECRET"),
+            callback_secret_id=get("STEPAGENT_CALLBACK_SECRET_ID"),
+            provider_api_key_id=get("STEPAGENT_PROVIDER_API_KEY_ID"),
             mcp_servers=_mcp_servers(get("STEPAGENT_MCP_SERVERS")),
             endpoint_url=get("AWS_ENDPOINT_URL"),
             scheduler_role_arn=get("STEPAGENT_SCHEDULER_ROLE_ARN"),

@@ -3,7 +3,8 @@
 Guarantees:
 
 - Cold start builds everything once (settings, SQS/S3 clients, and — for view updates — the stores);
-  ``STEPAGENT_INPUT_QUEUE_URL`` and ``STEPAGENT_CALLBACK_SECRET`` are required (one
+  ``STEPAGENT_INPUT_QUEUE_URL`` and the callback key (``STEPAGENT_CALLBACK_SECRET``, or a secret named by
+  ``STEPAGENT_CALLBACK_SECRET_ID``, read once) are required (one
   :class:`~stepagent.errors.ConfigurationError` names what is missing). Every invocation runs on the
   process's one event loop (:func:`stepagent.aws.lambda_entry.event_loop`), where the clients live.
 - Authentication, validation and conversion are :func:`~stepagent.rap.receiver.receive_function_url_event`.
@@ -23,7 +24,9 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from stepagent.aws.clients import aws_session, client
+from stepagent.aws.layer_check import check_layer
 from stepagent.aws.outputs import OutputPublisher
+from stepagent.aws.secrets import resolve_secrets
 from stepagent.aws.settings import Settings
 from stepagent.rap.receiver import (
     INTERNAL_ERROR_BODY,
@@ -55,8 +58,9 @@ class RapReceiverRuntime:
     @classmethod
     async def create(cls, settings: Settings | None = None, *, session: Any = None) -> RapReceiverRuntime:
         settings = settings if settings is not None else Settings.from_env()
-        settings.require("STEPAGENT_INPUT_QUEUE_URL", "STEPAGENT_CALLBACK_SECRET")
         session = session if session is not None else aws_session(settings)
+        settings = await resolve_secrets(settings, session)
+        settings.require("STEPAGENT_INPUT_QUEUE_URL", "STEPAGENT_CALLBACK_SECRET")
         stack = AsyncExitStack()
         try:
             sqs = await stack.enter_async_context(client(session, "sqs", settings))
@@ -127,6 +131,7 @@ def rap_receiver_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
     loop = event_loop()
     if _runtime is None:
+        check_layer()
         _runtime = loop.run_until_complete(RapReceiverRuntime.create())
     return loop.run_until_complete(_runtime.handle(event))
 

@@ -1,0 +1,90 @@
+"""Secrets read at cold start: the RAP callback key and the model provider's API key.
+
+Guarantees:
+
+- A deployed stack refers to its secrets by id, never by value: ``STEPAGENT_CALLBACK_SECRET_ID`` and
+  ``STEPAGENT_PROVIDER_API_KEY_ID`` name a Secrets Manager secret (name or ARN; its ``SecretString``) or an
+  SSM SecureString parameter (``ssm:<name>`` or a parameter ARN, read decrypted).
+- Each secret is read once per process, when the runtime is built (cold start), and kept in memory only;
+  nothing is written back to the environment.
+- A secret that cannot be read, or is empty, fails start with one
+  :class:`~stepagent.errors.ConfigurationError` naming the variable and what AWS said.
+- The plain values (``STEPAGENT_CALLBACK_SECRET``; the provider's ``ANTHROPIC_API_KEY``/``OPENAI_API_KEY``)
+  still work, for local use; setting ``STEPAGENT_CALLBACK_SECRET`` together with its ``_ID`` is an error,
+  since which one wins would be a guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from stepagent.aws.clients import client
+from stepagent.aws.settings import Settings
+from stepagent.errors import ConfigurationError
+
+
+def _is_ssm(secret_id: str) -> bool:
+    return secret_id.startswith("ssm:") or (secret_id.startswith("arn:") and ":ssm:" in secret_id)
+
+
+def _ssm_name(secret_id: str) -> str:
+    # GetParameter takes a name or an ARN; only the ``ssm:`` prefix is ours.
+    return secret_id.removeprefix("ssm:")
+
+
+async def read_secret(session: Any, settings: Settings, variable: str, secret_id: str) -> str:
+    """The value of ``secret_id`` (see the module docstring for the forms); ``variable`` names the setting
+    in errors."""
+    try:
+        if _is_ssm(secret_id):
+            async with client(session, "ssm", settings) as ssm:
+                found = await ssm.get_parameter(Name=_ssm_name(secret_id), WithDecryption=True)
+            value = str(found.get("Parameter", {}).get("Value") or "")
+        else:
+            async with client(session, "secretsmanager", settings) as secrets:
+                found = await secrets.get_secret_value(SecretId=secret_id)
+            value = str(found.get("SecretString") or "")
+    except Exception as error:
+        raise ConfigurationError(f"{variable}={secret_id!r} could not be read: {error}") from None
+    if not value.strip():
+        raise ConfigurationError(f"{variable}={secret_id!r} is empty")
+    return value.strip()
+
+
+async def resolve_secrets(settings: Settings, session: Any) -> Settings:
+    """``settings`` with ``callback_secret`` and ``provider_api_key`` filled in from their ids."""
+    if settings.callback_secret_id:
+        if settings.callback_secret:
+            raise ConfigurationError(
+                "set only one of STEPAGENT_CALLBACK_SECRET and STEPAGENT_CALLBACK_SECRET_ID"
+            )
+        settings = dataclasses.replace(
+            settings,
+            callback_secret=await read_secret(
+                session, settings, "STEPAGENT_CALLBACK_SECRET_ID", settings.callback_secret_id
+            ),
+        )
+    if settings.provider_api_key_id:
+        settings = dataclasses.replace(
+            settings,
+            provider_api_key=await read_secret(
+                session, settings, "STEPAGENT_PROVIDER_API_KEY_ID", settings.provider_api_key_id
+            ),
+        )
+    return settings
+
+
+def provider_environment(settings: Settings, environ: dict[str, str]) -> dict[str, str] | None:
+    """The environment for :func:`~stepagent.providers.factory.make_provider` when the API key came from a
+    secret (its usual variable set in a copy of ``environ``), else ``None`` (use the process environment)."""
+    if not settings.provider_api_key:
+        return None
+    provider = (settings.model or "").partition(":")[0]
+    names = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+    if provider not in names:
+        raise ConfigurationError(
+            f"STEPAGENT_PROVIDER_API_KEY_ID is set, but STEPAGENT_MODEL={settings.model!r} takes no API key "
+            "(only anthropic: and openai: models do)"
+        )
+    return {**environ, names[provider]: settings.provider_api_key}

@@ -1,0 +1,198 @@
+"""``template.yaml`` keeps every production property it promises (so a later edit cannot drop one silently).
+
+cfn-lint and ``sam validate --lint`` run in ``make lint-template``; this reads the template itself and
+evaluates it for a few parameter sets, as CloudFormation would.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.artifact.template_env import Evaluator, load_template
+
+ROOT = Path(__file__).resolve().parents[2]
+FUNCTIONS = ("WorkerFunction", "ToolRunnerFunction", "TimerRelayFunction", "RapReceiverFunction")
+
+
+class Physical(dict[str, str]):
+    """Physical values, with a placeholder for any resource a check does not care about."""
+
+    def __missing__(self, name: str) -> str:
+        return f"<{name}>"
+
+
+PHYSICAL = Physical(
+    {
+        "ConversationTable": "conv",
+        "StateTable": "state",
+        "InputQueue": "https://sqs/input.fifo",
+        "OutputQueue": "https://sqs/output.fifo",
+        "DelayQueue": "https://sqs/delay",
+        "ToolQueue": "https://sqs/tool",
+        "BlobBucket": "bucket",
+        "CallbackSecret": "arn:aws:secretsmanager:us-east-1:123456789012:secret:cb-abcdef",
+        "SchedulerRole.Arn": "arn:aws:iam::123456789012:role/s",
+        "DelayDeadLetterQueue.Arn": "arn:aws:sqs:us-east-1:123456789012:delay-dlq",
+        "RapReceiverFunctionUrl.FunctionUrl": "https://receiver.lambda-url.us-east-1.on.aws/",
+        "InputDeadLetterQueue.QueueName": "input-dlq.fifo",
+        "ToolDeadLetterQueue.QueueName": "tool-dlq",
+        "InputQueue.QueueName": "input.fifo",
+        "WorkerFunction": "worker-fn",
+        "WorkerLogGroup": "worker-logs",
+        "ToolRunnerLogGroup": "tool-logs",
+        "TimerRelayLogGroup": "relay-logs",
+        "RapReceiverLogGroup": "receiver-logs",
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return load_template()
+
+
+def evaluate(template: dict[str, Any], region: str = "us-east-1", **parameters: str) -> Evaluator:
+    return Evaluator(template, PHYSICAL, parameters, region=region)
+
+
+def resources_of(template: dict[str, Any], kind: str) -> dict[str, Any]:
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == kind}
+
+
+def test_every_function_logs_to_its_own_group_with_the_retention_parameter(template: dict[str, Any]) -> None:
+    groups = resources_of(template, "AWS::Logs::LogGroup")
+    assert template["Parameters"]["LogRetentionDays"]["Default"] == 30
+    for name in FUNCTIONS:
+        group = template["Resources"][name]["Properties"]["LoggingConfig"]["LogGroup"]
+        assert group["Ref"] in groups
+        assert groups[group["Ref"]]["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
+
+
+def test_alarms_watch_the_dlqs_worker_errors_and_input_age(template: dict[str, Any]) -> None:
+    watched = set()
+    for name, alarm in resources_of(template, "AWS::CloudWatch::Alarm").items():
+        props = alarm["Properties"]
+        dimension = props["Dimensions"][0]["Value"]
+        target = dimension.get("Fn::GetAtt", [dimension.get("Ref")])[0]
+        watched.add((props["MetricName"], target))
+        with_topic = evaluate(template, AlarmTopicArn="arn:aws:sns:us-east-1:1:ops").value(props)
+        assert with_topic["AlarmActions"] == ["arn:aws:sns:us-east-1:1:ops"], name
+        assert "AlarmActions" not in evaluate(template).value(props), name
+    assert {
+        ("ApproximateNumberOfMessagesVisible", "InputDeadLetterQueue"),
+        ("ApproximateNumberOfMessagesVisible", "ToolDeadLetterQueue"),
+        ("Errors", "WorkerFunction"),
+        ("ApproximateAgeOfOldestMessage", "InputQueue"),
+    } <= watched
+
+
+def test_fan_out_is_bounded(template: dict[str, Any]) -> None:
+    worker = template["Resources"]["WorkerFunction"]["Properties"]
+    scaling = worker["Events"]["Inputs"]["Properties"]["ScalingConfig"]
+    assert scaling == {"MaximumConcurrency": {"Ref": "WorkerMaxConcurrency"}}
+    receiver = template["Resources"]["RapReceiverFunction"]["Properties"]
+    assert receiver["FunctionUrlConfig"]["AuthType"] == "NONE"
+    assert evaluate(template).value(receiver["ReservedConcurrentExecutions"]) == "5"
+    assert (
+        evaluate(template, ReceiverReservedConcurrency="0").value(
+            {"x": receiver["ReservedConcurrentExecutions"]}
+        )
+        == {}
+    )
+
+
+def test_conversations_survive_deleting_the_stack_unless_opted_out(template: dict[str, Any]) -> None:
+    assert template["Parameters"]["DataDeletionPolicy"]["Default"] == "Retain"
+    for name in ("ConversationTable", "StateTable", "BlobBucket"):
+        resource = template["Resources"][name]
+        assert resource["DeletionPolicy"] == {"Ref": "DataDeletionPolicy"}, name
+        assert resource["UpdateReplacePolicy"] == {"Ref": "DataDeletionPolicy"}, name
+    assert "AWS::LanguageExtensions" in template["Transform"]  # makes a parameter valid there
+
+
+def test_each_function_gets_only_its_environment_and_no_secret_values(template: dict[str, Any]) -> None:
+    common = {
+        "STEPAGENT_INPUT_QUEUE_URL",
+        "STEPAGENT_BLOB_BUCKET",
+        "POWERTOOLS_SERVICE_NAME",
+        "POWERTOOLS_METRICS_NAMESPACE",
+    }
+    env = {name: evaluate(template).environment(name) for name in FUNCTIONS}
+    assert set(env["TimerRelayFunction"]) == common
+    assert set(env["ToolRunnerFunction"]) == common | {"STEPAGENT_TOOLS", "STEPAGENT_MCP_SERVERS"}
+    assert set(env["RapReceiverFunction"]) == common | {
+        "STEPAGENT_OUTPUT_QUEUE_URL",
+        "STEPAGENT_CONVERSATION_TABLE",
+        "STEPAGENT_STATE_TABLE",
+        "STEPAGENT_CALLBACK_SECRET_ID",
+    }
+    assert "STEPAGENT_CALLBACK_SECRET_ID" in env["WorkerFunction"]
+    for name, variables in env.items():
+        for forbidden in ("STEPAGENT_CALLBACK_SECRET", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
+            assert forbidden not in variables, f"{name} carries {forbidden} as a plain value"
+    with_key = evaluate(template, Model="anthropic:claude-sonnet-4-6", ProviderApiKeySecret="anthropic-key")
+    assert with_key.environment("WorkerFunction")["STEPAGENT_PROVIDER_API_KEY_ID"] == "anthropic-key"
+    assert "STEPAGENT_PROVIDER_API_KEY_ID" not in env["WorkerFunction"]
+
+
+def policies(template: dict[str, Any], function: str, **parameters: str) -> str:
+    return repr(
+        evaluate(template, **parameters).value(template["Resources"][function]["Properties"]["Policies"])
+    )
+
+
+def test_secrets_are_readable_only_by_the_functions_that_use_them(template: dict[str, Any]) -> None:
+    secret = template["Resources"]["CallbackSecret"]
+    assert secret["Type"] == "AWS::SecretsManager::Secret" and "GenerateSecretString" in secret["Properties"]
+    for name in ("WorkerFunction", "RapReceiverFunction"):
+        assert "AWSSecretsManagerGetSecretValuePolicy" in policies(template, name)
+    for name in ("ToolRunnerFunction", "TimerRelayFunction"):
+        assert "secretsmanager" not in policies(template, name).lower()
+    by_name = policies(template, "WorkerFunction", ProviderApiKeySecret="anthropic-key", Model="anthropic:x")
+    assert "secret:anthropic-key-??????" in by_name
+
+
+def test_bedrock_permissions_only_for_a_bedrock_model(template: dict[str, Any]) -> None:
+    default = policies(template, "WorkerFunction")
+    assert "bedrock:InvokeModelWithResponseStream" in default
+    assert ":inference-profile/*" in default and "::foundation-model/*" in default
+    assert "bedrock:" not in policies(template, "WorkerFunction", Model="anthropic:claude-sonnet-4-6")
+    assert "bedrock:Invoke" in policies(template, "WorkerFunction", Model="bedrock:amazon.nova-pro-v1:0")
+    for name in ("ToolRunnerFunction", "TimerRelayFunction", "RapReceiverFunction"):
+        assert "bedrock" not in policies(template, name)
+
+
+@pytest.mark.parametrize(
+    ("region", "profile"),
+    [("us-west-2", "us"), ("eu-west-1", "eu"), ("ap-northeast-1", "apac"), ("sa-east-1", "global")],
+)
+def test_the_default_model_is_an_inference_profile_for_the_region(
+    template: dict[str, Any], region: str, profile: str
+) -> None:
+    model = evaluate(template, region=region).environment("WorkerFunction")["STEPAGENT_MODEL"]
+    assert model == f"bedrock:{profile}.anthropic.claude-sonnet-4-5-20250929-v1:0"
+    chosen = evaluate(template, Model="openai:gpt-4.1").environment("WorkerFunction")["STEPAGENT_MODEL"]
+    assert chosen == "openai:gpt-4.1"
+
+
+def test_the_worker_knows_the_receive_limit_and_the_architecture_is_one_parameter(
+    template: dict[str, Any],
+) -> None:
+    redrive = template["Resources"]["InputQueue"]["Properties"]["RedrivePolicy"]
+    assert redrive["maxReceiveCount"] == {"Ref": "InputMaxReceiveCount"}
+    worker_env = template["Resources"]["WorkerFunction"]["Properties"]["Environment"]["Variables"]
+    assert worker_env["STEPAGENT_MAX_RECEIVE_COUNT"] == {"Ref": "InputMaxReceiveCount"}
+    assert template["Globals"]["Function"]["Architectures"] == [{"Ref": "Architecture"}]
+    layer = template["Resources"]["RuntimeLayer"]
+    assert layer["Properties"]["CompatibleArchitectures"] == [{"Ref": "Architecture"}]
+    assert set(template["Parameters"]["Architecture"]["AllowedValues"]) == {"x86_64", "arm64"}
+
+
+def test_sam_build_does_not_copy_the_virtual_environments() -> None:
+    config = tomllib.loads((ROOT / "samconfig.toml").read_text())
+    assert config["default"]["build"]["parameters"]["build_in_source"] is True
+    assert "CAPABILITY_AUTO_EXPAND" in config["default"]["deploy"]["parameters"]["capabilities"]
