@@ -41,10 +41,18 @@ $(SAM_STAMP): infra/sam-constraints.txt
 	$(SAM_VENV)/bin/python -m pip install -q -c infra/sam-constraints.txt aws-sam-cli
 	@touch $(SAM_STAMP)
 
-## deploy: build (no container needed) and deploy with SAM, asking for parameters the first time
+## deploy: build the layer (stepagent + your TOOLS_DIR) and deploy with SAM; the first run asks for the
+## parameters and saves them in samconfig.toml. make deploy [TOOLS_DIR=../myapp] [ARCHITECTURE=arm64]
+STACK ?= stepagent
+GUIDED = $(if $(shell grep -s parameter_overrides samconfig.toml),,--guided)
 deploy: $(SAM_STAMP)
-	SAM_CLI_TELEMETRY=0 $(SAM) build
-	SAM_CLI_TELEMETRY=0 $(SAM) deploy --guided
+	@echo "deploy [1/3] sam build: the layer for $(ARCHITECTURE)$(if $(TOOLS_DIR), with the tools project $(TOOLS_DIR)) (about a minute; pip downloads Lambda wheels)"
+	ARCHITECTURE="$(ARCHITECTURE)" TOOLS_DIR="$(TOOLS_DIR)" LAYER_AWS_SERVICES="$(LAYER_AWS_SERVICES)" \
+		SAM_CLI_TELEMETRY=0 $(SAM) build
+	@echo "deploy [2/3] sam deploy$(if $(GUIDED), --guided: first deploy - answer the questions (saved in samconfig.toml))"
+	SAM_CLI_TELEMETRY=0 $(SAM) deploy $(GUIDED)
+	@echo "deploy [3/3] the stack's outputs (stepagent send/history --stack $(STACK) read them)"
+	SAM_CLI_TELEMETRY=0 $(SAM) list stack-outputs --stack-name $(STACK) --output table
 
 # Called by `sam build` for RuntimeLayer (BuildMethod: makefile; samconfig.toml builds in source, so
 # nothing is copied first): stepagent, its pinned dependencies and your tools project (TOOLS_DIR) as Lambda

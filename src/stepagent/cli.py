@@ -54,12 +54,14 @@ def _parser() -> argparse.ArgumentParser:
     send = commands.add_parser("send", help="put a user message on the input queue")
     send.add_argument("thread", help="the thread (message group) id")
     send.add_argument("text", help="the message")
+    send.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
 
     history = commands.add_parser(
         "history", help="print the stored transcript of a thread and its descendants"
     )
     history.add_argument("thread", help="the thread id")
     history.add_argument("--json", action="store_true", help="print one JSON list instead of text")
+    history.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
 
     infra = commands.add_parser("infra", help="manage the AWS resources")
     infra_commands = infra.add_subparsers(dest="infra_command", required=True, metavar="ACTION")
@@ -85,9 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 run_chat(say=args.say, thread_id=args.thread, idle_timeout=args.timeout, debug=args.debug)
             )
         if args.command == "send":
-            return asyncio.run(_send(args.thread, args.text))
+            return asyncio.run(_send(args.thread, args.text, args.stack))
         if args.command == "history":
-            return asyncio.run(_history(args.thread, as_json=args.json))
+            return asyncio.run(_history(args.thread, as_json=args.json, stack=args.stack))
         if args.command == "infra":
             from stepagent.local.stack import infra_create
 
@@ -106,13 +108,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-async def _send(thread_id: str, text: str) -> int:
+async def _settings(stack: str | None) -> Any:
+    """The settings from the environment, or from a deployed stack's outputs (``--stack``)."""
+    import os
+
+    from stepagent.aws.settings import Settings
+
+    if stack is None:
+        return Settings.from_env()
+    from stepagent.aws.stack_outputs import stack_environment
+
+    return Settings.from_env({**os.environ, **await stack_environment(stack)})
+
+
+async def _send(thread_id: str, text: str, stack: str | None = None) -> int:
     from stepagent.aws.clients import aws_session, client
     from stepagent.aws.settings import Settings
     from stepagent.messages import InputMessage
     from stepagent.senders.sqs import SqsSender
 
-    settings = Settings.from_env()
+    settings: Settings = await _settings(stack)
     settings.require("STEPAGENT_INPUT_QUEUE_URL")
     assert settings.input_queue_url is not None
     async with (
@@ -126,13 +141,13 @@ async def _send(thread_id: str, text: str) -> int:
     return 0
 
 
-async def _history(thread_id: str, *, as_json: bool) -> int:
+async def _history(thread_id: str, *, as_json: bool, stack: str | None = None) -> int:
     from stepagent.aws.clients import aws_session, client
     from stepagent.aws.settings import Settings
     from stepagent.stores.dynamodb import dynamo_stores
     from stepagent.transcript import tree_items
 
-    settings = Settings.from_env()
+    settings: Settings = await _settings(stack)
     settings.require("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE")
     assert settings.conversation_table is not None and settings.state_table is not None
     session = aws_session(settings)

@@ -108,3 +108,41 @@ def test_bad_settings_fail_with_one_clear_line() -> None:
     assert result.returncode == 2
     assert result.stderr.strip().startswith("stepagent: missing required setting STEPAGENT_INPUT_QUEUE_URL")
     assert "Traceback" not in result.stderr
+
+
+def test_send_and_history_find_a_deployment_by_stack_name() -> None:
+    """`--stack NAME` reads the stack's outputs (the names template.yaml exports) instead of settings."""
+    import boto3
+
+    endpoint = moto_endpoint()
+    prefix = f"stk-{uuid.uuid4().hex[:8]}"
+    created = stepagent("infra", "create", "--endpoint-url", endpoint, "--prefix", prefix, env=clean_env())
+    assert created.returncode == 0, created.stderr
+    settings = dict(line.split("=", 1) for line in created.stdout.splitlines() if "=" in line)
+    outputs = {
+        "InputQueueUrl": settings["STEPAGENT_INPUT_QUEUE_URL"],
+        "OutputQueueUrl": settings["STEPAGENT_OUTPUT_QUEUE_URL"],
+        "ConversationTableName": settings["STEPAGENT_CONVERSATION_TABLE"],
+        "StateTableName": settings["STEPAGENT_STATE_TABLE"],
+        "BlobBucketName": settings["STEPAGENT_BLOB_BUCKET"],
+    }
+    # A stack whose outputs name the resources, as a deployed stepagent stack's do.
+    template = {
+        "Resources": {"Marker": {"Type": "AWS::SQS::Queue", "Properties": {"QueueName": f"{prefix}-marker"}}},
+        "Outputs": {key: {"Value": value} for key, value in outputs.items()},
+    }
+    cloudformation = boto3.client("cloudformation", endpoint_url=endpoint, region_name="us-east-1")
+    cloudformation.create_stack(StackName=prefix, TemplateBody=json.dumps(template))
+
+    env = clean_env(AWS_ENDPOINT_URL=endpoint)
+    sent = stepagent("send", "t-stack", "hello", "--stack", prefix, env=env)
+    assert sent.returncode == 0, sent.stderr
+    sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
+    body = sqs.receive_message(QueueUrl=outputs["InputQueueUrl"])["Messages"][0]["Body"]
+    assert json.loads(body)["content"]["text"] == "hello"
+    history = stepagent("history", "t-stack", "--stack", prefix, env=env)
+    assert history.returncode == 1 and outputs["ConversationTableName"] in history.stderr
+
+    unknown = stepagent("send", "t", "x", "--stack", "no-such-stack", env=env)
+    assert unknown.returncode == 2
+    assert "could not read the outputs of stack 'no-such-stack'" in unknown.stderr

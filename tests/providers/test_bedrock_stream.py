@@ -174,3 +174,18 @@ async def test_connection_refused_is_retryable() -> None:
     with pytest.raises(ProviderError) as caught:
         await collect(provider(f"http://127.0.0.1:{port}"))
     assert caught.value.retryable
+
+
+async def test_a_bare_model_id_without_on_demand_access_says_to_use_an_inference_profile(
+    stub: BedrockStub,
+) -> None:
+    stub.status = 400
+    stub.error_body = {
+        "__type": "ValidationException",
+        "message": "Invocation of model ID anthropic.claude-sonnet-4-5-20250929-v1:0 with on-demand throughput "
+        "isn't supported. Retry your request with the ID or ARN of an inference profile that contains this model.",
+    }
+    with pytest.raises(ProviderError) as caught:
+        await collect(provider(stub.url))
+    assert not caught.value.retryable
+    assert "bedrock:us.anthropic.claude-sonnet-4-5-20250929-v1:0" in str(caught.value)

@@ -197,6 +197,13 @@ def error_from_code(
         retryable = False
     else:
         retryable = is_retryable_status(status) if status is not None else True
+    if "on-demand throughput" in message.lower():
+        # Current Claude models are served on demand only through a cross-region inference profile.
+        message += (
+            " - use the inference profile id instead of the bare model id: prefix it with us., eu., apac. "
+            "or global. (e.g. bedrock:us.anthropic.claude-sonnet-4-5-20250929-v1:0)"
+        )
+        retryable = False
     return ProviderError(
         f"{PROVIDER} error {code}: {message}", retryable=retryable, status=status, retry_after=retry_after
     )
