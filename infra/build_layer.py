@@ -151,11 +151,11 @@ def build(target: Path, architecture: str, tools: Path | None, aws_services: lis
     )
     size = tree_size(target)
     say(
-        f"{size / 1e6:.1f} MB unzipped in {target} ({time.monotonic() - started:.0f} s; "
-        f"Lambda's limit is {LAMBDA_UNZIPPED_LIMIT / 1e6:.0f} MB for code and layers together)"
+        f"{size / 2**20:.1f} MiB unzipped in {target} ({time.monotonic() - started:.0f} s; "
+        f"Lambda's limit is {LAMBDA_UNZIPPED_LIMIT / 2**20:.0f} MiB for code and layers together)"
     )
     if size > LAMBDA_UNZIPPED_LIMIT:
-        print(f"layer: too big for Lambda ({size / 1e6:.1f} MB)", file=sys.stderr)
+        print(f"layer: too big for Lambda ({size / 2**20:.1f} MiB)", file=sys.stderr)
         return 1
     return 0
 
