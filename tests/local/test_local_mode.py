@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from stepagent.core.completion import RetryPolicy
-from stepagent.core.ids import child_thread_id
 from stepagent.core.step import StepConfig, StepInput
 from stepagent.events import (
     AgentEvent,
@@ -43,6 +42,7 @@ from stepagent.history_items import (
     ToolResultItem,
     UserItem,
 )
+from stepagent.ids import child_thread_id
 from stepagent.messages import (
     InputMessage,
     SubscriptionEvent,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from stepagent.core import texts
+from stepagent import texts
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.history import INTERRUPTED_TEXT
 from stepagent.core.step import StepConfig, StepInput

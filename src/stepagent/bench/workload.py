@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepagent import texts
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.aws.worker import CountingMetrics, Worker
-from stepagent.core import texts
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.step import StepConfig
 from stepagent.messages import CompactionComplete, InputMessage, ToolResult
