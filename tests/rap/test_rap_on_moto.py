@@ -21,7 +21,7 @@ from starlette.routing import Route
 from stepagent.aws import rap_receiver
 from stepagent.aws.rap_receiver import RapReceiverRuntime
 from stepagent.aws.settings import Settings
-from stepagent.local.rap_demo_server import build_server
+from stepagent.devstack.rap_demo_server import build_server
 from stepagent.messages import parse_input_message
 from stepagent.rap.server import serve_in_background
 from stepagent.rap.tokens import callback_token

@@ -8,7 +8,7 @@
   step. moto's timings are not DynamoDB's (an in-process Python server; each transaction deep-copies the
   tables it touches, so its commits slow down as tables grow): use them for shape, and the call counts as
   the portable figure.
-- :func:`local_mode_rate`: steps per second of :class:`~stepagent.system.local.LocalAgentSystem` (in-memory
+- :func:`local_mode_rate`: steps per second of :class:`~stepagent.modes.local.LocalAgentSystem` (in-memory
   stores, the scripted model) answering many user messages over several threads.
 
 Timings are medians over several steps after warm-up steps. Nothing here is a test: see
@@ -255,7 +255,7 @@ class _CompletionCounter:
 async def local_mode_rate(*, threads: int = 10, rounds: int = 50, quick: bool = False) -> dict[str, Any]:
     """Steps per second of local mode, interactively: each round sends one user message to each of
     ``threads`` threads and waits until the system is idle, so every message is one step (no batching)."""
-    from stepagent.system.local import LocalAgentSystem
+    from stepagent.modes.local import LocalAgentSystem
 
     if quick:
         threads, rounds = 2, 3
