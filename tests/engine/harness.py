@@ -14,7 +14,6 @@ from stepagent.errors import ProviderError
 from stepagent.events import EventCollector
 from stepagent.history_items import HistoryItem
 from stepagent.messages import InputMessage, ToolCall, ToolResult
-from stepagent.modes.inprocess import InProcessQueueDriver
 from stepagent.modes.step_mode import AgentSystem, ThreadResult
 from stepagent.providers.base import (
     Final,
@@ -27,6 +26,7 @@ from stepagent.providers.base import (
 )
 from stepagent.senders.inprocess import InProcessSender
 from stepagent.stores.memory import memory_stores
+from stepagent.testing import InProcessQueueDriver
 from stepagent.tools.base import Tool, ToolContext, Toolset
 from stepagent.tools.builtins import builtin_tools
 

@@ -14,6 +14,8 @@ from stepagent.senders.inprocess import InProcessSender
 
 @dataclass(slots=True)
 class InProcessQueueDriver:
+    """Step mode over an in-memory queue: what ``sender`` collects is stepped by ``system``, batch by batch."""
+
     system: AgentSystem
     sender: InProcessSender
 
