@@ -25,10 +25,10 @@ run: setup
 test: setup lint lint-template
 	$(PY) -m pytest
 
-## lint: ruff + mypy strict on src/
+## lint: ruff + mypy strict on src/ and bench/
 lint: setup
-	$(VENV)/bin/ruff check src tests handlers examples
-	$(VENV)/bin/ruff format --check src tests handlers examples
+	$(VENV)/bin/ruff check src tests handlers examples bench
+	$(VENV)/bin/ruff format --check src tests handlers examples bench
 	$(VENV)/bin/mypy
 
 ## lint-template: cfn-lint and `sam validate --lint` on template.yaml (SAM CLI lives in its own venv)
@@ -58,7 +58,7 @@ build-RuntimeLayer:
 
 ## bench: benchmarks, results in docs/benchmarks.json (not part of make test)
 bench: setup
-	$(PY) -m stepagent.bench
+	$(PY) -m bench
 
 clean:
 	rm -rf $(VENV) $(SAM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

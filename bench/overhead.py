@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stepagent.bench.sqlite_store import sqlite_stores
-from stepagent.bench.workload import Workload
+from bench.sqlite_store import sqlite_stores
+from bench.workload import Workload
 from stepagent.events import AgentEvent, CompletionFinished
 from stepagent.history_items import AssistantText, HistoryItem, Summary, UserItem, encode_item
 from stepagent.messages import InputMessage, TextContent
