@@ -25,11 +25,12 @@ run: setup
 test: setup lint lint-template
 	$(PY) -m pytest
 
-## lint: ruff + mypy strict on src/
+## lint: ruff + mypy strict on src/ and bench/ + the import layering contracts (import-linter)
 lint: setup
-	$(VENV)/bin/ruff check src tests handlers examples
-	$(VENV)/bin/ruff format --check src tests handlers examples
+	$(VENV)/bin/ruff check src tests handlers examples bench
+	$(VENV)/bin/ruff format --check src tests handlers examples bench
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 ## lint-template: cfn-lint and `sam validate --lint` on template.yaml (SAM CLI lives in its own venv)
 lint-template: setup $(SAM_STAMP)
@@ -66,7 +67,7 @@ build-RuntimeLayer:
 
 ## bench: benchmarks, results in docs/benchmarks.json (not part of make test)
 bench: setup
-	$(PY) -m stepagent.bench
+	$(PY) -m bench
 
 clean:
 	rm -rf $(VENV) $(SAM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

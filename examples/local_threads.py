@@ -28,8 +28,8 @@ from stepagent.history_items import (
     ToolResultItem,
     UserItem,
 )
+from stepagent.modes.local import Live, LocalAgentSystem
 from stepagent.providers.scripted import ScriptedProvider
-from stepagent.system.local import Live, LocalAgentSystem
 
 SCRIPT = Path(__file__).with_name("local_threads_script.json")
 ROOT = "root"

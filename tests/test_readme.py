@@ -46,3 +46,16 @@ async def test_the_scripted_model_example_runs(tmp_path: Path, monkeypatch: pyte
     conversation, state = captured["stores"]
     history = (await HistoryManager.load(conversation, state, "t1")).history
     assert history[-1] == AssistantText("It is mild in Paris.")
+
+
+def test_the_ownership_map_names_every_package_and_module() -> None:
+    """The README's "Where each behaviour lives" table covers the package's whole top level, and nothing
+    that no longer exists."""
+    section = README.read_text().split("### Where each behaviour lives", 1)[1].split("\n## ", 1)[0]
+    first_cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    mapped = {name for cell in first_cells for name in re.findall(r"`([^`]+)`", cell)}
+    package = README.parent / "src" / "stepagent"
+    present = {p.name + "/" for p in package.iterdir() if (p / "__init__.py").exists()}
+    present |= {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+    roots = {name for name in mapped if (README.parent / name.rstrip("/")).is_dir()}
+    assert mapped - roots == present

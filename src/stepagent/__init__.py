@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stepagent.messages import InputMessage
-    from stepagent.system.local import LocalAgentSystem
-    from stepagent.system.step_mode import AgentSystem
+    from stepagent.modes.local import LocalAgentSystem
+    from stepagent.modes.step_mode import AgentSystem
     from stepagent.tools.functions import tool
 
 __all__ = ["AgentSystem", "InputMessage", "LocalAgentSystem", "tool"]
 
 _LOCATIONS = {
-    "AgentSystem": "stepagent.system.step_mode",
+    "AgentSystem": "stepagent.modes.step_mode",
     "InputMessage": "stepagent.messages",
-    "LocalAgentSystem": "stepagent.system.local",
+    "LocalAgentSystem": "stepagent.modes.local",
     "tool": "stepagent.tools.functions",
 }
 

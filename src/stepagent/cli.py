@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
-            from stepagent.local.chat import run_chat
+            from stepagent.devstack.chat import run_chat
 
             return asyncio.run(
                 run_chat(say=args.say, thread_id=args.thread, idle_timeout=args.timeout, debug=args.debug)
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "history":
             return asyncio.run(_history(args.thread, as_json=args.json, stack=args.stack))
         if args.command == "infra":
-            from stepagent.local.stack import infra_create
+            from stepagent.devstack.stack import infra_create
 
             return asyncio.run(infra_create(args.endpoint_url, args.prefix))
         from stepagent.lifecycle.commands import COMMANDS, run_lifecycle_command

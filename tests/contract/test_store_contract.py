@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from stepagent.core.ancestors import AncestorLink, ancestor_chain, load_history_with_ancestors
 from stepagent.errors import ConcurrentWriteError
 from stepagent.history_items import (
     AssistantText,
@@ -23,7 +24,6 @@ from stepagent.history_items import (
 )
 from stepagent.messages import InputMessage, TextContent, ToolCall, ToolResult, UserChoiceRequired
 from stepagent.stores.base import (
-    AncestorLink,
     Commit,
     ConversationStore,
     DeferredInput,
@@ -32,8 +32,6 @@ from stepagent.stores.base import (
     StoredRow,
     ThreadInfo,
     ThreadKind,
-    ancestor_chain,
-    load_history_with_ancestors,
 )
 
 StorePair = tuple[ConversationStore, StateStore]

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from stepagent.core.ancestors import load_history_with_ancestors
 from stepagent.errors import ConcurrentWriteError
 from stepagent.history_items import HistoryItem, Summary, ToolCallItem, ToolResultItem, UserItem
 from stepagent.messages import InputMessage, TextContent, ToolCall, ToolResult, UserChoiceRequired
@@ -25,7 +26,6 @@ from stepagent.stores.base import (
     StateStore,
     ThreadInfo,
     ThreadKind,
-    load_history_with_ancestors,
     replace_history,
 )
 

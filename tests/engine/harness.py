@@ -14,6 +14,7 @@ from stepagent.errors import ProviderError
 from stepagent.events import EventCollector
 from stepagent.history_items import HistoryItem
 from stepagent.messages import InputMessage, ToolCall, ToolResult
+from stepagent.modes.step_mode import AgentSystem, ThreadResult
 from stepagent.providers.base import (
     Final,
     ModelInfo,
@@ -25,8 +26,7 @@ from stepagent.providers.base import (
 )
 from stepagent.senders.inprocess import InProcessSender
 from stepagent.stores.memory import memory_stores
-from stepagent.system.inprocess import InProcessQueueDriver
-from stepagent.system.step_mode import AgentSystem, ThreadResult
+from stepagent.testing import InProcessQueueDriver
 from stepagent.tools.base import Tool, ToolContext, Toolset
 from stepagent.tools.builtins import builtin_tools
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepagent.core import texts
-from stepagent.core.ids import child_thread_id, derived_id
+from stepagent import texts
 from stepagent.events import SubscriptionEventReceived, ToolCallStarted, ToolResultReceived
 from stepagent.history_items import (
     AssistantText,
@@ -20,6 +19,7 @@ from stepagent.history_items import (
     UserItem,
     encode_item,
 )
+from stepagent.ids import child_thread_id, derived_id
 from stepagent.messages import (
     InputMessage,
     ParentMessage,

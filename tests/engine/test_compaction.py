@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent.core.history import HistoryManager
-from stepagent.core.ids import child_thread_id
 from stepagent.events import CompactionApplied, Info
 from stepagent.history_items import AssistantText, EventItem, Summary, ToolCallItem, UserItem
+from stepagent.ids import child_thread_id
 from stepagent.messages import Compaction, InputMessage, TextContent
 from stepagent.providers.base import ModelInfo, ModelRequest, StreamEvent
 from stepagent.providers.scripted import ScriptedProvider

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from stepagent.core import texts
+from stepagent import texts
 from stepagent.core.completion import MAX_ROUNDS_PER_STEP
 from stepagent.core.step import StepInput
 from stepagent.errors import ProviderError

@@ -7,7 +7,6 @@ dropped inputs, closed and unknown threads, and ``subscription: true`` tracking 
 
 from __future__ import annotations
 
-from stepagent.core.ids import child_thread_id, derived_id
 from stepagent.events import (
     CompletionStarted,
     Info,
@@ -17,6 +16,7 @@ from stepagent.events import (
     UserInput,
 )
 from stepagent.history_items import AssistantText, EventItem, ToolCallItem, ToolResultItem, UserItem
+from stepagent.ids import child_thread_id, derived_id
 from stepagent.messages import (
     InputMessage,
     SubscriptionEvent,

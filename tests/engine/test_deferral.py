@@ -8,7 +8,6 @@ uses ``NoDeferral`` (the event interrupts the running tool), we follow its local
 
 from __future__ import annotations
 
-from stepagent.core.ids import child_thread_id, derived_id
 from stepagent.events import CompletionStarted, UserChoiceDismissed
 from stepagent.history_items import (
     AssistantText,
@@ -17,6 +16,7 @@ from stepagent.history_items import (
     ToolResultItem,
     UserItem,
 )
+from stepagent.ids import child_thread_id, derived_id
 from stepagent.messages import InputMessage, ParentMessage, SubscriptionEvent, ThreadReport, ToolResult
 from stepagent.providers.base import Final, ModelRequest
 from tests.engine.harness import (

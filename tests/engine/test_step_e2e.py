@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from stepagent.core import texts
-from stepagent.core.ids import child_thread_id
+from stepagent import texts
 from stepagent.events import (
     CompletionFinished,
     Info,
@@ -15,6 +14,7 @@ from stepagent.events import (
     UserInput,
 )
 from stepagent.history_items import AssistantText, EventItem, ToolCallItem, ToolResultItem, UserItem
+from stepagent.ids import child_thread_id
 from stepagent.messages import InputMessage, SubscriptionEvent, ToolResult
 from stepagent.providers.base import Final, TextDelta
 from tests.engine.harness import EchoSyncTool, Harness, RecordingTool, ReplayProvider, call, retryable, text

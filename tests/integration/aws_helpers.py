@@ -14,7 +14,6 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepagent.aws.claim_check import unwrap_body
 from stepagent.aws.queue_resources import LOCAL_SCHEDULER_ROLE_ARN, QueueResources, ensure_queues_and_bucket
 from stepagent.aws.resources import ensure_tables
 from stepagent.aws.runtime import AwsRuntime
@@ -29,6 +28,7 @@ from stepagent.history_items import (
     encode_item,
 )
 from stepagent.messages import InputMessage
+from stepagent.senders.claim_check import unwrap_body
 from stepagent.tools.functions import tool
 from tests.conftest import REGION, aws_client, moto_endpoint, unique_name
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from stepagent.aws.claim_check import ENVELOPE_KEY, INLINE_BODY_LIMIT, envelope_of, unwrap_body, wrap_body
 from stepagent.aws.queue_resources import ensure_queues_and_bucket, queue_definitions
 from stepagent.errors import MalformedMessageError, PayloadTooLargeError, QueueError
 from stepagent.messages import InputMessage, parse_input_message
+from stepagent.senders.claim_check import ENVELOPE_KEY, INLINE_BODY_LIMIT, envelope_of, unwrap_body, wrap_body
 from stepagent.senders.sqs import SqsSender, dedup_key
 from tests.conftest import REGION, aws_client, unique_name
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from stepagent.core.ids import derived_id
 from stepagent.history_items import HistoryItem, Summary, encode_item
+from stepagent.ids import derived_id
 from stepagent.lifecycle import export_lines, import_tree
 from stepagent.stores.base import Commit, ConversationStore, HistoryEntry, replace_history
 from stepagent.stores.memory import STAGING_BATCH, InMemoryConversationStore, memory_stores

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from stepagent.core.ids import derived_id
 from stepagent.errors import ConcurrentWriteError
 from stepagent.history_items import ToolResultItem
+from stepagent.ids import derived_id
 from stepagent.lifecycle import import_tree, rewind_thread
 from stepagent.lifecycle.commands import add_lifecycle_commands, run_lifecycle_command
 from stepagent.stores.base import Rewind, ThreadInfo

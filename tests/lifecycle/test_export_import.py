@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from stepagent.core.ids import derived_id
 from stepagent.history_items import EventItem
+from stepagent.ids import derived_id
 from stepagent.lifecycle import ImportFormatError, ImportLimits, LifecycleError, export_lines, import_tree
 from stepagent.messages import ThreadReport
 from stepagent.stores.base import ThreadKind

@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 from stepagent.core.completion import RetryPolicy
-from stepagent.core.ids import child_thread_id
 from stepagent.core.step import StepConfig, StepInput
 from stepagent.events import (
     AgentEvent,
@@ -43,6 +42,7 @@ from stepagent.history_items import (
     ToolResultItem,
     UserItem,
 )
+from stepagent.ids import child_thread_id
 from stepagent.messages import (
     InputMessage,
     SubscriptionEvent,
@@ -51,6 +51,15 @@ from stepagent.messages import (
     ToolResult,
     UserChoiceRequired,
 )
+from stepagent.modes.local import (
+    Idle,
+    LifecycleEvent,
+    Live,
+    LocalAgentSystem,
+    LocalSystemClosed,
+    ReplaySnapshot,
+)
+from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import (
     Final,
     ModelInfo,
@@ -62,15 +71,6 @@ from stepagent.providers.base import (
 from stepagent.providers.scripted import ScriptedProvider
 from stepagent.senders.inprocess import InProcessSender
 from stepagent.stores.base import ThreadKind
-from stepagent.system.local import (
-    Idle,
-    LifecycleEvent,
-    Live,
-    LocalAgentSystem,
-    LocalSystemClosed,
-    ReplaySnapshot,
-)
-from stepagent.system.step_mode import AgentSystem
 from stepagent.tools.base import Tool, ToolContext, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import tool

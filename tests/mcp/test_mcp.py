@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from stepagent.aws.settings import McpServer, Settings
+from stepagent.aws.settings import Settings
 from stepagent.errors import ConfigurationError, ToolError
 from stepagent.rap.server import serve_in_background
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import Invocable, tool
 from stepagent.tools.mcp import McpConnection, McpTool, load_mcp_tools, tool_name
+from stepagent.tools.mcp_config import McpServer
 from tests.mcp.fixtures.echo_server import build
 
 ECHO = str(Path(__file__).parent / "fixtures" / "echo_server.py")

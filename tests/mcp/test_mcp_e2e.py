@@ -7,12 +7,12 @@ import asyncio
 import sys
 from pathlib import Path
 
-from stepagent.aws.settings import McpServer
 from stepagent.history_items import AssistantText, ToolResultItem
 from stepagent.messages import ToolResult
 from stepagent.providers.base import ModelRequest, StreamEvent
 from stepagent.tools.functions import InProcessFunctionRunner, tool
 from stepagent.tools.mcp import load_mcp_tools
+from stepagent.tools.mcp_config import McpServer
 from tests.engine.harness import Harness
 from tests.rap.stack import FunctionModel, call, last_input, say
 

@@ -13,7 +13,6 @@ import aioboto3
 import boto3
 import pytest
 
-from stepagent.core.texts import IMAGE_OMITTED
 from stepagent.history_items import INJECTED_TOOL_NAME, SUMMARY_PREFIX
 from stepagent.messages import ImageBlock
 from stepagent.providers.base import ModelInfo, ModelRequest
@@ -27,6 +26,7 @@ from stepagent.providers.requests_common import (
     image_media_type,
     wire_tool_id,
 )
+from stepagent.texts import IMAGE_OMITTED
 from tests.providers.bedrock_stub import BedrockStub, load_events, serve
 from tests.providers.corpus import (
     Case,

@@ -12,7 +12,6 @@ import httpx2
 import openai
 import pytest
 
-from stepagent.core.texts import IMAGE_OMITTED
 from stepagent.history_items import INJECTED_TOOL_NAME, SUMMARY_PREFIX
 from stepagent.messages import ImageBlock
 from stepagent.providers.base import ModelInfo, ModelRequest
@@ -25,6 +24,7 @@ from stepagent.providers.requests_common import (
     image_media_type,
     wire_tool_id,
 )
+from stepagent.texts import IMAGE_OMITTED
 from tests.providers.corpus import (
     Case,
     LAssistant,

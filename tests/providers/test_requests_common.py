@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from stepagent.core.completion import model_view
-from stepagent.core.texts import IMAGE_OMITTED
 from stepagent.history_items import (
     INJECTED_TOOL_NAME,
     AssistantText,
@@ -46,6 +45,7 @@ from stepagent.providers.requests_common import (
     image_media_type,
     wire_tool_id,
 )
+from stepagent.texts import IMAGE_OMITTED
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 

@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 
 from stepagent.aws.settings import Settings
+from stepagent.devstack.rap_demo_server import build_server
 from stepagent.history_items import EventItem, HistoryItem, ToolCallItem, ToolResultItem, UserItem
-from stepagent.local.rap_demo_server import build_server
 from stepagent.messages import TextContent, ToolCall
 from stepagent.providers.base import Final, ModelInfo, ModelRequest, StreamEvent, TextDelta, ToolCallComplete
 from stepagent.rap.receiver import ViewUpdate

@@ -18,11 +18,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from stepagent.aws import rap_receiver
+from stepagent.aws.rap_receiver import RapReceiverRuntime
 from stepagent.aws.settings import Settings
-from stepagent.local.rap_demo_server import build_server
+from stepagent.devstack.rap_demo_server import build_server
 from stepagent.messages import parse_input_message
-from stepagent.rap import aws_receiver
-from stepagent.rap.aws_receiver import RapReceiverRuntime
 from stepagent.rap.server import serve_in_background
 from stepagent.rap.tokens import callback_token
 from stepagent.senders.sqs import dedup_key
@@ -180,7 +180,7 @@ async def test_the_lambda_handler_module(monkeypatch: pytest.MonkeyPatch) -> Non
             try:
                 return [handler(event, None), handler(bad, None)]
             finally:
-                aws_receiver.reset()
+                rap_receiver.reset()
 
         ok, refused = await asyncio.to_thread(invoke)
         assert ok["statusCode"] == 200 and json.loads(ok["body"]) == {"ok": True}

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from stepagent.core import texts
+from stepagent import texts
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.history import INTERRUPTED_TEXT
 from stepagent.core.step import StepConfig, StepInput
@@ -44,11 +44,11 @@ from stepagent.history_items import (
     encode_item,
 )
 from stepagent.messages import InputMessage, SubscriptionEvent, ToolResult
+from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelInfo, ModelRequest
 from stepagent.providers.scripted import ScriptedProvider, request_chars
 from stepagent.stores.base import ConversationStore, StateStore, StoredRow, ThreadInfo, ThreadKind
 from stepagent.stores.memory import memory_stores
-from stepagent.system.step_mode import AgentSystem
 from stepagent.tools.base import Tool, ToolContext, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import InProcessFunctionRunner, tool

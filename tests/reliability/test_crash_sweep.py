@@ -19,9 +19,9 @@ from stepagent.history_items import (
     encode_item,
 )
 from stepagent.messages import InputMessage
+from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.scripted import ScriptedProvider
 from stepagent.stores.memory import memory_stores
-from stepagent.system.step_mode import AgentSystem
 from stepagent.tools.base import Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import InProcessFunctionRunner, tool

@@ -1,6 +1,6 @@
 """Memory gates with traps (``spec/bounded-history.md`` §3.1, §3.2, §5 M1/M2) on warm step-mode handling:
 the real worker handler, the scripted model, a function tool, and a store outside the traced heap
-(``stepagent.bench.sqlite_store``; see ``stepagent.bench.memory`` for the method).
+(``bench.sqlite_store``; see ``bench.memory`` for the method).
 
 - **Retained growth (M1).** ~1,100 worker invocations over 20 interleaved conversations that keep being
   replaced by new ones (~4 KB tool results every other step, a compaction every ~7 steps): after a
@@ -27,26 +27,30 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stepagent.bench.memory import ALLOWANCE, LATE_GROWTH, PEAK_BOUND, theil_sen, verdict
-from stepagent.bench.sqlite_store import sqlite_stores
+from bench.memory import ALLOWANCE, LATE_GROWTH, PEAK_BOUND, theil_sen, verdict
+from bench.sqlite_store import sqlite_stores
 from tests.reliability.scenarios import SCENARIOS, check_memory_world, rows_of, run_memory
 
 PARALLEL = 2
+#: The repository root: ``bench`` is a top-level development package there, not part of the wheel.
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def measure(jobs: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
-    """Run ``python -m stepagent.bench.memory <args> --out <file>`` for each job, ``PARALLEL`` at a time."""
+    """Run ``python -m bench.memory <args> --out <file>`` for each job, ``PARALLEL`` at a time."""
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="stepagent-memory-") as folder:
         outs = [os.path.join(folder, f"{n}.json") for n in range(len(jobs))]
         for start in range(0, len(jobs), PARALLEL):
             running = [
                 subprocess.Popen(
-                    [sys.executable, "-m", "stepagent.bench.memory", *jobs[n], "--out", outs[n]],
+                    [sys.executable, "-m", "bench.memory", *jobs[n], "--out", outs[n]],
+                    cwd=ROOT,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     text=True,

@@ -2,7 +2,7 @@
 compaction bounds what is in context (``spec/bounded-history.md`` §5 S5; DESIGN §4 "writes per step are
 O(new rows), independent of history length"). Counted, never timed.
 
-The step is the real worker handler (``stepagent.bench.workload``: one record per invocation, outputs
+The step is the real worker handler (``bench.workload``: one record per invocation, outputs
 published) doing a function-tool round trip — a user-text step (load, model, commit, dispatch) and the
 tool-result step (load, model, commit) — on a thread with 10, 1,000 or 10,000 stored rows whose latest
 compaction summary leaves the same 10 rows in context.
@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepagent.bench.workload import Workload
+from bench.workload import Workload
 from stepagent.history_items import AssistantText, HistoryItem, Summary, UserItem, encode_item
 from stepagent.messages import InputMessage, TextContent
 from stepagent.stores.base import Commit

@@ -14,17 +14,11 @@ import pytest
 from pydantic import BaseModel
 
 from stepagent.errors import ConfigurationError, ToolError
+from stepagent.function_schema import parse_docstring, result_text
 from stepagent.messages import InputMessage, ToolResult
 from stepagent.stores.memory import memory_stores
 from stepagent.tools.base import Tool, ToolContext, Toolset
-from stepagent.tools.functions import (
-    FunctionTool,
-    InProcessFunctionRunner,
-    load_toolset,
-    parse_docstring,
-    result_text,
-    tool,
-)
+from stepagent.tools.functions import FunctionTool, InProcessFunctionRunner, load_toolset, tool
 
 # ---------------------------------------------------------------------------------------------------------
 # Fakes

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from stepagent.core.ancestors import load_history_with_ancestors
 from stepagent.core.history import INTERRUPTED_TEXT, HistoryManager
 from stepagent.errors import ConcurrentWriteError, InvariantViolation
 from stepagent.history_items import (
@@ -31,7 +32,6 @@ from stepagent.stores.base import (
     StoredRow,
     ThreadInfo,
     ThreadKind,
-    load_history_with_ancestors,
 )
 from stepagent.stores.memory import InMemoryConversationStore, InMemoryStateStore, memory_stores
 

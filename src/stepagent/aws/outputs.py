@@ -23,7 +23,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepagent.core.ids import derived_id
 from stepagent.core.step import StepInput
 from stepagent.events import (
     AgentEvent,
@@ -34,6 +33,7 @@ from stepagent.events import (
     UserChoiceRequiredEvent,
 )
 from stepagent.history_items import AssistantText, EventItem, ToolCallItem, ToolResultItem
+from stepagent.ids import derived_id
 from stepagent.messages import OAuthRequired, UserChoiceRequired
 from stepagent.senders.sqs import SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore, StoredRow

@@ -39,11 +39,11 @@ from stepagent.aws.worker import CountingMetrics, MetricsSink, Worker
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.step import StepConfig
 from stepagent.errors import ConfigurationError
+from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelProvider
 from stepagent.providers.factory import make_provider
 from stepagent.senders.sqs import SqsQueues, SqsSender
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
-from stepagent.system.step_mode import AgentSystem
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import Invocable, load_toolset

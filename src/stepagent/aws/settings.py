@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from stepagent.errors import ConfigurationError
+from stepagent.tools.mcp_config import McpServer
 
 SETTING_NAMES = (
     "STEPAGENT_CONVERSATION_TABLE",
@@ -33,18 +34,6 @@ SETTING_NAMES = (
     "STEPAGENT_CALLBACK_SECRET_ID",
     "STEPAGENT_PROVIDER_API_KEY_ID",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class McpServer:
-    """One MCP server: stdio (``command``/``args``/``env``) or streamable HTTP (``url``/``headers``)."""
-
-    name: str
-    command: str | None = None
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    url: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,8 +43,8 @@ from stepagent.aws.outputs import (
 from stepagent.core.step import StepInput
 from stepagent.errors import ConcurrentWriteError, GroupMismatchError, InputError, MalformedMessageError
 from stepagent.messages import InputMessage, parse_input_message
+from stepagent.modes.step_mode import AgentSystem
 from stepagent.senders.sqs import SqsQueues
-from stepagent.system.step_mode import AgentSystem
 
 logger = Logger(service="stepagent")
 
@@ -89,7 +89,7 @@ class Record:
 
 
 class Worker:
-    """Handles SQS batches for one :class:`~stepagent.system.step_mode.AgentSystem`."""
+    """Handles SQS batches for one :class:`~stepagent.modes.step_mode.AgentSystem`."""
 
     def __init__(
         self,

@@ -23,9 +23,8 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-from stepagent.core import texts
+from stepagent import texts
 from stepagent.core.history import HistoryManager
-from stepagent.core.ids import completion_id
 from stepagent.errors import InvariantViolation, ProviderError, ToolError, TransientError
 from stepagent.events import (
     AgentEvent,
@@ -46,6 +45,7 @@ from stepagent.history_items import (
     ToolCallItem,
     ToolResultItem,
 )
+from stepagent.ids import completion_id
 from stepagent.messages import ImageBlock, TextBlock, ToolCall, ToolResult
 from stepagent.providers.base import (
     Final,

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepagent.core.ancestors import ancestor_chain, load_history_with_ancestors
 from stepagent.errors import InvariantViolation
 from stepagent.history_items import (
     AssistantText,
@@ -42,8 +43,6 @@ from stepagent.stores.base import (
     StateStore,
     StoredRow,
     ThreadInfo,
-    ancestor_chain,
-    load_history_with_ancestors,
 )
 
 INTERRUPTED_TEXT = "Tool call interrupted by user"

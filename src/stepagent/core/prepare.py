@@ -25,9 +25,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stepagent.core import texts
+from stepagent import texts
 from stepagent.core.history import INTERRUPTED_TEXT, HistoryManager
-from stepagent.core.ids import derived_id
 from stepagent.errors import ConcurrentWriteError
 from stepagent.events import (
     AgentEvent,
@@ -48,6 +47,7 @@ from stepagent.history_items import (
     ToolResultItem,
     UserItem,
 )
+from stepagent.ids import derived_id
 from stepagent.messages import (
     Compaction,
     CompactionComplete,

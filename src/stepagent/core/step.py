@@ -21,10 +21,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from stepagent.core import texts
+from stepagent import texts
 from stepagent.core.completion import CompletionRunner, RetryPolicy, run_inline_tool, sync_result_id
 from stepagent.core.history import HistoryManager
-from stepagent.core.ids import derived_id
 from stepagent.core.prepare import Preparer
 from stepagent.errors import ToolError, TransientError
 from stepagent.events import (
@@ -38,6 +37,7 @@ from stepagent.events import (
     UserChoiceDismissed,
 )
 from stepagent.history_items import EventItem, ToolResultItem, UserItem
+from stepagent.ids import derived_id
 from stepagent.messages import (
     Compaction,
     InputMessage,

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
-from stepagent.core.ids import derived_id
 from stepagent.history_items import EventItem, HistoryItem, Summary, ToolCallItem, item_from_dict
 from stepagent.history_items import answered_call_id as answers
+from stepagent.ids import derived_id
 from stepagent.lifecycle.export import STATE_TYPES, ImportLimits, LifecycleError, LineReader, Plan, Validator
 from stepagent.messages import InputMessage, ThreadReport, ToolCall, UserChoiceRequired
 from stepagent.stores.base import (

@@ -41,7 +41,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from stepagent.core.texts import IMAGE_OMITTED
 from stepagent.history_items import (
     INJECTED_TOOL_NAME,
     AssistantText,
@@ -54,6 +53,7 @@ from stepagent.history_items import (
     UserItem,
 )
 from stepagent.messages import ImageBlock, TextBlock, TextContent, ToolResult
+from stepagent.texts import IMAGE_OMITTED
 
 EMPTY_OUTPUT = "[the tool returned no output]"
 EMPTY_USER_TEXT = "[empty message]"

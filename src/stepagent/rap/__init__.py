@@ -7,5 +7,6 @@
 - :mod:`stepagent.rap.choices`: answering a ``user_choice``.
 - :mod:`stepagent.rap.server`: a helper to write RAP tool servers.
 
-The runtime's client side (discovery, invocation, lifecycle) is :mod:`stepagent.tools.rap`.
+The runtime's client side (discovery, invocation, lifecycle) is :mod:`stepagent.tools.rap`; the receiver
+Lambda (Function URL → input queue) is :mod:`stepagent.aws.rap_receiver`.
 """

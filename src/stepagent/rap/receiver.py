@@ -44,7 +44,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stepagent.core.ids import derived_id
+from stepagent.ids import derived_id
 from stepagent.messages import (
     ImageBlock,
     InputMessage,

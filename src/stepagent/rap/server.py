@@ -50,6 +50,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from stepagent.errors import ToolError
+from stepagent.function_schema import TypedFunction, result_text
 from stepagent.rap.call import (
     DEFERRED,
     CallbackError,
@@ -60,7 +61,6 @@ from stepagent.rap.call import (
     current_call,
 )
 from stepagent.rap.protocol import RapInvocation
-from stepagent.tools.functions import FunctionTool, result_text
 
 __all__ = [
     "DEFERRED",
@@ -102,7 +102,7 @@ class RapToolServer:
         self._own_http = http is None
         self.callback_attempts = callback_attempts
         self.callback_backoff = callback_backoff
-        self.tools: dict[str, FunctionTool[..., Any]] = {}
+        self.tools: dict[str, TypedFunction[..., Any]] = {}
         self.annotations: dict[str, dict[str, Any]] = {}
         #: What the runtime told this server, in order (for tests and logs).
         self.cancelled: list[tuple[str, str]] = []
@@ -124,7 +124,7 @@ class RapToolServer:
     # ---- declaring tools ----------------------------------------------------------------------------------
 
     @overload
-    def tool(self, func: Callable[..., Any], /) -> FunctionTool[..., Any]: ...
+    def tool(self, func: Callable[..., Any], /) -> TypedFunction[..., Any]: ...
 
     @overload
     def tool(
@@ -135,7 +135,7 @@ class RapToolServer:
         description: str | None = None,
         timeout: float | None = None,
         annotations: dict[str, Any] | None = None,
-    ) -> Callable[[Callable[..., Any]], FunctionTool[..., Any]]: ...
+    ) -> Callable[[Callable[..., Any]], TypedFunction[..., Any]]: ...
 
     def tool(
         self,
@@ -146,11 +146,11 @@ class RapToolServer:
         description: str | None = None,
         timeout: float | None = None,
         annotations: dict[str, Any] | None = None,
-    ) -> FunctionTool[..., Any] | Callable[[Callable[..., Any]], FunctionTool[..., Any]]:
+    ) -> TypedFunction[..., Any] | Callable[[Callable[..., Any]], TypedFunction[..., Any]]:
         """``@server.tool`` or ``@server.tool(name=..., timeout=..., annotations=...)``."""
 
-        def register(function: Callable[..., Any]) -> FunctionTool[..., Any]:
-            made = FunctionTool(function, name=name, description=description, timeout=timeout)
+        def register(function: Callable[..., Any]) -> TypedFunction[..., Any]:
+            made = TypedFunction(function, name=name, description=description, timeout=timeout)
             if not made.description:
                 raise ValueError(f"RAP tool {made.name!r} needs a description (a docstring)")
             self.tools[made.name] = made
@@ -260,7 +260,7 @@ class RapToolServer:
             await call.send_result(text)
 
     @staticmethod
-    async def _call_function(tool: FunctionTool[..., Any], kwargs: dict[str, Any]) -> Any:
+    async def _call_function(tool: TypedFunction[..., Any], kwargs: dict[str, Any]) -> Any:
         function = tool.function
         try:
             if asyncio.iscoroutinefunction(function):

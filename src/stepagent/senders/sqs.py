@@ -9,7 +9,7 @@ Guarantees of :class:`SqsSender`:
   never collides), and always within SQS's 128-character limit and alphabet.
 - The body carries the logical id: ``"id": dedup_id`` unless the message already has one, so the receiving
   worker dedups by it even after SQS's 5-minute dedup window.
-- Bodies over ~200 KB go to the blob bucket (see :mod:`stepagent.aws.claim_check`).
+- Bodies over ~200 KB go to the blob bucket (see :mod:`stepagent.senders.claim_check`).
 - Every AWS failure is a :class:`~stepagent.errors.QueueError` naming the queue (transient: the record
   that caused the send is retried).
 """
@@ -22,9 +22,9 @@ from typing import Any, TypeAlias
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from stepagent.aws.claim_check import INLINE_BODY_LIMIT, unwrap_body, wrap_body
 from stepagent.errors import QueueError
 from stepagent.messages import InputMessage
+from stepagent.senders.claim_check import INLINE_BODY_LIMIT, unwrap_body, wrap_body
 
 #: aioboto3 clients are untyped.
 SqsClient: TypeAlias = Any

@@ -30,23 +30,7 @@ exactly like the in-memory stores (the contract suite runs against both) and add
 - **Errors.** AWS failures become :class:`~stepagent.errors.StoreError` (operation and table named); a lost
   version race is :class:`~stepagent.errors.ConcurrentWriteError`.
 
-Item layout (``pk`` = thread id in both tables; numbers zero-padded so ``sk`` sorts numerically)::
-
-    conversation  HEAD              root_id kind closed version tail [parent_id spawn_order spawn_tool_call_id]
-                                    [gen] [pending_gen pending_at]       generation pointer, replacement mark
-                  R#{order:012d}    message_id cv (body | blob)          one history row, encoded item JSON
-                  R#g{gen}#{order:012d}  (same)                          a row of a replaced history
-                  S#{up_to:012d}    (body | blob)                        compaction summary text
-                  C#{child_id}      seq                                  child index entry (spawn order)
-    state         P#{message_id}    expires_at                           processed marker (TTL)
-                  A#{tool_call_id}  expires_at                           answered marker (TTL)
-                  META              (body | blob)                        metadata JSON, under the root's id
-                  SUB#{tool_call_id}                                     active subscription
-                  CHOICE#{id}       (body | blob) seq                    UserChoiceRequired JSON
-                  I#{tool_call_id}  (body | blob) seq                    DispatchIntent JSON (outbox)
-                  D#{message_id}    (body | blob) seq                    DeferredInput JSON
-                  CALL#{tool_call_id} (body | blob)                      indexed ToolCall JSON (spawn/subscribe)
-                  COMPACTION        claim_id lease_expires               compaction in progress
+The item layout (keys and the head codec) is :mod:`~stepagent.stores.dynamodb_layout`.
 """
 
 from __future__ import annotations
@@ -76,71 +60,24 @@ from stepagent.stores.dynamodb_io import (
     transaction_chunks,
     update,
 )
+from stepagent.stores.dynamodb_layout import (
+    CHILD_PREFIX,
+    HEAD_SK,
+    head_generation,
+    head_item,
+    info_from_item,
+    row_sk,
+    summary_sk,
+)
+from stepagent.stores.dynamodb_replace import rewind_thread, stage_history, sweep_generations
 from stepagent.stores.dynamodb_state import DynamoStateStore, state_writes
 from stepagent.stores.metrics import StoreMetrics
 
 __all__ = ["DynamoConversationStore", "DynamoStateStore", "dynamo_stores"]
 
-HEAD_SK = "HEAD"
-CHILD_PREFIX = "C#"
-
-
-def _row_sk(order: int, generation: str = "") -> str:
-    # Generation "" is the original layout; a replaced history lives under its own generation's prefix,
-    # which sorts after every digit, so an ``R#{order}`` range Query never reaches another generation.
-    return f"R#g{generation}#{order:012d}" if generation else f"R#{order:012d}"
-
-
-def _generation(head: Item) -> str:
-    """The generation a head points at ("" for a history that was never replaced)."""
-    return str(head["gen"]["S"]) if "gen" in head else ""
-
-
-def _summary_sk(up_to: int) -> str:
-    return f"S#{up_to:012d}"
-
 
 class _RowConflict(Exception):
     """Only row conditions failed: same-base debris past the tail (see the module docstring)."""
-
-
-def _info_from_item(item: Item) -> ThreadInfo:
-    def text(name: str) -> str | None:
-        return str(item[name]["S"]) if name in item else None
-
-    def number(name: str) -> int | None:
-        return int(item[name]["N"]) if name in item else None
-
-    thread_id = str(item["pk"]["S"])
-    return ThreadInfo(
-        thread_id=thread_id,
-        root_id=text("root_id") or thread_id,
-        parent_id=text("parent_id"),
-        spawn_order=number("spawn_order"),
-        spawn_tool_call_id=text("spawn_tool_call_id"),
-        kind=ThreadKind(text("kind") or ThreadKind.ROOT),
-        closed=bool(item.get("closed", {}).get("BOOL", False)),
-        version=number("version") or 0,
-        tail=number("tail") or 0,
-    )
-
-
-def _head_item(info: ThreadInfo) -> Item:
-    item: Item = {
-        **item_key(info.thread_id, HEAD_SK),
-        "root_id": s_attr(info.root_id),
-        "kind": s_attr(info.kind.value),
-        "closed": {"BOOL": info.closed},
-        "version": n_attr(info.version),
-        "tail": n_attr(info.tail),
-    }
-    if info.parent_id is not None:
-        item["parent_id"] = s_attr(info.parent_id)
-    if info.spawn_order is not None:
-        item["spawn_order"] = n_attr(info.spawn_order)
-    if info.spawn_tool_call_id is not None:
-        item["spawn_tool_call_id"] = s_attr(info.spawn_tool_call_id)
-    return item
 
 
 class DynamoConversationStore:
@@ -169,7 +106,7 @@ class DynamoConversationStore:
 
     async def get_thread(self, thread_id: str) -> ThreadInfo | None:
         item = await self._read_head(thread_id)
-        return _info_from_item(item) if item else None
+        return info_from_item(item) if item else None
 
     async def _read_head(self, thread_id: str) -> Item | None:
         response = await self._io.call(
@@ -190,7 +127,7 @@ class DynamoConversationStore:
         # One consistent BatchGetItem reads both heads: the child (idempotency) and the parent (root, tail).
         keys = [item_key(t, HEAD_SK) for t in dict.fromkeys([child_id, parent_id])]
         found = await self._io.batch_get(self.table, keys)
-        heads = {info.thread_id: info for info in map(_info_from_item, found)}
+        heads = {info.thread_id: info for info in map(info_from_item, found)}
         if child_id in heads:
             return heads[child_id]
         parent = heads.get(parent_id) or await self._create_root(parent_id)
@@ -203,7 +140,7 @@ class DynamoConversationStore:
             kind=kind,
         )
         # The child's head and the parent's index entry for it land together, or neither does.
-        head = put(self.table, _head_item(child), "attribute_not_exists(#pk)", {"#pk": "pk"})
+        head = put(self.table, head_item(child), "attribute_not_exists(#pk)", {"#pk": "pk"})
         entry = {**item_key(parent_id, f"{CHILD_PREFIX}{child_id}"), "seq": n_attr(insertion_seq())}
         writes = [head, put(self.table, entry)]
         try:
@@ -221,9 +158,7 @@ class DynamoConversationStore:
         """Put a root head only if the thread has none; if another writer created it first, return theirs."""
         info = ThreadInfo(thread_id=thread_id, root_id=thread_id)
         try:
-            await self._io.write(
-                put(self.table, _head_item(info), "attribute_not_exists(#pk)", {"#pk": "pk"})
-            )
+            await self._io.write(put(self.table, head_item(info), "attribute_not_exists(#pk)", {"#pk": "pk"}))
         except ConditionFailed:
             return await self._existing(thread_id)
         return info
@@ -246,7 +181,7 @@ class DynamoConversationStore:
         # its children first and the root's head last).
         keys = [item_key(child, HEAD_SK) for child in [thread_id, *ids]]
         found = await self._io.batch_get(self.table, keys)
-        heads = {info.thread_id: info for info in map(_info_from_item, found)}
+        heads = {info.thread_id: info for info in map(info_from_item, found)}
         if thread_id not in heads:
             return []
         missing = [child for child in ids if child not in heads]
@@ -275,7 +210,7 @@ class DynamoConversationStore:
         head = await self._read_head(thread_id)
         if head is None:
             return
-        info, generation = _info_from_item(head), _generation(head)
+        info, generation = info_from_item(head), head_generation(head)
         last = info.tail if up_to is None else min(up_to, info.tail)
         first = max(after, 0) + 1
         if first > last:
@@ -286,8 +221,8 @@ class DynamoConversationStore:
             "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
             "ExpressionAttributeValues": {
                 ":pk": s_attr(thread_id),
-                ":lo": s_attr(_row_sk(first, generation)),
-                ":hi": s_attr(_row_sk(last, generation)),
+                ":lo": s_attr(row_sk(first, generation)),
+                ":hi": s_attr(row_sk(last, generation)),
             },
             "ConsistentRead": True,  # the previous step may have committed a moment ago
         }
@@ -316,8 +251,8 @@ class DynamoConversationStore:
 
     async def commit(self, thread_id: str, commit: Commit) -> ThreadInfo:
         head = await self._read_head(thread_id)
-        info = _info_from_item(head) if head else ThreadInfo(thread_id=thread_id, root_id=thread_id)
-        generation = _generation(head) if head else ""
+        info = info_from_item(head) if head else ThreadInfo(thread_id=thread_id, root_id=thread_id)
+        generation = head_generation(head) if head else ""
         if info.version != commit.expected_version:
             raise ConcurrentWriteError(
                 f"thread {thread_id} is at version {info.version}, commit expected {commit.expected_version}"
@@ -390,7 +325,7 @@ class DynamoConversationStore:
         folder = f"rows/{info.thread_id}/g{generation}" if generation else f"rows/{info.thread_id}"
         payload = await self._io.payload(data, f"{folder}/{order:012d}-{cv}")
         item = {
-            **item_key(info.thread_id, _row_sk(order, generation)),
+            **item_key(info.thread_id, row_sk(order, generation)),
             "message_id": s_attr(message_id),
             "cv": n_attr(cv),
         }
@@ -455,27 +390,21 @@ class DynamoConversationStore:
             ) from None
         self._io.count_written(writes)
 
-    # ---- rewind and whole-history replacement (implemented in dynamodb_replace, which imports this module)
+    # ---- rewind and whole-history replacement (implemented in dynamodb_replace, on this store's I/O)
 
     async def rewind(self, thread_id: str, rewind: Rewind) -> ThreadInfo:
-        from stepagent.stores.dynamodb_replace import rewind_thread
-
         return await rewind_thread(self, thread_id, rewind)
 
     async def stage_history(self, thread_id: str, expected_version: int) -> HistoryStaging:
-        from stepagent.stores.dynamodb_replace import stage_history
-
         return await stage_history(self, thread_id, expected_version)
 
     async def sweep_generations(self, thread_id: str, *, now: float, lease_seconds: float) -> int:
-        from stepagent.stores.dynamodb_replace import sweep_generations
-
         return await sweep_generations(self, thread_id, now=now, lease_seconds=lease_seconds)
 
     # ---- summaries ----------------------------------------------------------------------------------------
 
     async def save_summary(self, thread_id: str, summary: Summary) -> None:
-        sk = _summary_sk(summary.up_to_order)
+        sk = summary_sk(summary.up_to_order)
         payload = await self._io.payload(summary.text, f"summaries/{thread_id}/{sk}")
         await self._io.write(put(self.table, item_key(thread_id, sk) | payload))
 
@@ -490,8 +419,8 @@ class DynamoConversationStore:
             ExpressionAttributeNames={"#pk": "pk", "#sk": "sk"},
             ExpressionAttributeValues={
                 ":pk": s_attr(thread_id),
-                ":lo": s_attr(_summary_sk(0)),
-                ":hi": s_attr(_summary_sk(up_to) if up_to is not None else "S#~"),  # "~" sorts after digits
+                ":lo": s_attr(summary_sk(0)),
+                ":hi": s_attr(summary_sk(up_to) if up_to is not None else "S#~"),  # "~" sorts after digits
             },
             ScanIndexForward=False,
             Limit=1,

@@ -29,22 +29,14 @@ import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import replace
+from typing import Protocol
 
 from stepagent.errors import ConcurrentWriteError, PayloadTooLargeError
 from stepagent.history_items import Summary, encode_item
 from stepagent.stores.base import HistoryEntry, Replacement, Rewind, StateCleanup, ThreadInfo, iterate_entries
-from stepagent.stores.dynamodb import (
-    CHILD_PREFIX,
-    HEAD_SK,
-    DynamoConversationStore,
-    _generation,
-    _head_item,
-    _info_from_item,
-    _row_sk,
-    _summary_sk,
-)
 from stepagent.stores.dynamodb_io import (
     ConditionFailed,
+    DynamoIo,
     Item,
     Write,
     delete,
@@ -56,10 +48,34 @@ from stepagent.stores.dynamodb_io import (
     s_attr,
     update,
 )
+from stepagent.stores.dynamodb_layout import (
+    CHILD_PREFIX,
+    HEAD_SK,
+    head_generation,
+    head_item,
+    info_from_item,
+    row_generation,
+    row_sk,
+    summary_sk,
+)
 from stepagent.stores.dynamodb_state import state_writes
 
 #: Staged rows are flushed every 25 rows (BatchWriteItem's limit) or at this many bytes, whichever first.
 _STAGE_BYTES = 2_000_000
+
+
+class ConversationTable(Protocol):
+    """What this module uses of :class:`~stepagent.stores.dynamodb.DynamoConversationStore`: its tables,
+    its counted I/O, its consistent head read and its classified transaction. A protocol, because the store
+    calls into this module: importing the store here would close an import cycle."""
+
+    table: str
+    state_table: str
+    _io: DynamoIo
+
+    async def _read_head(self, thread_id: str) -> Item | None: ...
+
+    async def _transact(self, thread_id: str, writes: list[Write]) -> None: ...
 
 
 def _versioned_head(head: Item | None, thread_id: str, expected: int) -> None:
@@ -69,7 +85,7 @@ def _versioned_head(head: Item | None, thread_id: str, expected: int) -> None:
 
 
 def _cleanup_writes(
-    store: DynamoConversationStore, thread_id: str, cleanup: StateCleanup, added: set[str]
+    store: ConversationTable, thread_id: str, cleanup: StateCleanup, added: set[str]
 ) -> tuple[list[Item], list[Write], list[Write]]:
     """(marker keys to delete first, deletes that move with the head, writes that may follow it).
 
@@ -102,9 +118,7 @@ def _cleanup_writes(
     return markers, core, late
 
 
-async def _apply(
-    store: DynamoConversationStore, thread_id: str, core: list[Write], late: list[Write]
-) -> None:
+async def _apply(store: ConversationTable, thread_id: str, core: list[Write], late: list[Write]) -> None:
     """``core`` (head action first) as one transaction, with ``late`` in it too when it fits, else after."""
     if fits([*core, *late]):
         await store._transact(thread_id, [*core, *late])
@@ -123,12 +137,12 @@ async def _apply(
 # ---- rewind ----------------------------------------------------------------------------------------------
 
 
-async def rewind_thread(store: DynamoConversationStore, thread_id: str, rewind: Rewind) -> ThreadInfo:
+async def rewind_thread(store: ConversationTable, thread_id: str, rewind: Rewind) -> ThreadInfo:
     head = await store._read_head(thread_id)
     _versioned_head(head, thread_id, rewind.expected_version)
     if head is None:
         raise ConcurrentWriteError(f"thread {thread_id} does not exist")
-    info = _info_from_item(head)
+    info = info_from_item(head)
     if not 0 <= rewind.to_order <= info.tail:
         raise ValueError(f"thread {thread_id}: cannot rewind to {rewind.to_order} (tail {info.tail})")
     markers, cleanup, late = _cleanup_writes(store, thread_id, rewind.cleanup, set())
@@ -142,7 +156,7 @@ async def rewind_thread(store: DynamoConversationStore, thread_id: str, rewind: 
         ConditionExpression="#v = :e",
     )
     summaries = [
-        delete(store.table, item_key(thread_id, _summary_sk(order)))
+        delete(store.table, item_key(thread_id, summary_sk(order)))
         for order in dict.fromkeys(rewind.summaries_removed)
     ]
     await _apply(store, thread_id, [head_update, *summaries, *cleanup], late)
@@ -152,9 +166,7 @@ async def rewind_thread(store: DynamoConversationStore, thread_id: str, rewind: 
 # ---- replacement -----------------------------------------------------------------------------------------
 
 
-async def stage_history(
-    store: DynamoConversationStore, thread_id: str, expected_version: int
-) -> DynamoStaging:
+async def stage_history(store: ConversationTable, thread_id: str, expected_version: int) -> DynamoStaging:
     head = await store._read_head(thread_id)
     _versioned_head(head, thread_id, expected_version)
     staging = DynamoStaging(store, thread_id, uuid.uuid4().hex[:16], expected_version, head)
@@ -183,7 +195,7 @@ class DynamoStaging:
 
     def __init__(
         self,
-        store: DynamoConversationStore,
+        store: ConversationTable,
         thread_id: str,
         generation: str,
         expected: int,
@@ -206,7 +218,7 @@ class DynamoStaging:
         size = 0
         async for entry in iterate_entries(entries):
             if isinstance(entry, Summary):
-                sk = _summary_sk(entry.up_to_order)
+                sk = summary_sk(entry.up_to_order)
                 payload = await store._io.payload(entry.text, f"summaries/{thread_id}/{sk}")
                 self._summaries[entry.up_to_order] = item_key(thread_id, sk) | payload
                 continue
@@ -217,7 +229,7 @@ class DynamoStaging:
             payload = await store._io.payload(encode_item(item), blob_key)
             if "blob" in payload:
                 self._blobs.append(str(payload["blob"]["S"]))
-            row = item_key(thread_id, _row_sk(order, self.generation))
+            row = item_key(thread_id, row_sk(order, self.generation))
             row |= {"message_id": s_attr(message_id), "cv": n_attr(cv)} | payload
             batch.append(row)
             size += len(str(payload.get("body", {}).get("S", "")))
@@ -230,7 +242,7 @@ class DynamoStaging:
 
     async def flip(self, replacement: Replacement) -> ThreadInfo:
         store, thread_id, head = self._store, self.thread_id, self._head
-        current = _info_from_item(head) if head is not None else None
+        current = info_from_item(head) if head is not None else None
         base = replacement.record or current or ThreadInfo(thread_id=thread_id, root_id=thread_id)
         new = replace(base, thread_id=thread_id, version=self._expected + 1, tail=self._count)
         state = replacement.state
@@ -251,7 +263,7 @@ class DynamoStaging:
     def _head_write(self, new: ThreadInfo) -> Write:
         store = self._store
         if self._head is None:  # a new thread: the flip creates its head, only if nobody else did
-            item = _head_item(new) | {"gen": s_attr(self.generation)}
+            item = head_item(new) | {"gen": s_attr(self.generation)}
             return put(store.table, item, "attribute_not_exists(#pk)", {"#pk": "pk"})
         names = {"#v": "version", "#t": "tail", "#g": "gen", "#pg": "pending_gen", "#pa": "pending_at"}
         values: Item = {
@@ -262,7 +274,7 @@ class DynamoStaging:
         }
         sets = ["#v = :nv", "#t = :nt", "#g = :g"]
         removes = ["#pg", "#pa"]
-        fields = _head_item(new)
+        fields = head_item(new)
         for name in ("root_id", "kind", "closed", "parent_id", "spawn_order", "spawn_tool_call_id"):
             names[f"#{name}"] = name
             if name in fields:
@@ -303,7 +315,7 @@ class DynamoStaging:
             )
             with contextlib.suppress(ConditionFailed):
                 await store._io.write(clear)
-        keys = [item_key(self.thread_id, _row_sk(o, self.generation)) for o in range(1, self._count + 1)]
+        keys = [item_key(self.thread_id, row_sk(o, self.generation)) for o in range(1, self._count + 1)]
         await store._io.batch_delete(store.table, keys)
         for blob in self._blobs:
             await store._io.delete_blob(blob)
@@ -312,7 +324,7 @@ class DynamoStaging:
 # ---- sweep -----------------------------------------------------------------------------------------------
 
 
-async def _keys(store: DynamoConversationStore, thread_id: str, lo: str, hi: str) -> AsyncIterator[Item]:
+async def _keys(store: ConversationTable, thread_id: str, lo: str, hi: str) -> AsyncIterator[Item]:
     """Keys (and ``blob``) of the items with ``lo <= sk <= hi``, page by page."""
     query: Item = {
         "TableName": store.table,
@@ -331,18 +343,13 @@ async def _keys(store: DynamoConversationStore, thread_id: str, lo: str, hi: str
         query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
-def _row_generation(sk: str) -> str:
-    parts = sk.split("#")
-    return parts[1][1:] if len(parts) == 3 else ""
-
-
 async def sweep_generations(
-    store: DynamoConversationStore, thread_id: str, *, now: float, lease_seconds: float
+    store: ConversationTable, thread_id: str, *, now: float, lease_seconds: float
 ) -> int:
     head = await store._read_head(thread_id)
     if head is None:
         return 0
-    current = _generation(head)
+    current = head_generation(head)
     live: str | None = None
     if "pending_gen" in head:
         pending = str(head["pending_gen"]["S"])
@@ -366,7 +373,7 @@ async def sweep_generations(
     for lo, hi in ranges:
         doomed: list[Item] = []
         async for key in _keys(store, thread_id, lo, hi):
-            if _row_generation(str(key["sk"]["S"])) == live:
+            if row_generation(str(key["sk"]["S"])) == live:
                 continue
             doomed.append({"pk": key["pk"], "sk": key["sk"]})
             if "blob" in key:

@@ -3,11 +3,10 @@
 ``@tool`` (or ``@tool(inline=True, name=..., description=..., timeout=...)``) turns a plain or async function
 with type hints into a :class:`FunctionTool`. Guarantees:
 
-- The JSON schema comes from the signature via pydantic: one property per parameter, ``required`` = the
-  parameters without defaults, per-parameter descriptions from a Google-style ``Args:`` docstring section,
-  no ``title`` noise, ``additionalProperties: false``. The description is the docstring's first paragraph.
-- A bad definition (``*args``/``**kwargs``, a missing annotation, an invalid name) fails at decoration time
-  with a :class:`~stepagent.errors.ConfigurationError`.
+- Schema, description and validation are :class:`~stepagent.function_schema.TypedFunction`'s: from the
+  signature via pydantic, the description from the docstring; a bad definition (``*args``/``**kwargs``, a
+  missing annotation, an invalid name) fails at decoration time with a
+  :class:`~stepagent.errors.ConfigurationError`.
 - The decorated object is still callable exactly like the original function.
 - :meth:`FunctionTool.invoke` never raises anything but :class:`~stepagent.errors.ToolError` for problems the
   model should see: invalid arguments (naming the argument), the function raising (``Type: message``), a
@@ -23,182 +22,20 @@ function tools in this process (local mode and tests); in AWS the tool runner La
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import importlib
 import inspect
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, get_type_hints, overload, runtime_checkable
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload, runtime_checkable
 
 from stepagent.errors import ConfigurationError, ToolError
+from stepagent.function_schema import DEFAULT_TIMEOUT, TypedFunction, result_text
 from stepagent.messages import ToolResult
 from stepagent.tools.base import Tool, ToolContext, Toolset
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-DEFAULT_TIMEOUT = 60.0
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what every supported provider accepts as a tool name
-_ARG_SECTIONS = frozenset({"args", "arguments", "parameters", "params", "keyword args", "keyword arguments"})
-_SECTION = re.compile(
-    r"^(args|arguments|parameters|params|keyword args|keyword arguments|returns?|yields?|raises|"
-    r"examples?|notes?|attributes|see also|warnings?|todo|references)\s*:\s*$",
-    re.IGNORECASE,
-)
-_ARG_LINE = re.compile(r"^\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
-# Schema keys whose values are data, not sub-schemas: never strip a "title" inside them.
-_VALUE_KEYS = frozenset({"default", "const", "enum", "examples"})
-_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Docstrings and schemas
-
-
-def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """(first paragraph joined into one line, {parameter: description}) from a Google-style docstring."""
-    if not doc:
-        return "", {}
-    lines = inspect.cleandoc(doc).splitlines()
-    summary: list[str] = []
-    for line in lines:
-        if not line.strip() or _SECTION.match(line.strip()):
-            break
-        summary.append(line.strip())
-
-    params: dict[str, str] = {}
-    in_args = False
-    section_indent = 0
-    item_indent: int | None = None
-    current: str | None = None
-    for line in lines:
-        stripped = line.strip()
-        indent = len(line) - len(line.lstrip())
-        if _SECTION.match(stripped) and (not in_args or indent <= section_indent):
-            in_args = stripped.rstrip(": ").lower() in _ARG_SECTIONS
-            section_indent, item_indent, current = indent, None, None
-            continue
-        if not in_args or not stripped:
-            continue
-        if indent <= section_indent:  # dedent: the section is over
-            in_args = False
-            continue
-        if item_indent is None:
-            item_indent = indent
-        if indent <= item_indent:
-            match = _ARG_LINE.match(stripped)
-            current = match.group(1) if match else None
-            if match:
-                params[current] = match.group(2).strip()  # type: ignore[index]
-        elif current is not None:
-            params[current] = f"{params[current]} {stripped}".strip()
-    return " ".join(summary), params
-
-
-def _clean_schema(node: Any) -> Any:
-    """Drop pydantic's generated ``title`` strings, leaving data values and property names alone."""
-    if isinstance(node, list):
-        return [_clean_schema(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key == "title" and isinstance(value, str):
-            continue
-        if key in _SCHEMA_MAPS and isinstance(value, dict):
-            out[key] = {name: _clean_schema(sub) for name, sub in value.items()}
-        elif key in _VALUE_KEYS:
-            out[key] = value
-        else:
-            out[key] = _clean_schema(value)
-    return out
-
-
-def _arguments_model(
-    func: Callable[..., Any], tool_name: str, descriptions: Mapping[str, str]
-) -> tuple[type[BaseModel], list[tuple[str, str]]]:
-    """A pydantic model over the parameters, and (field name, parameter name) pairs.
-
-    Fields are named ``arg0, arg1, ...`` with the parameter name as alias, so parameters named like
-    ``BaseModel`` attributes (``json``, ``schema``, ``model_config``) cannot clash."""
-    try:
-        signature = inspect.signature(func)
-        hints = get_type_hints(func, include_extras=True)
-    except (TypeError, ValueError, NameError) as exc:
-        raise ConfigurationError(f"tool {tool_name!r}: cannot read the signature: {exc}") from None
-    fields: dict[str, Any] = {}
-    names: list[tuple[str, str]] = []
-    for index, (pname, param) in enumerate(signature.parameters.items()):
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
-            raise ConfigurationError(
-                f"tool {tool_name!r}: parameter {pname!r} must be a named parameter (no *args, **kwargs, "
-                "or positional-only parameters): the model passes arguments by name"
-            )
-        if pname not in hints:
-            raise ConfigurationError(
-                f"tool {tool_name!r}: parameter {pname!r} has no type annotation; the schema needs one"
-            )
-        default = ... if param.default is param.empty else param.default
-        field_name = f"arg{index}"
-        fields[field_name] = (hints[pname], Field(default, alias=pname, description=descriptions.get(pname)))
-        names.append((field_name, pname))
-    try:
-        model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
-    except Exception as exc:  # pydantic raises several types for unsupported annotations
-        raise ConfigurationError(f"tool {tool_name!r}: unsupported parameter type: {exc}") from None
-    return model, names
-
-
-def _schema(model: type[BaseModel], tool_name: str) -> dict[str, Any]:
-    try:
-        raw = _clean_schema(model.model_json_schema(by_alias=True))
-    except Exception as exc:  # e.g. a parameter type without a JSON schema
-        raise ConfigurationError(f"tool {tool_name!r}: cannot build the JSON schema: {exc}") from None
-    schema: dict[str, Any] = {"type": "object", "properties": raw.pop("properties", {})}
-    if "required" in raw:
-        schema["required"] = raw.pop("required")
-    raw.pop("type", None)
-    raw.pop("additionalProperties", None)
-    schema.update(raw)  # "$defs" for nested models
-    schema["additionalProperties"] = False
-    return schema
-
-
-def _describe_errors(error: ValidationError) -> str:
-    parts: list[str] = []
-    for detail in error.errors():
-        loc = ".".join(str(part) for part in detail["loc"])
-        if not loc:
-            parts.append(f"arguments: {detail['msg']}")
-        elif detail["type"] == "missing":
-            parts.append(f"missing required argument '{loc}'")
-        elif detail["type"] == "extra_forbidden":
-            parts.append(f"unexpected argument '{loc}'")
-        else:
-            parts.append(f"argument '{loc}': {detail['msg']}")
-    return "; ".join(parts)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, set | frozenset):
-        return sorted(value, key=repr)
-    return str(value)
-
-
-def result_text(value: Any) -> str:
-    """A function's return value as tool-result text: ``str`` as is, anything else as JSON."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, default=_json_default)
-
 
 # ----------------------------------------------------------------------------------------------------------
 # The tool
@@ -220,30 +57,21 @@ class FunctionTool(Tool, Generic[P, R]):
         inline: bool = False,
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
-        if isinstance(func, FunctionTool) or not callable(func):
+        if isinstance(func, FunctionTool | TypedFunction) or not callable(func):
             raise ConfigurationError(f"@tool needs a plain or async function, got {func!r}")
-        tool_name = name if name is not None else getattr(func, "__name__", "")
-        if not _NAME.match(tool_name):
-            raise ConfigurationError(
-                f"tool name {tool_name!r} is invalid: use 1-64 letters, digits, '_' or '-'"
-            )
-        if timeout is not None and timeout <= 0:
-            raise ConfigurationError(f"tool {tool_name!r}: timeout must be positive, got {timeout!r}")
-        summary, arg_docs = parse_docstring(inspect.getdoc(func))
-        model, fields = _arguments_model(func, tool_name, arg_docs)
+        typed = TypedFunction(func, name=name, description=description, timeout=timeout)
+        self._typed = typed
         self._func = func
         # The same function, called with validated keyword arguments (which ParamSpec cannot express).
         self._untyped: Callable[..., Any] = func
-        self._model = model
-        self._fields = fields
         self._is_async = inspect.iscoroutinefunction(func)
         self.timeout = timeout
         functools.update_wrapper(self, func)
         # Tool declares these as ClassVars (for class-based tools); a function tool sets them per
         # instance, which shadows the class attributes at runtime. setattr keeps mypy's ClassVar check quiet.
-        setattr(self, "name", tool_name)  # noqa: B010
-        setattr(self, "description", description if description is not None else summary)  # noqa: B010
-        setattr(self, "parameters", _schema(model, tool_name))  # noqa: B010
+        setattr(self, "name", typed.name)  # noqa: B010
+        setattr(self, "description", typed.description)  # noqa: B010
+        setattr(self, "parameters", typed.parameters)  # noqa: B010
         setattr(self, "inline", inline)  # noqa: B010
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -258,11 +86,7 @@ class FunctionTool(Tool, Generic[P, R]):
 
     def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Validated keyword arguments for the function; ``ToolError`` naming each bad argument."""
-        try:
-            parsed = self._model.model_validate(arguments)
-        except ValidationError as exc:
-            raise ToolError(f"invalid arguments for tool '{self.name}': {_describe_errors(exc)}") from None
-        return {pname: getattr(parsed, field) for field, pname in self._fields}
+        return self._typed.validate(arguments)
 
     async def invoke(self, arguments: Mapping[str, Any]) -> str:
         """Validate, run (with the timeout), and render the result as text. Raises only ``ToolError``

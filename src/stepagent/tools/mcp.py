@@ -1,6 +1,6 @@
 """MCP server tools through the official ``mcp`` SDK (stdio and streamable HTTP).
 
-``STEPAGENT_MCP_SERVERS`` lists the servers (:class:`~stepagent.aws.settings.McpServer`). At start,
+``STEPAGENT_MCP_SERVERS`` lists the servers (:class:`~stepagent.tools.mcp_config.McpServer`). At start,
 :func:`load_mcp_tools` lists each server's tools and offers them to the model as
 ``<server name>__<tool name>`` (characters model APIs reject become ``_``; the original name is kept for
 the call).
@@ -28,10 +28,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TextIO, cast
 
-from stepagent.aws.settings import McpServer
 from stepagent.errors import ConfigurationError, ToolError
 from stepagent.messages import ToolResult
 from stepagent.tools.base import Tool, ToolContext
+from stepagent.tools.mcp_config import McpServer
 
 log = logging.getLogger(__name__)
 

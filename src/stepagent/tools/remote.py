@@ -1,4 +1,5 @@
-"""Building the remote tools (RAP servers, MCP servers) and the lifecycle notifier from :class:`Settings`.
+"""Building the remote tools (RAP servers, MCP servers) and the lifecycle notifier from
+:class:`RemoteSettings`.
 
 :func:`load_remote_tools` is what a runtime calls once at start (the worker, the tool runner, local mode):
 
@@ -12,25 +13,58 @@
   chosen: built-ins and ``STEPAGENT_TOOLS``).
 - The notifier (``None`` without RAP servers) cancels a RAP call on its owning server and tells every
   server when a thread closes.
+
+The configuration comes in as :class:`RemoteSettings`, which the runtime's settings object
+(:class:`stepagent.aws.settings.Settings`) satisfies; this module never reads the environment itself.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 
-from stepagent.aws.settings import Settings
 from stepagent.errors import ConfigurationError
 from stepagent.stores.base import StateStore
 from stepagent.tools.base import LifecycleNotifier, Tool
 from stepagent.tools.mcp import load_mcp_tools
+from stepagent.tools.mcp_config import McpServer
 from stepagent.tools.rap import DEFAULT_MANIFEST_TTL, CallbackConfig, RapNotifier, load_rap_tools
 from stepagent.tools.rap_http import RapHttp, RapServerConfig
 
 log = logging.getLogger(__name__)
+
+
+class RemoteSettings(Protocol):
+    """The settings the remote tools need (the ``STEPAGENT_*`` names are in the error messages)."""
+
+    @property
+    def rap_servers(self) -> Sequence[str]:
+        """``STEPAGENT_RAP_SERVERS``: RAP server base URLs."""
+        ...
+
+    @property
+    def callback_url(self) -> str | None:
+        """``STEPAGENT_CALLBACK_URL``: where RAP servers post results."""
+        ...
+
+    @property
+    def callback_secret(self) -> str | None:
+        """``STEPAGENT_CALLBACK_SECRET``: the HMAC key of callback tokens."""
+        ...
+
+    @property
+    def mcp_servers(self) -> Sequence[McpServer]:
+        """``STEPAGENT_MCP_SERVERS``: the MCP servers to list."""
+        ...
+
+    @property
+    def region(self) -> str | None:
+        """``AWS_REGION``: signs requests to RAP servers behind IAM whose URL names no region."""
+        ...
 
 
 @dataclass(slots=True)
@@ -42,7 +76,7 @@ class RemoteTools:
 
 
 async def load_remote(
-    settings: Settings,
+    settings: RemoteSettings,
     state: StateStore | None,
     http: httpx.AsyncClient,
     *,
@@ -84,7 +118,11 @@ async def load_remote(
 
 
 async def load_remote_tools(
-    settings: Settings, state: StateStore | None, http: httpx.AsyncClient, *, existing: Iterable[Tool] = ()
+    settings: RemoteSettings,
+    state: StateStore | None,
+    http: httpx.AsyncClient,
+    *,
+    existing: Iterable[Tool] = (),
 ) -> tuple[list[Tool], LifecycleNotifier | None]:
     """``(tools, notifier)``: the remote tools to add to the toolset, and the notifier for ``StepConfig``."""
     remote = await load_remote(settings, state, http, existing=existing)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from stepagent.core import texts
+from stepagent import texts
 from stepagent.errors import ToolError
 from stepagent.messages import ToolResult
 from stepagent.tools.base import Tool, ToolContext

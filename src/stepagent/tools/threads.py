@@ -12,10 +12,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from stepagent.core import texts
-from stepagent.core.ids import child_thread_id
+from stepagent import texts
 from stepagent.errors import ToolError
 from stepagent.history_items import Summary
+from stepagent.ids import child_thread_id
 from stepagent.messages import (
     CompactionComplete,
     InputMessage,

@@ -1,6 +1,6 @@
 """Local mode: long-lived agents in one process, on the same step engine as the Lambda worker.
 
-``LocalAgentSystem`` is an in-process queue, a router and one :class:`~stepagent.system.local_driver.ThreadDriver`
+``LocalAgentSystem`` is an in-process queue, a router and one :class:`~stepagent.modes.local_driver.ThreadDriver`
 per active thread. Every batch runs as one :class:`~stepagent.core.step.ThreadStep`, so local mode keeps
 every step-mode guarantee (reload from the stores each step, atomic commit, dispatch outbox, durable
 deferral) and adds what only a resident process can do: interrupting a running completion, replaying a
@@ -53,10 +53,7 @@ from stepagent.errors import ConfigurationError, QueueError
 from stepagent.events import AgentEvent, Observer
 from stepagent.history_items import HistoryItem
 from stepagent.messages import InputMessage
-from stepagent.providers.base import ModelProvider
-from stepagent.stores.base import ConversationStore, StateStore
-from stepagent.stores.memory import memory_stores
-from stepagent.system.local_driver import (
+from stepagent.modes.local_driver import (
     DeadLetter,
     Idle,
     LifecycleEvent,
@@ -65,7 +62,10 @@ from stepagent.system.local_driver import (
     ReplaySnapshot,
     ThreadDriver,
 )
-from stepagent.system.step_mode import AgentSystem
+from stepagent.modes.step_mode import AgentSystem
+from stepagent.providers.base import ModelProvider
+from stepagent.stores.base import ConversationStore, StateStore
+from stepagent.stores.memory import memory_stores
 from stepagent.tools.base import LifecycleNotifier, Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import InProcessFunctionRunner

@@ -24,17 +24,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepagent import texts
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.aws.worker import CountingMetrics, Worker
-from stepagent.core import texts
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.step import StepConfig
 from stepagent.messages import CompactionComplete, InputMessage, ToolResult
+from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelInfo, ModelProvider, ModelRequest
 from stepagent.providers.scripted import ScriptedProvider, request_chars
 from stepagent.senders.sqs import SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore
-from stepagent.system.step_mode import AgentSystem
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import FunctionTool, InProcessFunctionRunner, tool

@@ -3,10 +3,10 @@ steps, judged by a trend estimator, and the peak of one step at 10 versus 10,000
 deliberately leaking variants ("traps") that the *same* predicate must reject.
 
 Measurement (Python heap, ``tracemalloc``): a *settled reading* is ``gc.collect()`` three times, then the
-traced current size. The stores are :mod:`~stepagent.bench.sqlite_store` (SQLite's pages are outside the
+traced current size. The stores are :mod:`~bench.sqlite_store` (SQLite's pages are outside the
 traced heap, as DynamoDB would be), so the heap holds only the runtime and what a step reads back.
 
-Retained growth (M1), :func:`retained`: the :mod:`~stepagent.bench.workload` runs; warm-up lasts at least
+Retained growth (M1), :func:`retained`: the :mod:`~bench.workload` runs; warm-up lasts at least
 ``warmup_min`` steps and ends when the Theil-Sen slope of the last six readings (one every 25 steps) is
 under :data:`CONVERGED_PER_50` bytes per 50 steps. Then a baseline and :data:`CHECKPOINTS` checkpoints
 ``interval`` steps apart, each the median of the settled readings after each of the last five steps
@@ -24,8 +24,8 @@ with ``rows`` stored rows of ~4 KB, of which ``in_context`` follow the latest co
 is the traced peak during the step minus the traced size before it. The ``holding`` trap reads every
 stored row of the thread during the step (what a non-streaming, compaction-ignoring load would do).
 
-Run as ``python -m stepagent.bench.memory retained --variant normal --out r.json`` or
-``python -m stepagent.bench.memory peak --rows 10000 --in-context 10 --out p.json``: one measurement per
+Run as ``python -m bench.memory retained --variant normal --out r.json`` or
+``python -m bench.memory peak --rows 10000 --in-context 10 --out p.json``: one measurement per
 fresh process, so measurements never share a heap.
 """
 
@@ -47,8 +47,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepagent.bench.sqlite_store import SqliteBackend, SqliteConversationStore, SqliteStateStore
-from stepagent.bench.workload import Workload
+from bench.sqlite_store import SqliteBackend, SqliteConversationStore, SqliteStateStore
+from bench.workload import Workload
 from stepagent.history_items import AssistantText, HistoryItem, Summary, UserItem
 from stepagent.messages import InputMessage, TextContent
 from stepagent.stores.base import Commit, StoredRow
@@ -330,9 +330,7 @@ async def step_peak(rows: int, in_context: int, variant: str = "normal") -> Peak
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m stepagent.bench.memory", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     one = sub.add_parser("retained", help="M1: retained growth over many warm steps")
     one.add_argument("--variant", choices=VARIANTS, default="normal")

@@ -1,4 +1,4 @@
-"""``make bench`` (``python -m stepagent.bench``): run every benchmark, write ``docs/benchmarks.json`` and
+"""``make bench`` (``python -m bench``): run every benchmark, write ``docs/benchmarks.json`` and
 the charts ``docs/bench-*.png``.
 
 Sections of the JSON (each with its own method notes):
@@ -9,7 +9,7 @@ Sections of the JSON (each with its own method notes):
   compacted to 10, on the in-memory, SQLite and DynamoDB-on-moto stores, with AWS calls per step;
 - ``local_mode``: local-mode steps per second;
 - ``memory``: the retained-growth gate (normal run and traps) and per-step peaks (see
-  :mod:`stepagent.bench.memory`), each measured in a fresh process.
+  :mod:`bench.memory`), each measured in a fresh process.
 
 Options: ``--quick`` (a smoke run with tiny counts; its numbers mean nothing), ``--skip-moto``,
 ``--skip-memory``, ``--out-dir`` (default: the repository's ``docs/``).
@@ -30,17 +30,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stepagent.bench.imports import cold_import, import_costs
-from stepagent.bench.overhead import (
+from bench.charts import Series, line_plot
+from bench.imports import cold_import, import_costs
+from bench.overhead import (
     as_dict,
     dynamodb_overhead,
     local_mode_rate,
     local_store_overhead,
     moto_dynamodb,
 )
-from stepagent.bench.png import Series, line_plot
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[1]
 IMPORT_TARGET_MS = 300
 # spec/bounded-history.md S6: step overhead excluding the model, against a local store.
 OVERHEAD_TARGETS_MS = {1_000: 150, 10_000: 1_500}
@@ -89,8 +89,9 @@ def memory_runs(quick: bool) -> dict[str, Any]:
             running = []
             for name, args in jobs[start : start + 2]:
                 out = os.path.join(folder, name.replace("/", "_") + ".json")
-                command = [sys.executable, "-m", "stepagent.bench.memory", *args, "--out", out]
-                running.append((name, out, subprocess.Popen(command, stdout=subprocess.DEVNULL)))
+                command = [sys.executable, "-m", "bench.memory", *args, "--out", out]
+                process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+                running.append((name, out, process))
             for name, out, process in running:
                 if process.wait() != 0:
                     raise RuntimeError(f"memory measurement {name} failed")
@@ -217,7 +218,7 @@ def charts(results: dict[str, Any], out_dir: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m stepagent.bench", description="stepagent benchmarks")
+    parser = argparse.ArgumentParser(prog="python -m bench", description="stepagent benchmarks")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "docs")
     parser.add_argument("--quick", action="store_true", help="tiny counts: a smoke run, not a measurement")
     parser.add_argument("--skip-moto", action="store_true")
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     results: dict[str, Any] = {
-        "generated_by": "make bench (python -m stepagent.bench)" + (" --quick" if args.quick else ""),
+        "generated_by": "make bench (python -m bench)" + (" --quick" if args.quick else ""),
         "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
         "environment": {
             "python": platform.python_version(),

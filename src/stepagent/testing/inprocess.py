@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from stepagent.core.step import StepInput
 from stepagent.events import Observer
 from stepagent.messages import InputMessage
+from stepagent.modes.step_mode import AgentSystem, ThreadResult
 from stepagent.senders.inprocess import InProcessSender
-from stepagent.system.step_mode import AgentSystem, ThreadResult
 
 
 @dataclass(slots=True)
 class InProcessQueueDriver:
+    """Step mode over an in-memory queue: what ``sender`` collects is stepped by ``system``, batch by batch."""
+
     system: AgentSystem
     sender: InProcessSender
 

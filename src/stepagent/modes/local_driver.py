@@ -1,5 +1,5 @@
 """Local mode, per thread: the driver that runs a thread's steps, and the observer that keeps what a replay
-needs. :mod:`stepagent.system.local` builds the system (router, queue, lifecycle, shutdown) on top.
+needs. :mod:`stepagent.modes.local` builds the system (router, queue, lifecycle, shutdown) on top.
 
 A driver never re-implements the step: each batch runs as one
 :class:`~stepagent.core.step.ThreadStep` (through :meth:`AgentSystem.step_thread`), which reloads the thread
@@ -54,7 +54,7 @@ from stepagent.events import (
 )
 from stepagent.history_items import HistoryItem
 from stepagent.messages import InputMessage, TextContent, UserChoiceRequired
-from stepagent.system.step_mode import AgentSystem
+from stepagent.modes.step_mode import AgentSystem
 
 log = logging.getLogger(__name__)
 

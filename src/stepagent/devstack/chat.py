@@ -22,9 +22,9 @@ from importlib import resources
 from typing import Any, TextIO
 
 from stepagent.aws.settings import Settings
+from stepagent.devstack.poller import SqsEventSource
+from stepagent.devstack.stack import EmbeddedMoto, create_resources, use_fake_credentials
 from stepagent.errors import ConfigurationError
-from stepagent.local.poller import SqsEventSource
-from stepagent.local.stack import EmbeddedMoto, create_resources, use_fake_credentials
 from stepagent.providers.base import ModelProvider
 
 LOCAL_PREFIX = "stepagent-local"
@@ -239,7 +239,7 @@ async def _serve_tool_servers(
     """Serve the RAP receiver on loopback (unless ``STEPAGENT_CALLBACK_URL`` points elsewhere) and, for
     the demo, the local RAP tool server; return the settings that point at them."""
     from stepagent.aws.clients import aws_session, client
-    from stepagent.local.rap_demo_server import build_server
+    from stepagent.devstack.rap_demo_server import build_server
     from stepagent.rap.receiver import ViewUpdate
     from stepagent.rap.receiver_app import receiver_app
     from stepagent.rap.server import serve_in_background

@@ -1,6 +1,6 @@
 """A local RAP tool server to play with and copy: ``get_time`` and a ``ticker`` subscription.
 
-Run it with ``python -m stepagent.local.rap_demo_server --port 8765`` and point the runtime at it with
+Run it with ``python -m stepagent.devstack.rap_demo_server --port 8765`` and point the runtime at it with
 ``STEPAGENT_RAP_SERVERS=http://127.0.0.1:8765``. Tools:
 
 - ``get_time(timezone="UTC")``: an ordinary call; the answer comes back through the callback.

@@ -8,7 +8,7 @@
   step. moto's timings are not DynamoDB's (an in-process Python server; each transaction deep-copies the
   tables it touches, so its commits slow down as tables grow): use them for shape, and the call counts as
   the portable figure.
-- :func:`local_mode_rate`: steps per second of :class:`~stepagent.system.local.LocalAgentSystem` (in-memory
+- :func:`local_mode_rate`: steps per second of :class:`~stepagent.modes.local.LocalAgentSystem` (in-memory
   stores, the scripted model) answering many user messages over several threads.
 
 Timings are medians over several steps after warm-up steps. Nothing here is a test: see
@@ -26,8 +26,8 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stepagent.bench.sqlite_store import sqlite_stores
-from stepagent.bench.workload import Workload
+from bench.sqlite_store import sqlite_stores
+from bench.workload import Workload
 from stepagent.events import AgentEvent, CompletionFinished
 from stepagent.history_items import AssistantText, HistoryItem, Summary, UserItem, encode_item
 from stepagent.messages import InputMessage, TextContent
@@ -255,7 +255,7 @@ class _CompletionCounter:
 async def local_mode_rate(*, threads: int = 10, rounds: int = 50, quick: bool = False) -> dict[str, Any]:
     """Steps per second of local mode, interactively: each round sends one user message to each of
     ``threads`` threads and waits until the system is idle, so every message is one step (no batching)."""
-    from stepagent.system.local import LocalAgentSystem
+    from stepagent.modes.local import LocalAgentSystem
 
     if quick:
         threads, rounds = 2, 3

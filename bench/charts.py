@@ -1,0 +1,70 @@
+"""Line charts for ``make bench``, drawn with matplotlib (a development dependency, never a runtime one).
+
+:func:`line_plot` renders one chart to PNG bytes with the Agg backend on its own figure (no pyplot, no
+global state, no display needed). Guarantee: the same data gives byte-identical files — the PNG carries no
+timestamp and no software-version metadata, so regenerating the charts only changes them when the numbers
+change.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+#: Output size in pixels (width, height) at :data:`_DPI`.
+_SIZE = (720, 440)
+_DPI = 100
+
+
+@dataclass(frozen=True)
+class Series:
+    """One line: ``(x, y)`` points in x order, drawn dashed when ``dashed``."""
+
+    label: str
+    points: Sequence[tuple[float, float]]
+    dashed: bool = False
+
+
+def line_plot(
+    title: str,
+    x_label: str,
+    y_label: str,
+    series: Sequence[Series],
+    *,
+    log_x: bool = False,
+    log_y: bool = False,
+    y_min: float | None = None,
+) -> bytes:
+    """A PNG line chart of ``series`` (x values > 0 when ``log_x``, y values > 0 when ``log_y``)."""
+    figure = Figure(figsize=(_SIZE[0] / _DPI, _SIZE[1] / _DPI), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(figure)  # attaches itself to the figure: savefig renders through Agg
+    axes = figure.add_subplot()
+    for one in series:
+        axes.plot(
+            [x for x, _ in one.points],
+            [y for _, y in one.points],
+            marker="o",
+            markersize=4,
+            linewidth=2,
+            linestyle="--" if one.dashed else "-",
+            label=one.label,
+        )
+    if log_x:
+        axes.set_xscale("log")
+    if log_y:
+        axes.set_yscale("log")
+    if y_min is not None:
+        axes.set_ylim(bottom=y_min)
+    axes.set_title(title)
+    axes.set_xlabel(x_label)
+    axes.set_ylabel(y_label)
+    axes.grid(True, which="major", color="#c8c8c8", linewidth=0.8)
+    axes.legend(fontsize="small")
+    out = io.BytesIO()
+    # No "Software" entry (it names the matplotlib version) and no timestamp: reproducible bytes.
+    figure.savefig(out, format="png", metadata={"Software": None})
+    return out.getvalue()

@@ -1,0 +1,112 @@
+"""The DynamoDB item layout of the conversation table: keys and the head-item codec (pure, no I/O).
+
+What it guarantees: one definition of every conversation-table key and of the head item's encoding, shared
+by the store (:mod:`~stepagent.stores.dynamodb`) and its replacement primitives
+(:mod:`~stepagent.stores.dynamodb_replace`), so the two can never disagree about where a row, a summary
+or a head lives. Numbers are zero-padded so ``sk`` sorts numerically; :func:`row_sk` and
+:func:`row_generation` are inverses.
+
+Item layout (``pk`` = thread id in both tables)::
+
+    conversation  HEAD              root_id kind closed version tail [parent_id spawn_order spawn_tool_call_id]
+                                    [gen] [pending_gen pending_at]       generation pointer, replacement mark
+                  R#{order:012d}    message_id cv (body | blob)          one history row, encoded item JSON
+                  R#g{gen}#{order:012d}  (same)                          a row of a replaced history
+                  S#{up_to:012d}    (body | blob)                        compaction summary text
+                  C#{child_id}      seq                                  child index entry (spawn order)
+    state         P#{message_id}    expires_at                           processed marker (TTL)
+                  A#{tool_call_id}  expires_at                           answered marker (TTL)
+                  META              (body | blob)                        metadata JSON, under the root's id
+                  SUB#{tool_call_id}                                     active subscription
+                  CHOICE#{id}       (body | blob) seq                    UserChoiceRequired JSON
+                  I#{tool_call_id}  (body | blob) seq                    DispatchIntent JSON (outbox)
+                  D#{message_id}    (body | blob) seq                    DeferredInput JSON
+                  CALL#{tool_call_id} (body | blob)                      indexed ToolCall JSON (spawn/subscribe)
+                  COMPACTION        claim_id lease_expires               compaction in progress
+
+The state-table items are written by :mod:`~stepagent.stores.dynamodb_state`.
+"""
+
+from __future__ import annotations
+
+from stepagent.stores.base import ThreadInfo, ThreadKind
+from stepagent.stores.dynamodb_io import Item, item_key, n_attr, s_attr
+
+__all__ = [
+    "CHILD_PREFIX",
+    "HEAD_SK",
+    "head_generation",
+    "head_item",
+    "info_from_item",
+    "row_generation",
+    "row_sk",
+    "summary_sk",
+]
+
+HEAD_SK = "HEAD"
+CHILD_PREFIX = "C#"
+
+
+def row_sk(order: int, generation: str = "") -> str:
+    """The sort key of row ``order`` of ``generation``."""
+    # Generation "" is the original layout; a replaced history lives under its own generation's prefix,
+    # which sorts after every digit, so an ``R#{order}`` range Query never reaches another generation.
+    return f"R#g{generation}#{order:012d}" if generation else f"R#{order:012d}"
+
+
+def row_generation(sk: str) -> str:
+    """The generation of a row's sort key (the inverse of :func:`row_sk`)."""
+    parts = sk.split("#")
+    return parts[1][1:] if len(parts) == 3 else ""
+
+
+def head_generation(head: Item) -> str:
+    """The generation a head points at ("" for a history that was never replaced)."""
+    return str(head["gen"]["S"]) if "gen" in head else ""
+
+
+def summary_sk(up_to: int) -> str:
+    """The sort key of the compaction summary covering orders up to ``up_to``."""
+    return f"S#{up_to:012d}"
+
+
+def info_from_item(item: Item) -> ThreadInfo:
+    """The thread record and head encoded in a ``HEAD`` item."""
+
+    def text(name: str) -> str | None:
+        return str(item[name]["S"]) if name in item else None
+
+    def number(name: str) -> int | None:
+        return int(item[name]["N"]) if name in item else None
+
+    thread_id = str(item["pk"]["S"])
+    return ThreadInfo(
+        thread_id=thread_id,
+        root_id=text("root_id") or thread_id,
+        parent_id=text("parent_id"),
+        spawn_order=number("spawn_order"),
+        spawn_tool_call_id=text("spawn_tool_call_id"),
+        kind=ThreadKind(text("kind") or ThreadKind.ROOT),
+        closed=bool(item.get("closed", {}).get("BOOL", False)),
+        version=number("version") or 0,
+        tail=number("tail") or 0,
+    )
+
+
+def head_item(info: ThreadInfo) -> Item:
+    """The ``HEAD`` item of ``info`` (optional fields are omitted when unset; no generation)."""
+    item: Item = {
+        **item_key(info.thread_id, HEAD_SK),
+        "root_id": s_attr(info.root_id),
+        "kind": s_attr(info.kind.value),
+        "closed": {"BOOL": info.closed},
+        "version": n_attr(info.version),
+        "tail": n_attr(info.tail),
+    }
+    if info.parent_id is not None:
+        item["parent_id"] = s_attr(info.parent_id)
+    if info.spawn_order is not None:
+        item["spawn_order"] = n_attr(info.spawn_order)
+    if info.spawn_tool_call_id is not None:
+        item["spawn_tool_call_id"] = s_attr(info.spawn_tool_call_id)
+    return item

@@ -1,0 +1,13 @@
+"""Testing agents offline, in one process, with step-mode semantics and no AWS (public API).
+
+- :class:`InProcessQueueDriver` — an in-memory queue feeding ``AgentSystem.step`` batch after batch until
+  no thread has work left (:mod:`stepagent.testing.inprocess`).
+
+Pair it with the scripted model (``scripted:<path>``, :class:`~stepagent.providers.scripted.ScriptedProvider`)
+and the in-memory stores (:func:`~stepagent.stores.memory.memory_stores`) for deterministic tests; the
+README's "Testing an agent offline" section shows a complete test. The runtime never imports this package.
+"""
+
+from stepagent.testing.inprocess import InProcessQueueDriver
+
+__all__ = ["InProcessQueueDriver"]
