@@ -29,11 +29,11 @@ from typing import Any
 
 import pytest
 
-from stepagent.aws.claim_check import unwrap_body
 from stepagent.aws.queue_resources import LOCAL_SCHEDULER_ROLE_ARN, ensure_queues_and_bucket
 from stepagent.aws.resources import ensure_tables
-from stepagent.local.rap_demo_server import build_server
+from stepagent.devstack.rap_demo_server import build_server
 from stepagent.rap.server import serve_in_background
+from stepagent.senders.claim_check import unwrap_body
 from tests.artifact.template_env import Evaluator, load_template
 from tests.conftest import REGION, aws_client, moto_endpoint, unique_name
 from tests.integration.aws_helpers import lambda_record
