@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from stepagent import tool
-from stepagent.core.history import HistoryManager
-from stepagent.history_items import AssistantText
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -26,26 +24,36 @@ async def get_weather(city: str, unit: str = "C") -> str:
     return f"14°{unit} in {city}"
 
 
-async def test_the_scripted_model_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_offline_testing_example_runs_as_written(tmp_path: Path) -> None:
+    """The README's script and test file, run by plain pytest in a fresh folder (no asyncio plugin, no
+    project configuration), pass."""
     script = next(block for block in _blocks("json") if '"rules"' in block)
-    (tmp_path / "agent.json").write_text(script)
     json.loads(script)  # the README shows valid JSON
-    code = next(block for block in _blocks("python") if "async def test_my_agent" in block)
-    monkeypatch.chdir(tmp_path)
-    namespace: dict[str, Any] = {"get_weather": get_weather}
-    exec(code, namespace)  # the README's imports and test function, verbatim
-    captured: dict[str, Any] = {}
-    original = namespace["memory_stores"]
-
-    def remembering_stores() -> Any:
-        captured["stores"] = original()
-        return captured["stores"]
-
-    namespace["memory_stores"] = remembering_stores
-    await namespace["test_my_agent"]()
-    conversation, state = captured["stores"]
-    history = (await HistoryManager.load(conversation, state, "t1")).history
-    assert history[-1] == AssistantText("It is mild in Paris.")
+    (tmp_path / "agent.json").write_text(script)
+    code = next(block for block in _blocks("python") if "def test_my_agent" in block)
+    (tmp_path / "test_agent.py").write_text(code)
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:asyncio",
+            "-p",
+            "no:cacheprovider",
+            "-c",
+            os.devnull,
+            "test_agent.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "1 passed" in ran.stdout
 
 
 def test_the_ownership_map_names_every_package_and_module() -> None:
