@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import uuid
 from collections.abc import Sequence
@@ -19,12 +20,22 @@ from typing import Any
 from stepagent.errors import StepagentError
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("stepagent")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stepagent",
         description="Run AI agents as short steps driven by a queue.",
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--version", action="version", version=f"stepagent {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser(
@@ -79,6 +90,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # "Run from your project directory": STEPAGENT_TOOLS=myapp.tools:toolset imports from the current
+    # directory, as `python -m` would (the console script's sys.path does not include it).
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    from stepagent.aws.settings import unknown_setting_warnings
+
+    for warning in unknown_setting_warnings():
+        print(f"stepagent: warning: {warning}", file=sys.stderr)
     try:
         if args.command == "run":
             from stepagent.devstack.chat import run_chat
@@ -105,6 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`stepagent history T | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 2
 
 
@@ -163,23 +186,31 @@ async def _history(thread_id: str, *, as_json: bool, stack: str | None = None) -
             print(f"stepagent: no thread {thread_id!r} in {settings.conversation_table}", file=sys.stderr)
             return 1
         items = [item async for item in tree_items(conversation, thread_id)]
+        closed = set()
+        for child in dict.fromkeys(i["thread_id"] for i in items):
+            info = await conversation.get_thread(child)
+            if info is not None and info.closed:
+                closed.add(child)
     if as_json:
         print(json.dumps(items, ensure_ascii=False, indent=2))
     else:
-        for line in format_transcript(items, root_id=thread_id):
+        for line in format_transcript(items, root_id=thread_id, closed=closed):
             print(line)
     return 0
 
 
-def format_transcript(items: Sequence[dict[str, Any]], *, root_id: str) -> list[str]:
-    """Human-readable transcript lines; children are marked with their (short) thread id."""
+def format_transcript(
+    items: Sequence[dict[str, Any]], *, root_id: str, closed: frozenset[str] | set[str] = frozenset()
+) -> list[str]:
+    """Human-readable transcript lines under one header per thread (marked root and/or closed)."""
     lines: list[str] = []
     current: str | None = None
     for item in items:
         thread = item["thread_id"]
         if thread != current:
             current = thread
-            lines.append(f"── thread {thread}" + (" (root)" if thread == root_id else ""))
+            marks = [m for m, on in (("root", thread == root_id), ("closed", thread in closed)) if on]
+            lines.append(f"── thread {thread}" + (f" ({', '.join(marks)})" if marks else ""))
         kind = item["kind"]
         prefix = f"{item['order']:>4} "
         if kind == "tool_call":

@@ -24,6 +24,7 @@ from aws_lambda_powertools import Logger, Metrics
 
 from stepagent.aws.layer_check import check_layer
 from stepagent.aws.runtime import TIMER_RELAY, TOOL_RUNNER, WORKER, AwsRuntime, RemainingMs
+from stepagent.aws.settings import unknown_setting_warnings
 
 logger = Logger(service="stepagent")
 
@@ -56,6 +57,8 @@ def runtime(role: str) -> AwsRuntime:
     built = _runtimes.get(role)
     if built is None:
         check_layer()
+        for warning in unknown_setting_warnings():
+            logger.warning(warning)
         built = event_loop().run_until_complete(AwsRuntime.create(roles=[role], metrics=metrics()))
         _runtimes[role] = built
     return built

@@ -8,6 +8,7 @@ relay does not need a model configured.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from collections.abc import Mapping
@@ -34,6 +35,22 @@ SETTING_NAMES = (
     "STEPAGENT_CALLBACK_SECRET_ID",
     "STEPAGENT_PROVIDER_API_KEY_ID",
 )
+
+#: Set by the template (or by the local stack) rather than by hand, but settings all the same.
+_INTERNAL_NAMES = ("STEPAGENT_SCHEDULER_ROLE_ARN", "STEPAGENT_SCHEDULER_DLQ_ARN")
+
+
+def unknown_setting_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per ``STEPAGENT_*`` variable that is not a setting (a typo is otherwise silently ignored),
+    naming the closest valid one."""
+    env = os.environ if environ is None else environ
+    known = (*SETTING_NAMES, *_INTERNAL_NAMES)
+    lines = []
+    for name in sorted(n for n in env if n.startswith("STEPAGENT_") and n not in known):
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        lines.append(f"unknown setting {name} is ignored{hint}")
+    return lines
 
 
 @dataclass(frozen=True, slots=True)
