@@ -34,7 +34,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="stepagent",
         description="Run AI agents as short steps driven by a queue.",
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and stepagent's debug logs")
+    parser.add_argument(
+        "--debug-sdk",
+        action="store_true",
+        help="with --debug, also the AWS SDK's, HTTP's and moto's debug logs",
+    )
     parser.add_argument("--version", action="version", version=f"stepagent {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -126,7 +131,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             from stepagent.devstack.chat import run_chat
 
             return asyncio.run(
-                run_chat(say=args.say, thread_id=args.thread, idle_timeout=args.timeout, debug=args.debug)
+                run_chat(
+                    say=args.say,
+                    thread_id=args.thread,
+                    idle_timeout=args.timeout,
+                    debug=args.debug,
+                    debug_sdk=args.debug_sdk,
+                )
             )
         if args.command == "send":
             return asyncio.run(_send(args.thread, args.text, args.stack))

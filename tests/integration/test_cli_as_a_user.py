@@ -127,3 +127,35 @@ def test_the_text_transcript_marks_closed_threads() -> None:
 
 def test_os_environ_is_untouched() -> None:
     assert "STEPAGENT_MODLE" not in os.environ
+
+
+def test_run_uses_the_resources_infra_create_printed() -> None:
+    endpoint = moto_endpoint()
+    prefix = f"ls-{uuid.uuid4().hex[:8]}"
+    created = stepagent("infra", "create", "--endpoint-url", endpoint, "--prefix", prefix, env=clean_env())
+    settings = dict(line.split("=", 1) for line in created.stdout.splitlines() if "=" in line)
+    thread = f"ls-{uuid.uuid4().hex[:6]}"
+    ran = stepagent("run", "--say", "hi", "--thread", thread, env=clean_env(**settings))
+    assert ran.returncode == 0, ran.stderr
+    assert "using the tables, queues and bucket named by the STEPAGENT_* settings" in ran.stderr
+    history = stepagent("history", thread, "--json", env=clean_env(**settings))
+    assert history.returncode == 0, history.stderr  # the thread is in the printed tables
+
+    partial = {k: v for k, v in settings.items() if k != "STEPAGENT_TOOL_QUEUE_URL"}
+    refused = stepagent("run", "--say", "hi", env=clean_env(**partial))
+    assert refused.returncode == 2 and "but not STEPAGENT_TOOL_QUEUE_URL" in refused.stderr
+    no_endpoint = {k: v for k, v in settings.items() if k != "AWS_ENDPOINT_URL"}
+    refused = stepagent("run", "--say", "hi", env=clean_env(**no_endpoint))
+    assert refused.returncode == 2 and "AWS_ENDPOINT_URL is not" in refused.stderr
+
+
+def test_run_reports_configuration_errors_before_starting_the_stack() -> None:
+    for env, expected in (
+        (clean_env(STEPAGENT_TOOLS="no_such_module.tools:toolset"), "no_such_module"),
+        (clean_env(STEPAGENT_MODEL="anthropic:claude-sonnet-4-6"), "ANTHROPIC_API_KEY"),
+        (clean_env(STEPAGENT_MCP_SERVERS="[{"), "STEPAGENT_MCP_SERVERS"),
+    ):
+        result = stepagent("run", "--say", "hi", env=env)
+        assert result.returncode == 2, result.stderr
+        assert expected in result.stderr
+        assert "starting the embedded local stack" not in result.stderr

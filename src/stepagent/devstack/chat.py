@@ -22,6 +22,7 @@ from importlib import resources
 from typing import Any, TextIO
 
 from stepagent.aws.settings import Settings
+from stepagent.devstack import terminal_logs
 from stepagent.devstack.poller import SqsEventSource
 from stepagent.devstack.stack import EmbeddedMoto, create_resources, use_fake_credentials
 from stepagent.errors import ConfigurationError
@@ -161,20 +162,24 @@ async def _every(seconds: float, action: Callable[[], Awaitable[object]], stop: 
             await asyncio.wait_for(stop.wait(), seconds)
 
 
-async def run_chat(*, say: list[str], thread_id: str | None, idle_timeout: float, debug: bool) -> int:
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
-    if not debug:
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)
-        # The handlers log structured JSON for CloudWatch; at a terminal only problems are worth showing.
-        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
+async def run_chat(
+    *, say: list[str], thread_id: str | None, idle_timeout: float, debug: bool, debug_sdk: bool = False
+) -> int:
+    terminal_logs.configure(debug=debug, debug_sdk=debug_sdk)
+    terminal_logs.adopt_powertools_loggers()
     model, demo = choose_model(os.environ)
+    validate_before_start(model)
     # Build the model provider before the local stack swaps in throwaway credentials: a bedrock: model
     # needs the real AWS credentials, while the tables and queues live on the local endpoint.
     provider = _bedrock_with_real_credentials(model) if model.startswith("bedrock:") else None
     moto: EmbeddedMoto | None = None
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if resource_settings(os.environ) and not endpoint:
+        raise ConfigurationError(
+            "STEPAGENT_* resource settings are set but AWS_ENDPOINT_URL is not: `run` works on a local stack "
+            "(set AWS_ENDPOINT_URL to LocalStack or moto, as `stepagent infra create` prints it, or unset them); "
+            "to talk to a deployment use `stepagent chat THREAD --stack NAME`"
+        )
     if endpoint:
         print(f"using the AWS endpoint at {endpoint}", file=sys.stderr)
     else:
@@ -183,8 +188,13 @@ async def run_chat(*, say: list[str], thread_id: str | None, idle_timeout: float
         endpoint = moto.start()
         use_fake_credentials()
     try:
-        print("creating tables, queues and bucket ...", file=sys.stderr)
-        env = await create_resources(endpoint, LOCAL_PREFIX)
+        given = resource_settings(os.environ)
+        if given:
+            print("using the tables, queues and bucket named by the STEPAGENT_* settings", file=sys.stderr)
+            env = given
+        else:
+            print("creating tables, queues and bucket ...", file=sys.stderr)
+            env = await create_resources(endpoint, LOCAL_PREFIX)
         os.environ.update(env)
         os.environ["AWS_ENDPOINT_URL"] = endpoint
         os.environ["STEPAGENT_MODEL"] = model
@@ -208,6 +218,43 @@ async def run_chat(*, say: list[str], thread_id: str | None, idle_timeout: float
     finally:
         if moto is not None:
             moto.stop()
+
+
+#: The settings that name the stack's resources; `run` uses them when all are given (`infra create` prints them).
+RESOURCE_SETTINGS = (
+    "STEPAGENT_CONVERSATION_TABLE",
+    "STEPAGENT_STATE_TABLE",
+    "STEPAGENT_INPUT_QUEUE_URL",
+    "STEPAGENT_OUTPUT_QUEUE_URL",
+    "STEPAGENT_DELAY_QUEUE_URL",
+    "STEPAGENT_TOOL_QUEUE_URL",
+    "STEPAGENT_BLOB_BUCKET",
+)
+
+
+def resource_settings(environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The resource settings already in ``environ`` (all of them, or none: a partial set is an error)."""
+    given = {name: environ[name] for name in RESOURCE_SETTINGS if environ.get(name, "").strip()}
+    missing = [name for name in RESOURCE_SETTINGS if name not in given]
+    if given and missing:
+        raise ConfigurationError(
+            f"{', '.join(sorted(given))} set but not {', '.join(missing)}: set every resource setting "
+            "(`stepagent infra create` prints them all) or none (run creates its own)"
+        )
+    return given
+
+
+def validate_before_start(model: str) -> None:
+    """Check every setting that can be checked without the stack (model, tools, MCP and RAP settings), so a
+    mistake is reported at once, not after the local stack has started."""
+    from stepagent.providers.factory import make_provider
+    from stepagent.tools.functions import load_toolset
+
+    settings = Settings.from_env({**os.environ, "STEPAGENT_MODEL": model})
+    if settings.tools:
+        load_toolset(settings.tools)
+    if not model.startswith("bedrock:"):
+        make_provider(model)  # names a missing API key or a bad script; no network
 
 
 def _bedrock_with_real_credentials(model: str) -> ModelProvider:
