@@ -14,10 +14,11 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
-from stepagent.errors import StepagentError
+from stepagent.errors import ConfigurationError, StepagentError
 
 
 def _version() -> str:
@@ -67,6 +68,14 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds to wait for the agent to go idle after each message",
     )
 
+    state_help = (
+        "keep the embedded stack's state in DIR across runs (default: $STEPAGENT_STATE_DIR; "
+        "without it the local state is gone at exit)"
+    )
+    run.add_argument(
+        "--state-dir", default=os.environ.get("STEPAGENT_STATE_DIR"), metavar="DIR", help=state_help
+    )
+
     send = commands.add_parser("send", help="put a user message on the input queue")
     send.add_argument("thread", help="the thread (message group) id")
     send.add_argument("text", help="the message")
@@ -78,6 +87,12 @@ def _parser() -> argparse.ArgumentParser:
     history.add_argument("thread", help="the thread id")
     history.add_argument("--json", action="store_true", help="print one JSON list instead of text")
     history.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+    history.add_argument(
+        "--state-dir",
+        default=os.environ.get("STEPAGENT_STATE_DIR"),
+        metavar="DIR",
+        help="read the local state kept by `run --state-dir DIR`",
+    )
 
     infra = commands.add_parser("infra", help="manage the AWS resources")
     infra_commands = infra.add_subparsers(dest="infra_command", required=True, metavar="ACTION")
@@ -113,6 +128,13 @@ def _parser() -> argparse.ArgumentParser:
     from stepagent.lifecycle.commands import add_lifecycle_commands
 
     add_lifecycle_commands(commands)
+    for name in ("export", "import", "rewind"):
+        commands.choices[name].add_argument(
+            "--state-dir",
+            default=os.environ.get("STEPAGENT_STATE_DIR"),
+            metavar="DIR",
+            help="work on the local state kept by `run --state-dir DIR`",
+        )
     return parser
 
 
@@ -137,11 +159,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     idle_timeout=args.timeout,
                     debug=args.debug,
                     debug_sdk=args.debug_sdk,
+                    state_dir=args.state_dir,
                 )
             )
         if args.command == "send":
             return asyncio.run(_send(args.thread, args.text, args.stack))
         if args.command == "history":
+            if args.state_dir:
+                return asyncio.run(
+                    _on_local_state(args.state_dir, False, _history(args.thread, as_json=args.json))
+                )
             return asyncio.run(_history(args.thread, as_json=args.json, stack=args.stack))
         if args.command == "dlq":
             return asyncio.run(_dlq(args))
@@ -152,6 +179,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from stepagent.lifecycle.commands import COMMANDS, run_lifecycle_command
 
         if args.command in COMMANDS:
+            if args.state_dir:
+                saves = args.command in ("import", "rewind")
+                return asyncio.run(_on_local_state(args.state_dir, saves, run_lifecycle_command(args)))
             return asyncio.run(run_lifecycle_command(args))
     except StepagentError as error:
         if args.debug:
@@ -165,6 +195,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return 2
+
+
+async def _on_local_state(state_dir: str, save: bool, command: Coroutine[Any, Any, int]) -> int:
+    """Run ``command`` on the embedded stack loaded from ``state_dir`` (saved back when ``save``)."""
+    from stepagent.devstack.chat import LOCAL_PREFIX
+    from stepagent.devstack.snapshot import has_snapshot, local_state
+
+    if not has_snapshot(Path(state_dir)):
+        command.close()
+        raise ConfigurationError(
+            f"{state_dir} holds no local state (`stepagent run --state-dir {state_dir}` keeps it)"
+        )
+    async with local_state(state_dir, save=save, prefix=LOCAL_PREFIX):
+        return await command
 
 
 async def _settings(stack: str | None) -> Any:

@@ -3,6 +3,7 @@ warnings for misspelled settings, a pipe that closes early, missing credentials,
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -159,3 +160,29 @@ def test_run_reports_configuration_errors_before_starting_the_stack() -> None:
         assert result.returncode == 2, result.stderr
         assert expected in result.stderr
         assert "starting the embedded local stack" not in result.stderr
+
+
+def test_a_conversation_survives_restarts_with_a_state_dir(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    env = clean_env()
+    first = stepagent("run", "--say", "hi", "--thread", "kept", "--state-dir", str(state), env=env)
+    assert first.returncode == 0, first.stderr
+    assert f"saved the local state to {state}" in first.stderr
+    second = stepagent("run", "--say", "hello again", "--thread", "kept", "--state-dir", str(state), env=env)
+    assert second.returncode == 0, second.stderr
+    assert "restored the local state" in second.stderr
+
+    history = stepagent("history", "kept", "--json", env=clean_env(STEPAGENT_STATE_DIR=str(state)))
+    assert history.returncode == 0, history.stderr
+    users = [
+        i["text"] for i in json.loads(history.stdout) if i["thread_id"] == "kept" and i["kind"] == "user"
+    ]
+    assert users == ["hi", "hello again"]
+
+    rewound = stepagent("rewind", "kept", "--to", "1", "--state-dir", str(state), env=env)
+    assert rewound.returncode == 0, rewound.stderr
+    after = stepagent("history", "kept", "--json", "--state-dir", str(state), env=env)
+    assert [i["order"] for i in json.loads(after.stdout) if i["thread_id"] == "kept"] == [1]
+
+    empty = stepagent("history", "kept", "--state-dir", str(tmp_path / "nothing"), env=env)
+    assert empty.returncode == 2 and "holds no local state" in empty.stderr

@@ -34,6 +34,7 @@ SETTING_NAMES = (
     "STEPAGENT_MCP_SERVERS",
     "STEPAGENT_CALLBACK_SECRET_ID",
     "STEPAGENT_PROVIDER_API_KEY_ID",
+    "STEPAGENT_STATE_DIR",
 )
 
 #: Set by the template (or by the local stack) rather than by hand, but settings all the same.

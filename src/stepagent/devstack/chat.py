@@ -163,7 +163,13 @@ async def _every(seconds: float, action: Callable[[], Awaitable[object]], stop: 
 
 
 async def run_chat(
-    *, say: list[str], thread_id: str | None, idle_timeout: float, debug: bool, debug_sdk: bool = False
+    *,
+    say: list[str],
+    thread_id: str | None,
+    idle_timeout: float,
+    debug: bool,
+    debug_sdk: bool = False,
+    state_dir: str | None = None,
 ) -> int:
     terminal_logs.configure(debug=debug, debug_sdk=debug_sdk)
     terminal_logs.adopt_powertools_loggers()
@@ -172,6 +178,13 @@ async def run_chat(
     # Build the model provider before the local stack swaps in throwaway credentials: a bedrock: model
     # needs the real AWS credentials, while the tables and queues live on the local endpoint.
     provider = _bedrock_with_real_credentials(model) if model.startswith("bedrock:") else None
+    chat = _StartChat(model, demo, provider, say, thread_id, idle_timeout)
+    if state_dir is not None:
+        from stepagent.devstack.snapshot import local_state
+
+        print(f"starting the embedded local stack with the state in {state_dir} ...", file=sys.stderr)
+        async with local_state(state_dir, save=True, prefix=LOCAL_PREFIX) as env:
+            return await chat.start(env)
     moto: EmbeddedMoto | None = None
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if resource_settings(os.environ) and not endpoint:
@@ -195,29 +208,43 @@ async def run_chat(
         else:
             print("creating tables, queues and bucket ...", file=sys.stderr)
             env = await create_resources(endpoint, LOCAL_PREFIX)
+        return await chat.start({**env, "AWS_ENDPOINT_URL": endpoint})
+    finally:
+        if moto is not None:
+            moto.stop()
+
+
+@dataclass(slots=True)
+class _StartChat:
+    """The chat, once the stack's settings are known."""
+
+    model: str
+    demo: bool
+    provider: ModelProvider | None
+    say: list[str]
+    thread_id: str | None
+    idle_timeout: float
+
+    async def start(self, env: dict[str, str]) -> int:
         os.environ.update(env)
-        os.environ["AWS_ENDPOINT_URL"] = endpoint
-        os.environ["STEPAGENT_MODEL"] = model
+        os.environ["STEPAGENT_MODEL"] = self.model
         os.environ.setdefault("STEPAGENT_CALLBACK_SECRET", secrets.token_hex(32))
         settings = Settings.from_env()
-        if demo:
+        if self.demo:
             print(
                 "no model configured and no API key found: running the offline DEMO (scripted model)",
                 file=sys.stderr,
             )
         else:
-            print(f"model: {model}", file=sys.stderr)
+            print(f"model: {self.model}", file=sys.stderr)
         return await _chat(
             settings,
-            say=say,
-            thread_id=thread_id or f"chat-{uuid.uuid4().hex[:8]}",
-            idle_timeout=idle_timeout,
-            demo=demo,
-            provider=provider,
+            say=self.say,
+            thread_id=self.thread_id or f"chat-{uuid.uuid4().hex[:8]}",
+            idle_timeout=self.idle_timeout,
+            demo=self.demo,
+            provider=self.provider,
         )
-    finally:
-        if moto is not None:
-            moto.stop()
 
 
 #: The settings that name the stack's resources; `run` uses them when all are given (`infra create` prints them).
