@@ -91,10 +91,13 @@ def parse_builtin_tools(spec: str | Iterable[str], *, setting: str = BUILTIN_TOO
     right; ``-name`` removes a tool or group (a list that starts with a removal starts from ``all``).
 
     ``all`` · ``none`` · ``threads,timers`` · ``all,-timers`` · ``-send_message_to_child`` ·
-    ``spawn_thread,report_to_parent,close_thread``."""
+    ``spawn_thread,report_to_parent,close_thread``. An empty string is an error; an empty collection
+    selects none."""
     tokens = [t.strip().lower() for t in (spec.split(",") if isinstance(spec, str) else spec)]
     tokens = [t for t in tokens if t]
     if not tokens:
+        if not isinstance(spec, str):
+            return frozenset()  # an empty collection selects none
         raise ConfigurationError(f"{setting} is empty: use 'all', 'none' or a comma-separated list")
     selected: set[str] = set(ALL_BUILTINS) if tokens[0].startswith("-") else set()
     unknown: list[str] = []
@@ -326,12 +329,13 @@ def agent_config_from_env(environ: Mapping[str, str], *, roots: Sequence[Path] |
     attempt("compaction_threshold", lambda raw: _float(raw, COMPACTION_THRESHOLD), get(COMPACTION_THRESHOLD))
     attempt("builtin_tools", parse_builtin_tools, get(BUILTIN_TOOLS))
     attempt("profiles", lambda raw: load_profiles(raw, search), get(PROFILES))
-    if not problems:
-        try:
-            return AgentConfig(**values)
-        except ConfigurationError as error:
-            problems.append(str(error))
-    raise ConfigurationError("\n".join(problems))
+    try:
+        config = AgentConfig(**values)  # range checks of what parsed, so every bad value is reported
+    except ConfigurationError as error:
+        problems.append(str(error))
+    if problems:
+        raise ConfigurationError("\n".join(problems))
+    return config
 
 
 def _prompt(raw: str, setting: str, roots: Sequence[Path]) -> str:

@@ -54,7 +54,7 @@ class XRayTracer:
         self.recorder = recorder
 
     def start_span(self, name: str, annotations: Mapping[str, str]) -> _XRaySpan | _NoSpan:
-        from aws_xray_sdk.core import global_sdk_config  # type: ignore[import-untyped]
+        from aws_xray_sdk import global_sdk_config  # type: ignore[import-untyped]
         from aws_xray_sdk.core.models.segment import Segment  # type: ignore[import-untyped]
         from aws_xray_sdk.core.models.subsegment import Subsegment  # type: ignore[import-untyped]
 
