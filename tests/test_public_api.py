@@ -11,7 +11,16 @@ import stepagent
 import stepagent.testing
 
 PUBLIC = ["AgentConfig", "AgentProfile", "AgentSystem", "InputMessage", "LocalAgentSystem", "tool"]
-TESTING = ["InProcessQueueDriver"]
+TESTING = [
+    "Call",
+    "ConversationFailed",
+    "FunctionModelProvider",
+    "InProcessQueueDriver",
+    "ModelTurn",
+    "Transcript",
+    "arun_conversation",
+    "run_conversation",
+]
 
 
 def test_the_public_names_are_pinned_and_sorted() -> None:
