@@ -17,6 +17,7 @@ ordered sets keep first-insertion order. History replacement (``rewind``, ``stag
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sqlite3
 import time
@@ -35,6 +36,7 @@ from stepagent.stores.base import (
     StoredRow,
     ThreadInfo,
     ThreadKind,
+    UsageRecord,
 )
 
 #: Rows per ``load_rows`` query (like a DynamoDB Query page).
@@ -51,6 +53,7 @@ CREATE TABLE entries (thread_id TEXT, kind TEXT, id TEXT, seq INTEGER, data TEXT
 CREATE TABLE metadata (root_id TEXT PRIMARY KEY, data TEXT);
 CREATE TABLE compaction (thread_id TEXT PRIMARY KEY, claim_id TEXT, expires REAL);
 CREATE TABLE cache (key TEXT PRIMARY KEY, value TEXT, expires REAL);
+CREATE TABLE usage (thread_id TEXT, version INTEGER, data TEXT, PRIMARY KEY (thread_id, version));
 """
 
 _PROCESSED, _ANSWERED, _SUBSCRIPTION = "processed", "answered", "subscription"
@@ -272,7 +275,21 @@ class SqliteConversationStore:
                 tail=info.tail + len(encoded),
             )
             backend.put_thread(new)
+            if commit.usage is not None:
+                stored = dataclasses.replace(commit.usage, version=new.version)
+                db.execute(
+                    "INSERT OR REPLACE INTO usage VALUES (?, ?, ?)",
+                    (thread_id, new.version, json.dumps(dataclasses.asdict(stored))),
+                )
         return new
+
+    async def usage_records(self, thread_id: str, after_version: int = 0) -> AsyncIterator[UsageRecord]:
+        found = self.backend.db.execute(
+            "SELECT data FROM usage WHERE thread_id = ? AND version > ? ORDER BY version",
+            (thread_id, after_version),
+        ).fetchall()
+        for (data,) in found:
+            yield UsageRecord(**json.loads(data))
 
     async def close_thread(self, thread_id: str) -> None:
         self.backend.db.execute("UPDATE threads SET closed = 1 WHERE thread_id = ?", (thread_id,))

@@ -10,7 +10,7 @@ import pytest
 import stepagent
 import stepagent.testing
 
-PUBLIC = ["AgentSystem", "InputMessage", "LocalAgentSystem", "tool"]
+PUBLIC = ["AgentConfig", "AgentProfile", "AgentSystem", "InputMessage", "LocalAgentSystem", "tool"]
 TESTING = [
     "Call",
     "ConversationFailed",

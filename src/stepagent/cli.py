@@ -144,10 +144,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # directory, as `python -m` would (the console script's sys.path does not include it).
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    from stepagent.aws.settings import unknown_setting_warnings
-
-    for warning in unknown_setting_warnings():
-        print(f"stepagent: warning: {warning}", file=sys.stderr)
     try:
         if args.command == "run":
             from stepagent.devstack.chat import run_chat

@@ -8,7 +8,8 @@ Every error the runtime raises on purpose derives from :class:`StepagentError` a
     ├── InputError                reject   deterministic bad input: DLQ copy + ``error`` event, never retried
     │   ├── MalformedMessageError          body is not JSON / violates the schema (says which field, why)
     │   ├── GroupMismatchError             body ``group_id`` disagrees with the SQS ``MessageGroupId``
-    │   └── PayloadTooLargeError           a payload or row over the configured limits
+    │   ├── PayloadTooLargeError           a payload or row over the configured limits
+    │   └── UnknownProfileError            the root's metadata selects an agent profile that is not configured
     ├── TransientError            retry    the record fails, SQS redelivers it (DLQ after maxReceiveCount)
     │   ├── StoreError                     a store call failed
     │   ├── ConcurrentWriteError           another writer advanced the thread's head first
@@ -64,6 +65,10 @@ class GroupMismatchError(InputError):
 
 class PayloadTooLargeError(InputError):
     """A payload exceeds a size limit that no retry can fix."""
+
+
+class UnknownProfileError(InputError):
+    """The root thread's metadata names an agent profile (``{"profile": ...}``) the configuration lacks."""
 
 
 class TransientError(StepagentError):

@@ -3,7 +3,9 @@
 Ordering contract (per step): input echoes and choice/OAuth/compaction events in input order →
 ``UserChoiceDismissed`` for interrupted calls → ``CompletionStarted`` → stream events → ``TurnCommitted``
 (the rows this step made durable, with their orders) → ``CompletionFinished`` → dispatch errors as
-``Info``. ``TurnCommitted`` and ``CompletionFinished`` are emitted only after the commit succeeded.
+``Info`` → ``TurnComplete`` (last, only when the step left the thread with nothing pending).
+``TurnCommitted``, ``CompletionFinished`` and ``TurnComplete`` are emitted only after the commit
+succeeded; ``TurnComplete`` carries exactly the usage record that commit stored.
 """
 
 from __future__ import annotations
@@ -85,8 +87,26 @@ class TurnCommitted:
 
 @dataclass(frozen=True, slots=True)
 class CompletionFinished:
+    """The step's completion is committed. ``usage`` is the last model call's (what compaction measures);
+    ``step_usage`` the sum over every model call of the step (what is billed and stored), by ``model``."""
+
     usage: Usage | None = None
     context_window: int = 0
+    step_usage: Usage | None = None
+    model: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnComplete:
+    """The step ran the model and left the thread with nothing pending (no open tool call, no held
+    input): the agent has finished its turn. ``usage`` sums the step's model calls; ``step_id`` is the
+    logical id of the input it answered (stable across redeliveries)."""
+
+    usage: Usage
+    model: str
+    step_id: str
+    #: The head version of the commit that stored the step's usage record (the event's stable identity).
+    version: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +150,7 @@ AgentEvent = (
     | UserChoiceDismissed
     | Info
     | StepFailed
+    | TurnComplete
 )
 
 

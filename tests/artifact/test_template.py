@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from stepagent.agent_config import AGENT_SETTING_NAMES, AgentConfig
+from stepagent.aws.settings import Settings
 from tests.artifact.template_env import Evaluator, load_template
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,13 +132,50 @@ def test_each_function_gets_only_its_environment_and_no_secret_values(template: 
         "STEPAGENT_STATE_TABLE",
         "STEPAGENT_CALLBACK_SECRET_ID",
     }
-    assert "STEPAGENT_CALLBACK_SECRET_ID" in env["WorkerFunction"]
+    assert set(env["WorkerFunction"]) == common | {
+        "STEPAGENT_CONVERSATION_TABLE",
+        "STEPAGENT_STATE_TABLE",
+        "STEPAGENT_OUTPUT_QUEUE_URL",
+        "STEPAGENT_DELAY_QUEUE_URL",
+        "STEPAGENT_TOOL_QUEUE_URL",
+        "STEPAGENT_MODEL",
+        "STEPAGENT_TOOLS",
+        "STEPAGENT_RAP_SERVERS",
+        "STEPAGENT_MCP_SERVERS",
+        "STEPAGENT_CALLBACK_URL",
+        "STEPAGENT_CALLBACK_SECRET_ID",
+        "STEPAGENT_SCHEDULER_ROLE_ARN",
+        "STEPAGENT_SCHEDULER_DLQ_ARN",
+        "STEPAGENT_MAX_RECEIVE_COUNT",
+        *AGENT_SETTING_NAMES,  # the agent settings go to the worker only
+    }
     for name, variables in env.items():
         for forbidden in ("STEPAGENT_CALLBACK_SECRET", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
             assert forbidden not in variables, f"{name} carries {forbidden} as a plain value"
     with_key = evaluate(template, Model="anthropic:claude-sonnet-4-6", ProviderApiKeySecret="anthropic-key")
     assert with_key.environment("WorkerFunction")["STEPAGENT_PROVIDER_API_KEY_ID"] == "anthropic-key"
     assert "STEPAGENT_PROVIDER_API_KEY_ID" not in env["WorkerFunction"]
+
+
+def test_agent_settings_are_worker_parameters_passed_unchanged(template: dict[str, Any]) -> None:
+    parameters = {
+        "SystemPrompt": "@prompts/support.md",
+        "MaxTokens": "2048",
+        "Temperature": "0.2",
+        "ContextWindow": "65536",
+        "CompactionThreshold": "0.6",
+        "BuiltinTools": "threads,-send_message_to_child",
+        "Profiles": "@profiles.json",
+    }
+    worker = evaluate(template, **parameters).environment("WorkerFunction")
+    assert {name: worker[name] for name in AGENT_SETTING_NAMES} == dict(
+        zip(AGENT_SETTING_NAMES, parameters.values(), strict=True)
+    )
+    defaults = evaluate(template).environment("WorkerFunction")
+    assert all(defaults[name] == "" for name in AGENT_SETTING_NAMES)  # empty = the documented default
+    # Empty values are the defaults for the settings too, so an undeployed parameter changes nothing.
+    assert Settings.from_env(defaults).agent_config(roots=[]) == AgentConfig()
+    assert Settings.from_env(worker).agent_settings["STEPAGENT_MAX_TOKENS"] == "2048"
 
 
 def policies(template: dict[str, Any], function: str, **parameters: str) -> str:

@@ -309,8 +309,11 @@ async def delete_resources(sqs: Any, dynamodb: Any, resources: QueueResources, s
 
 
 @asynccontextmanager
-async def aws_stack(*, script: dict[str, Any] | None = None, **runtime_options: Any) -> AsyncIterator[Stack]:
-    """A fresh stack and a runtime built from its settings (``script`` replaces the default script)."""
+async def aws_stack(
+    *, script: dict[str, Any] | None = None, env: dict[str, str] | None = None, **runtime_options: Any
+) -> AsyncIterator[Stack]:
+    """A fresh stack and a runtime built from its settings (``script`` replaces the default script, ``env``
+    adds settings, e.g. the agent settings)."""
     async with AsyncExitStack() as stack:
         sqs = await stack.enter_async_context(aws_client("sqs"))
         s3 = await stack.enter_async_context(aws_client("s3"))
@@ -321,6 +324,8 @@ async def aws_stack(*, script: dict[str, Any] | None = None, **runtime_options: 
             settings = Settings.from_env(
                 {**_env_of(settings), "STEPAGENT_MODEL": f"scripted:{script_file(script)}"}
             )
+        if env:
+            settings = Settings.from_env({**_env_of(settings), **env})
         runtime = await AwsRuntime.create(settings, **runtime_options)
         stack.push_async_callback(delete_resources, sqs, dynamodb, resources, settings)
         stack.push_async_callback(runtime.aclose)
@@ -343,7 +348,8 @@ def _env_of(settings: Settings) -> dict[str, str]:
         "endpoint_url": "AWS_ENDPOINT_URL",
         "region": "AWS_REGION",
     }
-    return {env: str(getattr(settings, attr)) for attr, env in names.items() if getattr(settings, attr)}
+    values = {env: str(getattr(settings, attr)) for attr, env in names.items() if getattr(settings, attr)}
+    return {**values, **settings.agent_settings}
 
 
 __all__ = [

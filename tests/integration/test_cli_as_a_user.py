@@ -95,7 +95,7 @@ def test_version_and_help_for_every_import_limit(tmp_path: Path) -> None:
 
 def test_a_misspelled_setting_is_named_with_the_closest_valid_one(tmp_path: Path) -> None:
     result = stepagent("send", "t", "hi", env=clean_env(STEPAGENT_MODLE="scripted:x.json"))
-    assert "unknown setting STEPAGENT_MODLE is ignored (did you mean STEPAGENT_MODEL?)" in result.stderr
+    assert "unknown setting STEPAGENT_MODLE is ignored; did you mean STEPAGENT_MODEL?" in result.stderr
 
 
 def test_infra_create_without_credentials_says_any_dummy_keys_work(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ async def test_user_text_gets_an_answer_as_a_text_event() -> None:
         await stack.send_user(thread, "hello there", "m1")
         await stack.pump()
         assert await stack.texts(thread) == ["hello there", "ok"]
-        [text] = await stack.outputs()
+        text, done = await stack.outputs()
         assert text == {
             "type": "text",
             "event_id": event_id(thread, "2", "text"),
@@ -61,7 +61,23 @@ async def test_user_text_gets_an_answer_as_a_text_event() -> None:
             "root_thread_id": thread,
             "metadata": {"channel": "C1"},
         }
-        assert stack.runtime.metrics.counts["Steps"] == 1  # type: ignore[attr-defined]
+        # Nothing is pending after the answer: the turn is complete, with the usage the commit stored.
+        [record] = [r async for r in stack.runtime.conversation.usage_records(thread)]
+        assert record.turn_complete and record.completions == 1 and record.output_tokens == 1  # "ok"
+        assert done == {
+            "type": "turn_complete",
+            "event_id": event_id(thread, f"v{record.version}", "turn_complete"),
+            "usage": {"input_tokens": record.input_tokens, "output_tokens": 1},
+            "model": stack.settings.model,  # the STEPAGENT_MODEL spelling
+            "thread_id": thread,
+            "root_thread_id": thread,
+            "metadata": {"channel": "C1"},
+        }
+        assert record.input_tokens > 0
+        counts = stack.runtime.metrics.counts  # type: ignore[attr-defined]
+        assert counts["Steps"] == 1
+        assert counts[f"InputTokens[model={stack.settings.model}]"] == record.input_tokens
+        assert counts[f"OutputTokens[model={stack.settings.model}]"] == 1
 
 
 async def test_tool_round_trip_through_the_tool_runner() -> None:
@@ -78,7 +94,8 @@ async def test_tool_round_trip_through_the_tool_runner() -> None:
             "It is sunny in Paris.",
         ]
         events = await stack.outputs()
-        assert [e["type"] for e in events] == ["text", "tool_call", "tool_result", "text"]
+        # The first step ends on an open call (no turn_complete); the second answers it and completes.
+        assert [e["type"] for e in events] == ["text", "tool_call", "tool_result", "text", "turn_complete"]
         assert (
             events[2]["text"] == "Sunny in Paris" and events[2]["tool_call_id"] == events[1]["tool_call_id"]
         )
@@ -216,7 +233,7 @@ async def test_malformed_body_and_group_mismatch_go_to_the_dlq_with_an_error_eve
         assert stack.runtime.metrics.counts["BadInputs"] == 2  # type: ignore[attr-defined]
         # The error event precedes the answer to the later message of the same thread.
         thread_events = [e["type"] for e in events if e["thread_id"] == thread]
-        assert thread_events == ["error", "text"]
+        assert thread_events == ["error", "text", "turn_complete"]
 
 
 class RefusesMessage:
@@ -355,7 +372,7 @@ async def test_a_second_concurrent_worker_loses_its_write_and_nothing_is_lost() 
         assert await stack.texts(thread) == ["hello", "ok"]
         info = await stack.runtime.conversation.get_thread(thread)
         assert info is not None and info.version == 1  # one commit: the loser's was refused, not merged
-        assert [e["type"] for e in await stack.outputs()] == ["text"]
+        assert [e["type"] for e in await stack.outputs()] == ["text", "turn_complete"]
 
 
 async def test_output_event_ids_are_stable_when_a_step_is_re_run() -> None:
@@ -382,5 +399,5 @@ async def test_output_event_ids_are_stable_when_a_step_is_re_run() -> None:
         second = await clean.outputs()
     texts = [e for e in first if e["type"] != "error"]
     assert [e["event_id"] for e in texts] == [e["event_id"] for e in second]
-    assert [e["type"] for e in texts] == ["text", "tool_call", "tool_result", "text"]
+    assert [e["type"] for e in texts] == ["text", "tool_call", "tool_result", "text", "turn_complete"]
     assert texts[0]["event_id"] == event_id(thread, "2", "text")

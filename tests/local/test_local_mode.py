@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from stepagent.agent_config import AgentConfig
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.step import StepConfig, StepInput
 from stepagent.events import (
@@ -439,7 +440,9 @@ async def test_event_during_async_tool_wait_is_deferred_until_its_result() -> No
 
 async def test_driver_idles_after_close_thread_tool_call() -> None:  # SY07
     provider = GatedProvider().then(call("close_thread", "tc-close", thread_id="t1"), Final())
-    async with running(make(provider, [StubCloseThread()], builtins=False)) as system:
+    async with running(
+        make(provider, [StubCloseThread()], agent=AgentConfig(builtin_tools="none"))
+    ) as system:
         await system.send_user_text("t1", "bye")
         assert await system.next_lifecycle_event(TIMEOUT) == Live("t1")
         assert await system.next_lifecycle_event(TIMEOUT) == Idle("t1")
@@ -797,7 +800,7 @@ async def test_compaction_does_not_retrigger_after_applied() -> None:  # SY16
 async def test_sleep_keeps_the_driver_resident_until_user_text_interrupts_it() -> None:
     provider = GatedProvider().then(call("sleep", "z1", seconds=600), Final()).then(*text("4"))
     collector = EventCollector()
-    async with running(make(provider, collector=collector, sleep_tools=True)) as system:
+    async with running(make(provider, collector=collector)) as system:
         await system.send_user_text("t1", "remind me in 10 minutes")
         await eventually(finished(collector, "t1"))
         await settle()
@@ -815,7 +818,7 @@ async def test_sleep_keeps_the_driver_resident_until_user_text_interrupts_it() -
 
 async def test_short_sleep_wakes_the_thread() -> None:
     provider = GatedProvider().then(call("sleep", "z1", seconds=0.01), Final()).then(*text("awake"))
-    async with running(make(provider, sleep_tools=True)) as system:
+    async with running(make(provider)) as system:
         await system.send_user_text("t1", "nap briefly")
         await system.wait_idle(TIMEOUT)
         history = await system.thread("t1").history()

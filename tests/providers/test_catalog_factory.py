@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from stepagent.errors import ConfigurationError
 from stepagent.providers.anthropic import AnthropicProvider
 from stepagent.providers.bedrock import BedrockProvider
 from stepagent.providers.catalog import (
+    DEFAULT_CONTEXT_WINDOW,
     DEFAULT_MAX_OUTPUT_TOKENS,
     bedrock_prompt_cache,
     catalog_entry,
@@ -57,7 +59,7 @@ def test_known_models(provider: str, model: str, window: int, max_out: int, imag
                                                  ("bedrock", "meta.llama3-70b-instruct-v1:0"), ("other", "x")])  # fmt: skip
 def test_unknown_models_are_conservative(provider: str, model: str) -> None:
     info = model_info(provider, model)
-    assert info.context_window == 0
+    assert info.context_window == DEFAULT_CONTEXT_WINDOW > 0  # never 0: compaction and truncation stay on
     assert info.max_output_tokens == DEFAULT_MAX_OUTPUT_TOKENS
     assert not info.supports_image_input
     assert catalog_entry(provider, model) is None
@@ -77,12 +79,26 @@ def test_factory_anthropic() -> None:
     assert provider.headers()["x-api-key"] == "sk-ant"
 
 
-def test_factory_openai_compatible_endpoint() -> None:
+def test_factory_openai_compatible_endpoint(caplog: pytest.LogCaptureFixture) -> None:
     env = {"OPENAI_API_KEY": "sk", "OPENAI_BASE_URL": "http://localhost:11434/v1"}
-    provider = make_provider("openai:llama3.1:8b", environ=env)
+    with caplog.at_level(logging.WARNING, logger="stepagent.providers.factory"):
+        provider = make_provider("openai:llama3.1:8b", environ=env)
     assert isinstance(provider, OpenAIProvider)
     assert provider.info.model_id == "llama3.1:8b"
-    assert provider.info.context_window == 0
+    assert provider.info.name == "openai:llama3.1:8b"
+    # Not in the catalog: the documented default window, and a warning at start naming the setting.
+    assert provider.info.context_window == DEFAULT_CONTEXT_WINDOW
+    (warning,) = [r for r in caplog.records if "openai:llama3.1:8b" in r.getMessage()]
+    assert "STEPAGENT_CONTEXT_WINDOW" in warning.getMessage()
+
+
+def test_factory_context_window_overrides_the_catalog(caplog: pytest.LogCaptureFixture) -> None:
+    env = {"OPENAI_API_KEY": "sk", "OPENAI_BASE_URL": "http://localhost:11434/v1"}
+    with caplog.at_level(logging.WARNING, logger="stepagent.providers.factory"):
+        unknown = make_provider("openai:qwen-local-7b", environ=env, context_window=8192)
+        known = make_provider("openai:gpt-4o", environ=env, context_window=50_000)
+    assert unknown.info.context_window == 8192 and known.info.context_window == 50_000
+    assert not [r for r in caplog.records if "qwen-local-7b" in r.getMessage()]  # set: no warning
 
 
 def test_factory_bedrock() -> None:

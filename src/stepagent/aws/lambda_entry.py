@@ -8,8 +8,10 @@ Guarantees:
   them, so a new loop per invocation would break them (and re-pay the cold start).
 - A configuration error fails the invocation with one clear message and is not cached: the next
   invocation tries again (e.g. after the environment was fixed by a redeploy).
-- Logs carry the request id; metrics are flushed (EMF) after each invocation; the invocation is traced
-  when X-Ray is active.
+- Logs carry the request id; metrics are flushed (EMF) after each invocation, token metrics per model as
+  they happen; the invocation is traced when X-Ray is active, and the worker's model calls and tool
+  dispatches are its subsegments (:class:`~stepagent.aws.tracing.XRayTracer`, safe for the concurrent
+  steps of a batch).
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ import asyncio
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools import Logger, Metrics
 
 from stepagent.aws.layer_check import check_layer
+from stepagent.aws.metrics import EmfMetrics
 from stepagent.aws.runtime import TIMER_RELAY, TOOL_RUNNER, WORKER, AwsRuntime, RemainingMs
-from stepagent.aws.settings import unknown_setting_warnings
+
+if TYPE_CHECKING:
+    from aws_lambda_powertools import Tracer
 
 logger = Logger(service="stepagent")
 
@@ -33,7 +38,8 @@ Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 _loop: asyncio.AbstractEventLoop | None = None
 _runtimes: dict[str, AwsRuntime] = {}
 _handlers: dict[str, Handler] = {}
-_metrics: Metrics | None = None
+_metrics: EmfMetrics | None = None
+_tracer: Tracer | None = None
 
 
 def event_loop() -> asyncio.AbstractEventLoop:
@@ -45,11 +51,26 @@ def event_loop() -> asyncio.AbstractEventLoop:
     return _loop
 
 
-def metrics() -> Metrics:
+def metrics() -> EmfMetrics:
     global _metrics
     if _metrics is None:
-        _metrics = Metrics(namespace=os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "stepagent")
+        namespace = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "stepagent"
+        _metrics = EmfMetrics(Metrics(namespace=namespace))
     return _metrics
+
+
+def tracer() -> Tracer:
+    """The powertools tracer, created at the first invocation (it imports the X-Ray SDK, ~0.2 s).
+
+    No auto-patching: the SDK's patches of aiobotocore/httpx keep one subsegment stack per process, which
+    the concurrent steps of a batch (one asyncio task per thread) corrupt ("Already ended segment"),
+    failing every AWS call. The invocation is one segment; the steps' spans come from XRayTracer."""
+    global _tracer
+    if _tracer is None:
+        from aws_lambda_powertools import Tracer
+
+        _tracer = Tracer(service="stepagent", auto_patch=False)
+    return _tracer
 
 
 def runtime(role: str) -> AwsRuntime:
@@ -57,9 +78,12 @@ def runtime(role: str) -> AwsRuntime:
     built = _runtimes.get(role)
     if built is None:
         check_layer()
-        for warning in unknown_setting_warnings():
-            logger.warning(warning)
-        built = event_loop().run_until_complete(AwsRuntime.create(roles=[role], metrics=metrics()))
+        from stepagent.aws.tracing import XRayTracer
+
+        spans = None if tracer().disabled else XRayTracer(tracer().provider)
+        built = event_loop().run_until_complete(
+            AwsRuntime.create(roles=[role], metrics=metrics(), tracer=spans)
+        )
         _runtimes[role] = built
     return built
 
@@ -91,14 +115,7 @@ def _handler(role: str) -> Handler:
                 warnings.filterwarnings("ignore", message="No application metrics to publish")
                 metrics().flush_metrics()
 
-    # The tracer imports the X-Ray SDK (~0.2 s), so it is created at the first invocation, not at import.
-    # No auto-patching: the SDK's patches of aiobotocore/httpx keep one subsegment stack per process, which
-    # the concurrent steps of a batch (one asyncio task per thread) corrupt ("Already ended segment"),
-    # failing every AWS call. The invocation is traced as one segment.
-    from aws_lambda_powertools import Tracer
-
-    tracer = Tracer(service="stepagent", auto_patch=False)
-    handler = tracer.capture_lambda_handler(invoke, capture_response=False)
+    handler = tracer().capture_lambda_handler(invoke, capture_response=False)
     _handlers[role] = handler
     return handler
 

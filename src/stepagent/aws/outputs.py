@@ -9,11 +9,17 @@ Guarantees (DESIGN §1 "Output queue"):
   tool-call row), ``tool_result`` and ``event`` (results and folded-in reports/events, with ``text``)
   come from :class:`~stepagent.events.TurnCommitted`, never from stream chunks, so a step
   that fails after streaming shows nothing it did not keep.
-- ``event_id`` is stable: row events derive it from (thread, order, kind); the others from the input's
-  logical message id (``error``, ``oauth_required``, ``user_choice_required``) or the choice id
+- ``turn_complete`` (the step ran the model and left the thread with nothing pending: no open call, no
+  held input) comes last in its step's events and carries ``usage`` (``input_tokens``, ``output_tokens``
+  of the step's model calls; prompt-cache tokens are not in ``input_tokens``) and ``model``
+  (``<provider>:<model id>``), exactly as the step's committed :class:`~stepagent.stores.base.UsageRecord`
+  holds them.
+- ``event_id`` is stable: row events derive it from (thread, order, kind); ``turn_complete`` from
+  (thread, the head version of the commit that stored its usage); the others from the input's logical
+  message id (``error``, ``oauth_required``, ``user_choice_required``) or the choice id
   (``user_choice_complete``). A redelivered or re-run step re-emits the same ids, so consumers (and the
-  queue's own dedup) see each event once. :func:`replay_rows` re-reports rows a previous attempt
-  committed but may not have published.
+  queue's own dedup) see each event once. :func:`replay_rows` and :func:`replay_turn_complete` re-report
+  what a previous attempt committed but may not have published, identically.
 """
 
 from __future__ import annotations
@@ -26,17 +32,20 @@ from typing import Any
 from stepagent.core.step import StepInput
 from stepagent.events import (
     AgentEvent,
+    CompletionFinished,
     OAuthRequiredEvent,
     StepFailed,
     TurnCommitted,
+    TurnComplete,
     UserChoiceDismissed,
     UserChoiceRequiredEvent,
 )
 from stepagent.history_items import AssistantText, EventItem, ToolCallItem, ToolResultItem
 from stepagent.ids import derived_id
 from stepagent.messages import OAuthRequired, UserChoiceRequired
+from stepagent.providers.base import Usage
 from stepagent.senders.sqs import SqsQueues
-from stepagent.stores.base import ConversationStore, StateStore, StoredRow
+from stepagent.stores.base import ConversationStore, StateStore, StoredRow, UsageRecord
 
 #: How far back from the tail :func:`replay_rows` looks for a redelivered step's rows.
 REPLAY_WINDOW = 200
@@ -55,7 +64,13 @@ class StepEvents:
     def on_event(self, thread_id: str, event: AgentEvent) -> None:
         if isinstance(
             event,
-            TurnCommitted | StepFailed | OAuthRequiredEvent | UserChoiceRequiredEvent | UserChoiceDismissed,
+            TurnCommitted
+            | StepFailed
+            | OAuthRequiredEvent
+            | UserChoiceRequiredEvent
+            | UserChoiceDismissed
+            | CompletionFinished
+            | TurnComplete,
         ):
             self.events.append(event)
 
@@ -150,7 +165,51 @@ def step_events(
                     "choice_id": event.choice_id,
                 }
             )
+        elif isinstance(event, TurnComplete):
+            out.append(turn_complete_event(thread_id, event.version, event.usage, event.model))
     return out
+
+
+def turn_complete_event(thread_id: str, version: int, usage: Usage, model: str) -> dict[str, Any]:
+    """The ``turn_complete`` event of the step whose commit produced head ``version``."""
+    return {
+        "type": "turn_complete",
+        "event_id": event_id(thread_id, f"v{version}", "turn_complete"),
+        "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+        "model": model,
+    }
+
+
+async def replay_turn_complete(
+    conversation: ConversationStore,
+    thread_id: str,
+    message_ids: Sequence[str],
+    published: Sequence[dict[str, Any]] = (),
+) -> list[dict[str, Any]]:
+    """``turn_complete`` events of recent steps that answered ``message_ids`` (one bounded read of the
+    usage records near the head; used only on redelivery), minus those already in ``published``."""
+    info = await conversation.get_thread(thread_id)
+    if info is None:
+        return []
+    wanted, seen = set(message_ids), {event["event_id"] for event in published}
+    out = []
+    async for record in conversation.usage_records(
+        thread_id, after_version=max(0, info.version - REPLAY_WINDOW)
+    ):
+        if record.turn_complete and record.step_id in wanted:
+            event = turn_complete_event(thread_id, record.version, _usage(record), record.model)
+            if event["event_id"] not in seen:
+                out.append(event)
+    return out
+
+
+def _usage(record: UsageRecord) -> Usage:
+    return Usage(
+        input_tokens=record.input_tokens,
+        output_tokens=record.output_tokens,
+        cache_read_tokens=record.cache_read_tokens,
+        cache_write_tokens=record.cache_write_tokens,
+    )
 
 
 def error_event(thread_id: str, message: str, retrying: bool, source_id: str) -> dict[str, Any]:

@@ -4,8 +4,9 @@ Guarantees:
 
 - :meth:`AwsRuntime.create` does all cold-start work once: settings are checked for the roles asked
   (``worker``, ``tool_runner``, ``timer_relay``; one :class:`~stepagent.errors.ConfigurationError` naming
-  every missing variable), aioboto3 clients are opened (``AWS_ENDPOINT_URL`` honoured), the stores, the
-  model provider and the toolsets are built. The EventBridge Scheduler client is opened on first use only.
+  every missing variable; for the worker, the agent settings too, one line per bad value), aioboto3
+  clients are opened (``AWS_ENDPOINT_URL`` honoured), the stores, the model providers (the default one and
+  one per profile model) and the toolsets are built. The EventBridge Scheduler client is opened on first use only.
   Clients are bound to the event loop that created the runtime: call its handlers on that loop.
 - The handlers (:meth:`handle_sqs_batch`, :meth:`handle_tool_batch`, :meth:`handle_delay_batch`) take a
   Lambda-shaped event and return ``{"batchItemFailures": [...]}``; they never raise for a partial failure.
@@ -29,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from stepagent.agent_config import AgentConfig
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.aws.secrets import provider_environment, resolve_secrets
@@ -50,6 +52,7 @@ from stepagent.tools.functions import Invocable, load_toolset
 from stepagent.tools.mcp import load_mcp_tools
 from stepagent.tools.remote import load_remote
 from stepagent.tools.sleep import Clock, Sleep, SleepUntil, utc_now
+from stepagent.tracing import Tracer
 
 WORKER, TOOL_RUNNER, TIMER_RELAY = "worker", "tool_runner", "timer_relay"
 ALL_ROLES = frozenset({WORKER, TOOL_RUNNER, TIMER_RELAY})
@@ -93,8 +96,13 @@ class AwsRuntime:
     metrics: MetricsSink
     user_tools: list[Tool]
     function_tools: dict[str, Invocable]
+    agent: AgentConfig
+    tracer: Tracer | None
 
     def __init__(self) -> None:
+        self.agent = AgentConfig()
+        self.tracer = None
+        self.profile_providers: dict[str, ModelProvider] = {}
         self._stack = AsyncExitStack()
         self._scheduler_client: Any = None
         self._scheduler_lock = asyncio.Lock()
@@ -115,8 +123,11 @@ class AwsRuntime:
         metrics: MetricsSink | None = None,
         session: Any = None,
         clock: Clock = utc_now,
+        agent: AgentConfig | None = None,
+        tracer: Tracer | None = None,
     ) -> AwsRuntime:
-        """Build the runtime for ``roles``. ``provider``/``tools`` override ``STEPAGENT_MODEL``/``STEPAGENT_TOOLS``."""
+        """Build the runtime for ``roles``. ``provider``/``tools``/``agent`` override ``STEPAGENT_MODEL``/
+        ``STEPAGENT_TOOLS``/the agent settings; ``tracer`` receives the steps' spans (none: no tracing)."""
         settings = settings if settings is not None else Settings.from_env()
         wanted = frozenset(roles)
         if not wanted or wanted - ALL_ROLES:
@@ -136,14 +147,23 @@ class AwsRuntime:
             list(tools) if tools is not None else (load_toolset(settings.tools) if settings.tools else [])
         )
         runtime.function_tools = {t.name: t for t in runtime.user_tools if isinstance(t, Invocable)}
+        if WORKER in wanted:
+            runtime.agent = agent if agent is not None else settings.agent_config()
+        runtime.tracer = tracer
         session = session if session is not None else aws_session(settings)
         if WORKER in wanted:
             settings = runtime.settings = await resolve_secrets(settings, session)
-        if WORKER in wanted and provider is None:
             # API keys: from a secret when STEPAGENT_PROVIDER_API_KEY_ID is set, else the environment.
-            provider = make_provider(
-                str(settings.model), environ=provider_environment(settings, dict(os.environ))
-            )
+            environ = provider_environment(settings, dict(os.environ))
+            if provider is None:
+                provider = make_provider(
+                    str(settings.model), environ=environ, context_window=runtime.agent.context_window
+                )
+            for profile in runtime.agent.profiles.values():
+                if isinstance(profile.model, str) and profile.model not in runtime.profile_providers:
+                    runtime.profile_providers[profile.model] = make_provider(
+                        profile.model, environ=environ, context_window=profile.context_window
+                    )
         try:
             await runtime._open(session, provider, clock)
         except BaseException:
@@ -198,6 +218,9 @@ class AwsRuntime:
             runner=SqsFunctionRunner(self.queues, str(settings.tool_queue_url)),
             notifier=remote.notifier,
             retry=RetryPolicy(remaining=remaining_seconds),
+            agent=self.agent,
+            providers=self.profile_providers,
+            tracer=self.tracer,
         )
         self._system = AgentSystem(conversation, state, config)
         publisher = OutputPublisher(self.queues, str(settings.output_queue_url), conversation, state)

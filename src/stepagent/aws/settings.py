@@ -4,19 +4,32 @@ Every ``STEPAGENT_*`` variable of the contract lives here. A missing or invalid 
 one :class:`~stepagent.errors.ConfigurationError` that names the variable and says what is expected —
 never later, in the middle of a step. Handlers ask only for what they use (``require``), so the timer
 relay does not need a model configured.
+
+The agent settings (``STEPAGENT_SYSTEM_PROMPT``, ``STEPAGENT_MAX_TOKENS``, ``STEPAGENT_TEMPERATURE``,
+``STEPAGENT_CONTEXT_WINDOW``, ``STEPAGENT_COMPACTION_THRESHOLD``, ``STEPAGENT_BUILTIN_TOOLS``,
+``STEPAGENT_PROFILES``) are kept as read and become one :class:`~stepagent.agent_config.AgentConfig`
+through :meth:`Settings.agent_config`, which the worker calls at cold start: every bad value is reported
+there, one line each, and ``@path`` files are read only then (so ``stepagent history`` run from another
+directory does not need the prompt file). An unknown ``STEPAGENT_*`` variable is logged as a warning
+naming the closest valid one (a typo would otherwise be silently ignored).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from stepagent.agent_config import AGENT_SETTING_NAMES, AgentConfig, agent_config_from_env, search_roots
 from stepagent.errors import ConfigurationError
 from stepagent.tools.mcp_config import McpServer
+
+log = logging.getLogger(__name__)
 
 SETTING_NAMES = (
     "STEPAGENT_CONVERSATION_TABLE",
@@ -34,24 +47,22 @@ SETTING_NAMES = (
     "STEPAGENT_MCP_SERVERS",
     "STEPAGENT_CALLBACK_SECRET_ID",
     "STEPAGENT_PROVIDER_API_KEY_ID",
-    "STEPAGENT_STATE_DIR",
+    *AGENT_SETTING_NAMES,
 )
-
-#: Set by the template (or by the local stack) rather than by hand, but settings all the same.
-_INTERNAL_NAMES = ("STEPAGENT_SCHEDULER_ROLE_ARN", "STEPAGENT_SCHEDULER_DLQ_ARN")
-
-
-def unknown_setting_warnings(environ: Mapping[str, str] | None = None) -> list[str]:
-    """One line per ``STEPAGENT_*`` variable that is not a setting (a typo is otherwise silently ignored),
-    naming the closest valid one."""
-    env = os.environ if environ is None else environ
-    known = (*SETTING_NAMES, *_INTERNAL_NAMES)
-    lines = []
-    for name in sorted(n for n in env if n.startswith("STEPAGENT_") and n not in known):
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        lines.append(f"unknown setting {name} is ignored{hint}")
-    return lines
+#: Every ``STEPAGENT_*`` name something reads (the contract's, the template's and the test knobs').
+KNOWN_NAMES = frozenset(
+    {
+        *SETTING_NAMES,
+        "STEPAGENT_SCHEDULER_ROLE_ARN",
+        "STEPAGENT_SCHEDULER_DLQ_ARN",
+        "STEPAGENT_MAX_RECEIVE_COUNT",
+        "STEPAGENT_STATE_DIR",
+        "STEPAGENT_CRASH_SEED",
+        "STEPAGENT_CRASH_RUNS",
+        "STEPAGENT_MOTO_CRASH_RUNS",
+        "STEPAGENT_SOAK",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +88,8 @@ class Settings:
     scheduler_role_arn: str | None = None
     scheduler_dlq_arn: str | None = None
     region: str | None = None
+    #: The agent settings as read (name → value), turned into an AgentConfig by :meth:`agent_config`.
+    agent_settings: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -97,6 +110,7 @@ class Settings:
             raise ConfigurationError(
                 f"STEPAGENT_TOOLS={tools!r} is invalid: expected package.module:name (e.g. myapp.tools:toolset)"
             )
+        warn_unknown_names(env)
         rap = tuple(
             url.strip().rstrip("/") for url in (get("STEPAGENT_RAP_SERVERS") or "").split(",") if url.strip()
         )
@@ -125,7 +139,19 @@ class Settings:
             scheduler_role_arn=get("STEPAGENT_SCHEDULER_ROLE_ARN"),
             scheduler_dlq_arn=get("STEPAGENT_SCHEDULER_DLQ_ARN"),
             region=get("AWS_REGION") or get("AWS_DEFAULT_REGION"),
+            agent_settings={name: value for name in AGENT_SETTING_NAMES if (value := get(name)) is not None},
         )
+
+    def agent_config(self, roots: list[Path] | None = None) -> AgentConfig:
+        """The agent's configuration from the agent settings: one ``ConfigurationError`` with a line per bad
+        value. Relative ``@path`` files are looked for in ``roots`` (default:
+        :func:`~stepagent.agent_config.search_roots` for this process and ``STEPAGENT_TOOLS``)."""
+        environ = {**self.agent_settings}
+        if self.tools:
+            environ["STEPAGENT_TOOLS"] = self.tools
+        if roots is None:
+            roots = search_roots(self.tools)
+        return agent_config_from_env(environ, roots=roots)
 
     def require(self, *names: str) -> None:
         """Fail with one message listing every missing setting among ``names`` (environment names)."""
@@ -137,6 +163,23 @@ class Settings:
                 + ", ".join(missing)
                 + " (set them in the environment; `stepagent infra create` prints the resource ones)"
             )
+
+
+_warned: set[str] = set()
+
+
+def warn_unknown_names(environ: Mapping[str, str]) -> list[str]:
+    """Log a warning for each ``STEPAGENT_*`` variable nothing reads, naming the closest valid one (once
+    per name and process: settings are read more than once); returns the unknown names."""
+    unknown = sorted(name for name in environ if name.startswith("STEPAGENT_") and name not in KNOWN_NAMES)
+    for name in unknown:
+        if name in _warned:
+            continue
+        _warned.add(name)
+        close = difflib.get_close_matches(name, sorted(KNOWN_NAMES), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        log.warning("unknown setting %s is ignored%s", name, hint)
+    return unknown
 
 
 def _attribute(name: str) -> str:

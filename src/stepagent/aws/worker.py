@@ -26,17 +26,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aws_lambda_powertools import Logger
 
+from stepagent.aws.metrics import publish_usage
 from stepagent.aws.outputs import (
     OutputPublisher,
     StepEvents,
     error_event,
     replay_rows,
+    replay_turn_complete,
     row_events,
     step_events,
 )
@@ -55,14 +57,20 @@ _UNROUTABLE_GROUP = "stepagent-unroutable"
 
 
 class MetricsSink(Protocol):
-    """What the worker needs from a metrics backend (powertools ``Metrics`` fits)."""
+    """What the worker needs from a metrics backend (:class:`~stepagent.aws.metrics.EmfMetrics` adapts
+    powertools ``Metrics``)."""
 
     def add_metric(self, name: str, unit: str, value: float) -> Any: ...
+
+    def add_dimensioned_metric(
+        self, name: str, unit: str, value: float, dimensions: Mapping[str, str]
+    ) -> Any: ...
 
 
 @dataclass(slots=True)
 class CountingMetrics:
-    """A ``MetricsSink`` that only counts (tests, the local stack)."""
+    """A ``MetricsSink`` that only counts (tests, the local stack); a dimensioned metric is counted under
+    ``name`` and under ``name[key=value,...]``."""
 
     counts: dict[str, float]
 
@@ -71,6 +79,13 @@ class CountingMetrics:
 
     def add_metric(self, name: str, unit: str, value: float) -> None:
         self.counts[name] = self.counts.get(name, 0) + value
+
+    def add_dimensioned_metric(
+        self, name: str, unit: str, value: float, dimensions: Mapping[str, str]
+    ) -> None:
+        self.add_metric(name, unit, value)
+        labels = ",".join(f"{key}={dimensions[key]}" for key in sorted(dimensions))
+        self.add_metric(f"{name}[{labels}]", unit, value)
 
 
 @dataclass(slots=True)
@@ -223,14 +238,17 @@ class Worker:
                 if attempt == MAX_STEP_ATTEMPTS:
                     raise
                 logger.warning("lost the thread's head-version race; re-running")
+        publish_usage(self.metrics, observer.events)
         events = step_events(thread_id, observer.events, inputs)
         redelivered = [r.logical_id for r in records if r.receive_count > 1 and r.message is not None]
         if redelivered:
             # An earlier attempt may have committed without publishing: report its rows again (same
-            # event ids), before this run's own rows.
+            # event ids), before this run's own rows; then its turn_complete, if it had one.
             fresh = {row.order for row in observer.committed_rows}
-            replayed = await replay_rows(self.publisher.conversation, thread_id, redelivered)
-            events = row_events(thread_id, [r for r in replayed if r.order not in fresh]) + events
+            conversation = self.publisher.conversation
+            replayed = await replay_rows(conversation, thread_id, redelivered)
+            done = await replay_turn_complete(conversation, thread_id, redelivered, events)
+            events = row_events(thread_id, [r for r in replayed if r.order not in fresh]) + done + events
         await self.publisher.publish(thread_id, events)
         self.metrics.add_metric("Steps", "Count", 1)
         logger.info("step done", extra={"events": len(events)})

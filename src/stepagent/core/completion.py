@@ -13,6 +13,9 @@ Guarantees:
 - Cancellation (the ``cancel`` event, set by local mode when user text interrupts or the system shuts
   down) takes effect at once, even while the provider waits for its next chunk or a retry backs off: the
   visible partial turn is kept (trailing reasoning trimmed) and the round is never retried.
+- Usage: ``outcome.usage`` is the last finished model call's (what compaction measures),
+  ``outcome.step_usage`` the sum over every finished call of the step, ``outcome.completions`` their
+  number. Each model call and each inline tool run is a span of ``tracer`` (if any).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from stepagent.ids import completion_id
 from stepagent.messages import ImageBlock, TextBlock, ToolCall, ToolResult
 from stepagent.providers.base import (
     Final,
+    ModelInfo,
     ModelProvider,
     ModelRequest,
     ReasoningComplete,
@@ -61,6 +65,7 @@ from stepagent.providers.base import (
 )
 from stepagent.stores.base import DispatchIntent
 from stepagent.tools.base import Tool, ToolContext, Toolset
+from stepagent.tracing import Tracer, traced
 
 MAX_ROUNDS_PER_STEP = 25
 
@@ -93,6 +98,8 @@ class RetryPolicy:
 class CompletionOutcome:
     action: ToolCallItem | None = None
     usage: Usage | None = None
+    step_usage: Usage | None = None
+    completions: int = 0
     error: ProviderError | None = None
     executed_sync_calls: list[str] = field(default_factory=list)
     cancelled: bool = False
@@ -112,16 +119,28 @@ class CompletionRunner:
     message_id: str
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     cancel: asyncio.Event | None = None
+    #: The model as requests describe it (default: the provider's own info).
+    model_info: ModelInfo | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    tracer: Tracer | None = None
     _counter: int = 0
     _thinking: bool = False
 
+    @property
+    def model(self) -> ModelInfo:
+        return self.model_info if self.model_info is not None else self.provider.info
+
     def _request(self) -> ModelRequest:
+        model = self.model
         return ModelRequest(
             system=self.system_prompt,
-            history=model_view(self.history.history, self.provider.info.supports_image_input),
+            history=model_view(self.history.history, model.supports_image_input),
             tools=self.toolset.specs(),
-            model=self.provider.info,
+            model=model,
             thread_stack=self.history.thread_stack,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
         )
 
     def _next_id(self) -> str:
@@ -152,8 +171,10 @@ class CompletionRunner:
         while True:
             attempt += 1
             state = _RoundState()
+            annotations = {"thread_id": self.history.thread_id, "model": self.model.name}
             try:
-                finished = await self._stream(state, outcome)
+                async with traced(self.tracer, "model", annotations):
+                    finished = await self._stream(state, outcome)
             except ProviderError as error:
                 self._end_thinking()
                 if state.emitted_call:
@@ -259,8 +280,12 @@ class CompletionRunner:
                 case Final(usage=usage):
                     self._end_thinking()
                     history.flush_turn()
+                    outcome.completions += 1
                     if usage is not None:
                         outcome.usage = usage
+                        outcome.step_usage = (
+                            usage if outcome.step_usage is None else outcome.step_usage + usage
+                        )
                     return True
         if self.cancel is not None and self.cancel.is_set():
             # Cancelled while waiting for the next chunk: keep the visible partial turn, never retry.
@@ -299,7 +324,9 @@ class CompletionRunner:
         if tool.referenced_later:
             history.index_call(call)
         await history.sync()
-        result = await run_inline_tool(tool, call, self.make_context(call.id, call.call_id))
+        annotations = {"thread_id": history.thread_id, "tool_call_id": call.id, "tool": call.name}
+        async with traced(self.tracer, "tool", annotations):
+            result = await run_inline_tool(tool, call, self.make_context(call.id, call.call_id))
         first = result.first_text()
         if first is not None:
             self.emit(ToolResultReceived(segments=[{"type": "text", "content": first}]))

@@ -10,7 +10,7 @@ What it guarantees:
 - **Dedup.** An input whose logical message id was already folded in is ignored; a result for an
   already-answered call is absorbed (its id recorded so a redelivery is cheap).
 - **Atomic sync.** :meth:`sync` persists new rows, processed ids, answered calls, dispatch intents,
-  subscription, deferral and metadata changes as one :class:`~stepagent.stores.base.Commit`, conditioned
+  subscription, deferral and metadata changes and the step's usage record as one :class:`~stepagent.stores.base.Commit`, conditioned
   on the head version the manager loaded (a concurrent writer makes it fail, never interleave).
 - **Order bookkeeping.** Every item carries its own-log order (``None`` for inherited items), so spawn
   points and compaction splits are computed from orders, not index arithmetic.
@@ -43,6 +43,7 @@ from stepagent.stores.base import (
     StateStore,
     StoredRow,
     ThreadInfo,
+    UsageRecord,
 )
 
 INTERRUPTED_TEXT = "Tool call interrupted by user"
@@ -60,6 +61,7 @@ class _PendingCommit:
     deferred_removed: list[str] = field(default_factory=list)
     metadata: tuple[str, Any] | None = None
     indexed_calls: list[ToolCall] = field(default_factory=list)
+    usage: UsageRecord | None = None
 
     def to_commit(self, expected_version: int) -> Commit:
         return Commit(
@@ -74,6 +76,7 @@ class _PendingCommit:
             deferred_removed=list(self.deferred_removed),
             metadata=self.metadata,
             indexed_calls=list(self.indexed_calls),
+            usage=self.usage,
         )
 
 
@@ -292,6 +295,11 @@ class HistoryManager:
 
     def undefer(self, message_id: str) -> None:
         self._pending.deferred_removed.append(message_id)
+
+    def record_usage(self, usage: UsageRecord) -> None:
+        """Store the step's model usage with the next sync (one record per commit; a later one replaces
+        an earlier one not yet synced)."""
+        self._pending.usage = usage
 
     def update_metadata(self, metadata: Any) -> None:
         self._metadata = metadata

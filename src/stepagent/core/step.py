@@ -11,6 +11,14 @@ Durability (DESIGN §3):
   something the model has not answered, makes the step run the completion it owes.
 - Deferral: while a non-passive tool call is pending, reports/events/parent messages are stored durably
   and delivered after the call's result (user text still interrupts).
+- Agent: the thread runs as the agent its root's metadata selects (``core/agents.py``); an unknown
+  profile rejects the step's inputs before anything is written.
+- Usage: a step that runs the model commits one :class:`~stepagent.stores.base.UsageRecord` (tokens summed
+  over its model calls, the model's name, whether the turn is complete) with its rows. When the step
+  leaves the thread with nothing pending — no open tool call, no held input, not interrupted — it emits
+  :class:`~stepagent.events.TurnComplete` after everything else, carrying that record's usage.
+- Tracing: model calls and tool dispatches run inside spans of ``StepConfig.tracer`` (none by default);
+  tracing can never fail a step (``stepagent.tracing``).
 """
 
 from __future__ import annotations
@@ -18,10 +26,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from stepagent import texts
+from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
+from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, system_prompt
 from stepagent.core.completion import CompletionRunner, RetryPolicy, run_inline_tool, sync_result_id
 from stepagent.core.history import HistoryManager
 from stepagent.core.prepare import Preparer
@@ -34,6 +44,7 @@ from stepagent.events import (
     Observer,
     StepFailed,
     TurnCommitted,
+    TurnComplete,
     UserChoiceDismissed,
 )
 from stepagent.history_items import EventItem, ToolResultItem, UserItem
@@ -49,29 +60,46 @@ from stepagent.messages import (
 )
 from stepagent.providers.base import ModelProvider, Usage
 from stepagent.senders.base import InputSender
-from stepagent.stores.base import ConversationStore, DeferredInput, DispatchIntent, StateStore, ThreadKind
+from stepagent.stores.base import (
+    ConversationStore,
+    DeferredInput,
+    DispatchIntent,
+    StateStore,
+    ThreadKind,
+    UsageRecord,
+)
 from stepagent.tools.base import FunctionRunner, LifecycleNotifier, TimerBackend, ToolContext, Toolset
+from stepagent.tracing import Tracer, traced
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
 class StepConfig:
-    """Everything a step needs besides the stores."""
+    """Everything a step needs besides the stores.
+
+    ``provider`` is the default agent's model and ``toolset`` every tool the deployment has (what a thread
+    is offered is chosen per thread from ``agent``: :mod:`stepagent.core.agents`). ``providers`` holds the
+    models of profiles that name one (``<provider>:<model id>`` → provider). ``tracer`` receives spans
+    around model calls and tool dispatches (none: no tracing). Building a config checks that every
+    profile can be served (``ConfigurationError`` otherwise)."""
 
     provider: ModelProvider
     toolset: Toolset
     sender: InputSender
-    extra_system_prompt: str | None = None
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    providers: Mapping[str, ModelProvider] = field(default_factory=dict)
     callback_url: str | None = None
     timers: TimerBackend | None = None
     runner: FunctionRunner | None = None
     notifier: LifecycleNotifier | None = None
     retry: RetryPolicy = field(default_factory=RetryPolicy)
-    #: Compact a thread when a completion's usage passes this share of the model's context window.
-    compaction_threshold: float = 0.75
+    tracer: Tracer | None = None
     compaction_lease_seconds: float = 3600.0
     clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        check_agents(self.agent, self.toolset, self.providers)
 
 
 def should_compact(usage: Usage | None, context_window: int, threshold: float = 0.75) -> bool:
@@ -115,6 +143,7 @@ class ThreadStep:
         self.cancel = cancel
         self.history: HistoryManager | None = None
         self._reported_rows = 0  # how many of history.committed_rows a TurnCommitted has reported
+        self._held = False  # whether this step deferred an input (the thread then has input pending)
 
     def emit(self, event: AgentEvent) -> None:
         self.observer.on_event(self.thread_id, event)
@@ -125,6 +154,13 @@ class ThreadStep:
         history = self.history = await HistoryManager.load(self.conversation, self.state, self.thread_id)
         tool_result_ids = [i.message.content.id for i in inputs if isinstance(i.message.content, ToolResult)]
         await history.prefetch([i.message_id for i in inputs], tool_result_ids)
+
+        # An unknown profile rejects the inputs before anything is written (or dispatched).
+        metadata = history.metadata
+        for item in inputs:
+            if item.message.metadata is not None:
+                metadata = item.message.metadata
+        self._agent(history, metadata)
 
         owes_completion = await self._redrive_outbox(history)
         if history.info is not None and history.info.closed:
@@ -162,19 +198,40 @@ class ThreadStep:
             return StepOutcome(self.thread_id)
         return await self._complete_commit_dispatch(history, last_ready_id)
 
+    def _agent(self, history: HistoryManager, metadata: object) -> ThreadAgent:
+        config = self.config
+        return resolve_agent(
+            config.agent,
+            config.provider,
+            config.toolset,
+            config.providers,
+            metadata=metadata,
+            child=bool(history.ancestors),
+        )
+
     async def _complete_commit_dispatch(self, history: HistoryManager, message_id: str) -> StepOutcome:
-        model = self.config.provider.info
+        agent = self._agent(history, history.metadata)
+        model = agent.info
         self.emit(CompletionStarted())
         runner = CompletionRunner(
             history=history,
-            provider=self.config.provider,
-            toolset=self.config.toolset,
-            system_prompt=self._system_prompt(history),
+            provider=agent.provider,
+            toolset=agent.toolset,
+            system_prompt=system_prompt(
+                agent.instructions,
+                agent.toolset,
+                thread_id=history.thread_id,
+                root_thread_id=history.root_thread_id,
+            ),
             make_context=lambda call_id, provider_call_id: self._context(history, call_id, provider_call_id),
             emit=self.emit,
             message_id=message_id,
             retry=self.config.retry,
             cancel=self.cancel,
+            model_info=model,
+            max_tokens=agent.max_tokens,
+            temperature=agent.temperature,
+            tracer=self.config.tracer,
         )
         outcome = await runner.run()
         intent = None
@@ -182,21 +239,52 @@ class ThreadStep:
             call = outcome.action.call
             intent = DispatchIntent(call.id, call.name, call.arguments, call.call_id)
             history.add_intent(intent)
+        step_usage = outcome.step_usage or Usage()
+        complete = not outcome.cancelled and not self._held and history.pending_tool_call() is None
+        history.record_usage(
+            UsageRecord(
+                step_id=message_id,
+                model=agent.model,
+                input_tokens=step_usage.input_tokens,
+                output_tokens=step_usage.output_tokens,
+                cache_read_tokens=step_usage.cache_read_tokens,
+                cache_write_tokens=step_usage.cache_write_tokens,
+                completions=outcome.completions,
+                turn_complete=complete,
+            )
+        )
         await self._commit_and_report(history)
         for call_id in outcome.executed_sync_calls:
             await self.state.mark_intent_done(self.thread_id, call_id)
-        self.emit(CompletionFinished(usage=outcome.usage, context_window=model.context_window))
+        self.emit(
+            CompletionFinished(
+                usage=outcome.usage,
+                context_window=model.context_window,
+                step_usage=outcome.step_usage,
+                model=agent.model,
+            )
+        )
         error = None
         if outcome.error is not None:
             error = f"The model failed: {outcome.error}"
             self.emit(StepFailed(message=error, retrying=False))
         if intent is not None:
             await self._dispatch(history, intent)
-        await self._maybe_trigger_compaction(history, outcome.usage, model.context_window)
+        await self._maybe_trigger_compaction(
+            history, outcome.usage, model.context_window, agent.compaction_threshold
+        )
+        if complete:
+            self.emit(
+                TurnComplete(usage=step_usage, model=agent.model, step_id=message_id, version=history.version)
+            )
         return StepOutcome(self.thread_id, True, outcome.usage, model.context_window, error)
 
     async def _maybe_trigger_compaction(
-        self, history: HistoryManager, usage: Usage | None, window: int
+        self,
+        history: HistoryManager,
+        usage: Usage | None,
+        window: int,
+        threshold: float = DEFAULT_COMPACTION_THRESHOLD,
     ) -> None:
         """Ask this thread to compact itself, with an input ordered like any other.
 
@@ -206,7 +294,7 @@ class ThreadStep:
         usage before the last summary landed (reference issue #64). Preparing the request takes the
         durable claim (two compactions never overlap); once a lease period has passed without a new
         summary — a compaction child that never finished — the id changes and compaction is tried again."""
-        if not should_compact(usage, window, self.config.compaction_threshold):
+        if not should_compact(usage, window, threshold):
             return
         if history.info is not None and history.info.kind == ThreadKind.COMPACTION:
             return
@@ -215,7 +303,7 @@ class ThreadStep:
         request_id = derived_id("compaction-request", self.thread_id, covered, str(epoch))
         request = InputMessage(content=TextContent(text=""), group_id=self.thread_id, synthetic=Compaction())
         await self.config.sender.send(request, request_id)
-        self.emit(Info("✦ Auto-compaction triggered (context > 75%)"))
+        self.emit(Info(f"✦ Auto-compaction triggered (context > {threshold:.0%})"))
 
     async def _commit_and_report(self, history: HistoryManager) -> None:
         if history.info is None and not history.has_pending_rows:
@@ -268,10 +356,16 @@ class ThreadStep:
         transient infrastructure errors propagate (the intent stays open and is re-driven)."""
         context = self._context(history, intent.tool_call_id, intent.call_id)
         tool = self.config.toolset.get(intent.tool_name)
+        annotations = {
+            "thread_id": self.thread_id,
+            "tool_call_id": intent.tool_call_id,
+            "tool": intent.tool_name,
+        }
         try:
             if tool is None:
                 raise ToolError(f"tool '{intent.tool_name}' is no longer available")
-            await tool.execute(intent.arguments, context)
+            async with traced(self.config.tracer, "tool", annotations):
+                await tool.execute(intent.arguments, context)
         except TransientError:
             raise
         except ToolError as error:
@@ -313,6 +407,7 @@ class ThreadStep:
                         item.message_id
                     ):
                         history.defer(DeferredInput(item.message_id, item.message))
+                        self._held = True
                     else:
                         kept.append(item)
                 return kept
@@ -345,14 +440,6 @@ class ThreadStep:
         return bool(history.history) and isinstance(
             history.history[-1], UserItem | ToolResultItem | EventItem
         )
-
-    def _system_prompt(self, history: HistoryManager) -> str:
-        prompt = texts.DEFAULT_SYSTEM_PROMPT + texts.THREAD_SUFFIX.format(
-            thread_id=history.thread_id, root_thread_id=history.root_thread_id
-        )
-        if self.config.extra_system_prompt:
-            prompt += "\n\n" + self.config.extra_system_prompt
-        return prompt
 
     def _context(self, history: HistoryManager, tool_call_id: str, call_id: str | None) -> ToolContext:
         metadata = history.metadata

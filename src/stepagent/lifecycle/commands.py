@@ -1,6 +1,7 @@
-"""The ``export``, ``import`` and ``rewind`` CLI commands (wired into ``stepagent.cli``).
+"""The ``export``, ``import``, ``rewind`` and ``usage`` CLI commands (wired into ``stepagent.cli``).
 
-They read the same settings as the handlers (``STEPAGENT_CONVERSATION_TABLE``, ``STEPAGENT_STATE_TABLE``,
+``usage THREAD [--json] [--stack NAME]`` prints the token totals of a thread tree
+(:func:`stepagent.usage.thread_usage`). They read the same settings as the handlers (``STEPAGENT_CONVERSATION_TABLE``, ``STEPAGENT_STATE_TABLE``,
 ``STEPAGENT_BLOB_BUCKET``, ``AWS_ENDPOINT_URL``). ``export`` streams lines to stdout (or ``--output``) one at
 a time; ``import`` reads a file twice (validate, then write), so standard input (``-``) is first spooled to
 a temporary file. Failures a person can fix raise :class:`~stepagent.errors.StepagentError` subclasses with
@@ -10,6 +11,7 @@ a one-line message; ``cli.main`` prints them.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -22,12 +24,13 @@ from stepagent.lifecycle.export import LifecycleError, export_lines
 from stepagent.lifecycle.importer import ImportLimits, import_tree
 from stepagent.lifecycle.rewind import rewind_thread
 from stepagent.stores.base import ConversationStore, StateStore
+from stepagent.usage import thread_usage
 
-COMMANDS = ("export", "import", "rewind")
+COMMANDS = ("export", "import", "rewind", "usage")
 
 
 def add_lifecycle_commands(subparsers: Any) -> None:
-    """Register ``export``, ``import`` and ``rewind`` on an ``argparse`` sub-parsers object."""
+    """Register ``export``, ``import``, ``rewind`` and ``usage`` on an ``argparse`` sub-parsers object."""
     export = subparsers.add_parser(
         "export", help="write a thread and its descendants as JSON lines (stdout by default)"
     )
@@ -96,10 +99,24 @@ def add_lifecycle_commands(subparsers: Any) -> None:
         help="fail instead of retrying if the thread is no longer at head version V",
     )
 
+    usage = subparsers.add_parser(
+        "usage",
+        help="token totals of a thread and its descendants, per model and per thread",
+        description=(
+            "Sum the token usage every step of the thread tree committed: input (uncached), output and "
+            "prompt-cache tokens, model calls and steps — in total, per model and per thread."
+        ),
+    )
+    usage.add_argument("thread", help="the thread id (usually a root)")
+    usage.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    usage.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+
 
 async def run_lifecycle_command(args: argparse.Namespace) -> int:
-    """Run the parsed ``export``/``import``/``rewind`` command; the exit status."""
-    async with _stores() as (conversation, state):
+    """Run the parsed ``export``/``import``/``rewind``/``usage`` command; the exit status."""
+    async with _stores(getattr(args, "stack", None)) as (conversation, state):
+        if args.command == "usage":
+            return await _usage(conversation, args)
         if args.command == "export":
             return await _export(conversation, state, args)
         if args.command == "import":
@@ -110,12 +127,17 @@ async def run_lifecycle_command(args: argparse.Namespace) -> int:
 
 
 @asynccontextmanager
-async def _stores() -> AsyncIterator[tuple[ConversationStore, StateStore]]:
+async def _stores(stack: str | None = None) -> AsyncIterator[tuple[ConversationStore, StateStore]]:
+    import os
+
     from stepagent.aws.clients import aws_session, client
     from stepagent.aws.settings import Settings
+    from stepagent.aws.stack_outputs import stack_environment
     from stepagent.stores.dynamodb import dynamo_stores
 
     settings = Settings.from_env()
+    if stack is not None:
+        settings = Settings.from_env({**os.environ, **await stack_environment(stack, settings)})
     settings.require("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE")
     assert settings.conversation_table is not None and settings.state_table is not None
     session = aws_session(settings)
@@ -142,6 +164,19 @@ async def _export(conversation: ConversationStore, state: StateStore, args: argp
     finally:
         if sink is not sys.stdout:
             sink.close()
+    return 0
+
+
+async def _usage(conversation: ConversationStore, args: argparse.Namespace) -> int:
+    report = await thread_usage(conversation, args.thread)
+    if report is None:
+        print(f"stepagent: no thread {args.thread!r}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        for line in report.lines():
+            print(line)
     return 0
 
 

@@ -42,10 +42,11 @@ import contextlib
 import logging
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Self
 
+from stepagent.agent_config import AgentConfig
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.history import HistoryManager
 from stepagent.core.step import StepConfig, StepInput
@@ -64,12 +65,14 @@ from stepagent.modes.local_driver import (
 )
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelProvider
+from stepagent.providers.factory import make_provider
 from stepagent.stores.base import ConversationStore, StateStore
 from stepagent.stores.memory import memory_stores
 from stepagent.tools.base import LifecycleNotifier, Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import InProcessFunctionRunner
 from stepagent.tools.sleep import InProcessTimers, Sleep, SleepUntil
+from stepagent.tracing import Tracer
 
 __all__ = [
     "DeadLetter",
@@ -225,28 +228,39 @@ class LocalAgentSystem:
         provider: ModelProvider,
         *,
         tools: Iterable[Tool] = (),
-        builtins: bool = True,
-        sleep_tools: bool = False,
+        agent: AgentConfig | None = None,
+        providers: Mapping[str, ModelProvider] | None = None,
         stores: tuple[ConversationStore, StateStore] | None = None,
         observer: Observer | None = None,
-        extra_system_prompt: str | None = None,
         retry: RetryPolicy | None = None,
         notifier: LifecycleNotifier | None = None,
+        tracer: Tracer | None = None,
         step_retry_delays: Sequence[float] = DEFAULT_STEP_RETRY_DELAYS,
     ) -> LocalAgentSystem:
-        """A system with in-memory stores (unless ``stores`` is given), the built-in tools (unless
-        ``builtins=False``) after ``tools``, optionally the ``sleep``/``sleep_until`` tools, function tools
-        run in background tasks and real asyncio timers."""
+        """A system with in-memory stores (unless ``stores`` is given), ``tools`` followed by every built-in
+        tool (``agent.builtin_tools`` chooses which the model is offered; a tool in ``tools`` with a
+        built-in's name replaces that built-in), function tools run in background
+        tasks and real asyncio timers. ``agent`` is the agent's configuration (the same object the worker
+        builds from ``STEPAGENT_*`` settings); a profile's ``<provider>:<model id>`` is built with
+        :func:`~stepagent.providers.factory.make_provider` unless ``providers`` has it."""
         user_tools = list(tools)
-        toolset = Toolset.of([*user_tools, *(builtin_tools() if builtins else [])])
-        if sleep_tools:
-            toolset.extend(t for t in (Sleep(), SleepUntil()) if t.name not in toolset)
+        agent = agent if agent is not None else AgentConfig()
+        # A tool of yours named like a built-in replaces that built-in (it is then one of your tools).
+        taken = {tool.name for tool in user_tools}
+        builtins = [t for t in [*builtin_tools(), Sleep(), SleepUntil()] if t.name not in taken]
+        toolset = Toolset.of([*user_tools, *builtins])
+        models = dict(providers or {})
+        for profile in agent.profiles.values():
+            if isinstance(profile.model, str) and profile.model not in models:
+                models[profile.model] = make_provider(profile.model, context_window=profile.context_window)
         sender = LocalSender()
         config = StepConfig(
             provider=provider,
             toolset=toolset,
             sender=sender,
-            extra_system_prompt=extra_system_prompt,
+            agent=agent,
+            providers=models,
+            tracer=tracer,
             timers=InProcessTimers(sender),
             runner=InProcessFunctionRunner(user_tools, background=True),
             notifier=notifier,

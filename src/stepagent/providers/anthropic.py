@@ -4,7 +4,10 @@ Request (:func:`anthropic_body`), byte-identical to what the official ``anthropi
 ``messages.create(..., stream=True)`` call (tests compare both through mock transports):
 
 - Top-level keys in the SDK's order: ``max_tokens, messages, model, stream, system, thinking,
-  tool_choice, tools``; ``max_tokens`` is the model's maximum output.
+  tool_choice, tools``; ``max_tokens`` is the request's output limit (``STEPAGENT_MAX_TOKENS``, else the
+  model's maximum output). A configured temperature (``STEPAGENT_TEMPERATURE``) comes last, as the SDK
+  (2.x, which dropped the sampling parameters) sends it through ``extra_body``; it is accepted by the API
+  version this provider speaks (2023-06-01) for models that still take one.
 - The conversation comes from :func:`~stepagent.providers.requests_common.conversation` (alternating roles,
   every call answered, no empty text, thinking first in its assistant message). Blocks: ``text``,
   ``image`` (base64 source), ``thinking`` (with ``signature``), ``redacted_thinking``, ``tool_use``,
@@ -138,7 +141,7 @@ def anthropic_body(
         request.history if history is None else history, images=request.model.supports_image_input
     )
     body: dict[str, Any] = {
-        "max_tokens": request.model.max_output_tokens,
+        "max_tokens": request.output_limit,
         "messages": anthropic_messages(turns),
         "model": model,
         "stream": True,
@@ -150,6 +153,8 @@ def anthropic_body(
     if request.tools:
         body["tool_choice"] = {"type": "auto", "disable_parallel_tool_use": True}
         body["tools"] = anthropic_tools(request.tools)
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
     return body
 
 

@@ -27,9 +27,18 @@ class ToolSpec:
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
     model_id: str
-    context_window: int = 0  # tokens; 0 = unknown (disables automatic compaction)
+    context_window: int = 0  # tokens; 0 = none (no automatic compaction, no truncation)
     max_output_tokens: int = 4096
     supports_image_input: bool = False
+    #: The provider prefix of ``STEPAGENT_MODEL`` (``anthropic``, ``openai``, ``bedrock``); empty when the
+    #: model id already names it (``scripted:...``) or the provider was built by hand.
+    provider: str = ""
+
+    @property
+    def name(self) -> str:
+        """The model as usage reports and ``turn_complete`` events name it: ``<provider>:<model id>``
+        (the ``STEPAGENT_MODEL`` spelling), or the bare model id when no provider is known."""
+        return f"{self.provider}:{self.model_id}" if self.provider else self.model_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +49,16 @@ class ModelRequest:
     model: ModelInfo
     # The requesting thread's stack, root first (the current thread last); empty when unknown.
     thread_stack: list[str] = field(default_factory=list)
+    #: Output limit (``STEPAGENT_MAX_TOKENS``); ``None``: the model's maximum (``model.max_output_tokens``),
+    #: which providers that require a limit send, and the others leave to the server.
+    max_tokens: int | None = None
+    #: Sampling temperature (``STEPAGENT_TEMPERATURE``); ``None``: not sent (the provider's default).
+    temperature: float | None = None
+
+    @property
+    def output_limit(self) -> int:
+        """The output tokens the answer may use: ``max_tokens``, else the model's maximum."""
+        return self.max_tokens if self.max_tokens is not None else self.model.max_output_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +71,14 @@ class Usage:
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,8 @@ same bytes as for any other caller passing the same parameters (tests compare wi
 through a botocore event hook, no network):
 
 - Keys in the API's order: ``modelId, messages, system, inferenceConfig, toolConfig,
-  additionalModelRequestFields``. ``inferenceConfig.maxTokens`` is the model's maximum output.
+  additionalModelRequestFields``. ``inferenceConfig`` is ``maxTokens`` (the request's output limit:
+  ``STEPAGENT_MAX_TOKENS``, else the model's maximum output) then ``temperature`` when one is configured.
 - The conversation comes from :func:`~stepagent.providers.requests_common.conversation` (alternating roles,
   starting with the user, every call answered, no empty text, reasoning first in its assistant message).
   Blocks: ``text``, ``image`` (format from the media type, source bytes decoded from base64),
@@ -175,7 +176,10 @@ def converse_params(
     params: dict[str, Any] = {"modelId": model_id, "messages": converse_messages(turns, cache=cache)}
     if request.system.strip():
         params["system"] = [{"text": request.system}, *([dict(_CACHE_POINT)] if cache else [])]
-    params["inferenceConfig"] = {"maxTokens": request.model.max_output_tokens}
+    inference: dict[str, Any] = {"maxTokens": request.output_limit}
+    if request.temperature is not None:
+        inference["temperature"] = request.temperature
+    params["inferenceConfig"] = inference
     if request.tools:
         params["toolConfig"] = {"tools": converse_tools(request.tools, cache=cache)}
     if additional_fields:

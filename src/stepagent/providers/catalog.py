@@ -2,9 +2,11 @@
 
 Guarantees:
 
-- :func:`model_info` never fails: an unknown model gets ``context_window=0`` (which disables automatic
-  compaction and request truncation, since we cannot know the limit), :data:`DEFAULT_MAX_OUTPUT_TOKENS`
-  and no image input (the conservative choice: an image placeholder is better than a rejected request).
+- :func:`model_info` never fails: an unknown model gets :data:`DEFAULT_CONTEXT_WINDOW` (a conservative
+  32,768 tokens — most self-hosted and older models have at least that — so compaction and request
+  truncation stay on; ``STEPAGENT_CONTEXT_WINDOW`` sets the real figure, and the factory warns at start
+  when it is missing), :data:`DEFAULT_MAX_OUTPUT_TOKENS` and no image input (the conservative choice: an
+  image placeholder is better than a rejected request). It is never 0 for a real provider.
 - Dated snapshots resolve to their family (``claude-sonnet-4-5-20250929`` → ``claude-sonnet-4-5``,
   ``gpt-4o-2024-11-20`` → ``gpt-4o``), and Bedrock ids resolve through their inference-profile prefix
   (``us.``, ``eu.``, ``apac.``, ``global.``, ...), their ``anthropic.`` vendor prefix and their
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from stepagent.providers.base import ModelInfo
 
 DEFAULT_MAX_OUTPUT_TOKENS = 4096
+#: The context window assumed for a model the catalog does not know (set ``STEPAGENT_CONTEXT_WINDOW``).
+DEFAULT_CONTEXT_WINDOW = 32_768
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +100,23 @@ def catalog_entry(provider: str, model_id: str) -> CatalogEntry | None:
     return None
 
 
-def model_info(provider: str, model_id: str) -> ModelInfo:
-    """What the engine needs to know about a model (see the module docstring for unknown models)."""
+def model_info(provider: str, model_id: str, *, context_window: int | None = None) -> ModelInfo:
+    """What the engine needs to know about a model (see the module docstring for unknown models);
+    ``context_window`` (``STEPAGENT_CONTEXT_WINDOW``) overrides the catalog's."""
     entry = catalog_entry(provider, model_id)
     if entry is None:
-        return ModelInfo(model_id=model_id, context_window=0, max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS)
+        return ModelInfo(
+            model_id=model_id,
+            context_window=context_window or DEFAULT_CONTEXT_WINDOW,
+            max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS,
+            provider=provider,
+        )
     return ModelInfo(
         model_id=model_id,
-        context_window=entry.context_window,
+        context_window=context_window or entry.context_window,
         max_output_tokens=entry.max_output_tokens,
         supports_image_input=entry.images,
+        provider=provider,
     )
 
 

@@ -11,12 +11,16 @@ Guarantees:
 - A missing key, an unknown provider or an empty model id raises
   :class:`~stepagent.errors.ConfigurationError` naming the variable, at construction time, so a
   misconfigured worker fails at cold start rather than on the first message.
-- Model limits come from the catalog (unknown models: window 0, conservative defaults).
+- Model limits come from the catalog; ``context_window`` (``STEPAGENT_CONTEXT_WINDOW``) overrides its
+  window. A model the catalog does not know, without that override, gets the catalog's conservative
+  default window (never 0: compaction stays on) and a warning naming the setting, logged once per
+  model at construction (start).
 - Nothing here touches the network.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 
@@ -24,11 +28,19 @@ import httpx
 
 from stepagent.errors import ConfigurationError
 from stepagent.providers.base import ModelProvider
-from stepagent.providers.catalog import bedrock_prompt_cache, model_info
+from stepagent.providers.catalog import (
+    DEFAULT_CONTEXT_WINDOW,
+    bedrock_prompt_cache,
+    catalog_entry,
+    model_info,
+)
 
 DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-6"
 DEFAULT_OPENAI_MODEL = "gpt-4.1"
 PROVIDERS = ("anthropic", "openai", "bedrock", "scripted")
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
 
 
 def _get(environ: Mapping[str, str], name: str) -> str | None:
@@ -48,9 +60,11 @@ def make_provider(
     *,
     environ: Mapping[str, str] | None = None,
     http_client: httpx.AsyncClient | None = None,
+    context_window: int | None = None,
 ) -> ModelProvider:
     """The provider for ``model`` (``<provider>:<model id>``), configured from ``environ`` (default:
-    ``os.environ``). ``http_client`` is used by the HTTP providers instead of their own (tests)."""
+    ``os.environ``). ``http_client`` is used by the HTTP providers instead of their own (tests);
+    ``context_window`` overrides the catalog's window (a scripted model's comes from its script)."""
     env = os.environ if environ is None else environ
     provider, sep, model_id = model.strip().partition(":")
     model_id = model_id.strip()
@@ -61,13 +75,15 @@ def make_provider(
         )
     if not model_id:
         raise ConfigurationError(f"STEPAGENT_MODEL={model!r} is invalid: the model id after ':' is empty")
+    if provider != "scripted" and context_window is None and catalog_entry(provider, model_id) is None:
+        warn_unknown_model(f"{provider}:{model_id}")
     if provider == "anthropic":
         from stepagent.providers.anthropic import AnthropicProvider
 
         return AnthropicProvider(
             model_id,
             api_key=_require(env, "ANTHROPIC_API_KEY", model),
-            info=model_info("anthropic", model_id),
+            info=model_info("anthropic", model_id, context_window=context_window),
             base_url=_get(env, "ANTHROPIC_BASE_URL"),
             http_client=http_client,
         )
@@ -77,7 +93,7 @@ def make_provider(
         return OpenAIProvider(
             model_id,
             api_key=_require(env, "OPENAI_API_KEY", model),
-            info=model_info("openai", model_id),
+            info=model_info("openai", model_id, context_window=context_window),
             base_url=_get(env, "OPENAI_BASE_URL"),
             http_client=http_client,
         )
@@ -96,7 +112,7 @@ def make_provider(
         )
         return BedrockProvider(
             model_id,
-            info=model_info("bedrock", model_id),
+            info=model_info("bedrock", model_id, context_window=context_window),
             region=region,
             endpoint_url=_get(env, "AWS_ENDPOINT_URL_BEDROCK_RUNTIME"),
             session=session,
@@ -105,6 +121,19 @@ def make_provider(
     from stepagent.providers.scripted import ScriptedProvider
 
     return ScriptedProvider(model_id)
+
+
+def warn_unknown_model(model: str) -> None:
+    """Log, once per process and model, that ``model`` is not in the catalog and gets the default window."""
+    if model in _warned:
+        return
+    _warned.add(model)
+    log.warning(
+        "model %s is not in stepagent's catalog: assuming a %d-token context window for compaction and "
+        "truncation; set STEPAGENT_CONTEXT_WINDOW to its real window",
+        model,
+        DEFAULT_CONTEXT_WINDOW,
+    )
 
 
 def detect_default_model(environ: Mapping[str, str] | None = None) -> str | None:

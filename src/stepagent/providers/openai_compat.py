@@ -4,11 +4,14 @@
 Request (:func:`openai_body`), byte-identical to what the official ``openai`` SDK sends for the same
 ``chat.completions.create(..., stream=True)`` call (tests compare both through mock transports):
 
-- Top-level keys in the SDK's order: ``model, stream, messages, parallel_tool_calls, stream_options,
-  tools``. ``stream_options.include_usage`` asks for the usage chunk; ``parallel_tool_calls: false``
-  (only with tools) because the engine acts on one call per round. No output limit is sent: the
-  server's default is the model's maximum, and older compatible servers reject
-  ``max_completion_tokens``.
+- Top-level keys in the SDK's order: ``model, stream, messages, max_completion_tokens | max_tokens,
+  parallel_tool_calls, stream_options, temperature, tools``. ``stream_options.include_usage`` asks for
+  the usage chunk; ``parallel_tool_calls: false`` (only with tools) because the engine acts on one call
+  per round. An output limit is sent only when one is configured (``STEPAGENT_MAX_TOKENS``; otherwise
+  the server's default is the model's maximum): as ``max_completion_tokens`` to OpenAI itself (its
+  reasoning models reject ``max_tokens``), as ``max_tokens`` to a compatible server (``OPENAI_BASE_URL``
+  set; older ones reject ``max_completion_tokens``) — :data:`MAX_TOKENS_FIELDS`. ``temperature`` only
+  when configured.
 - The conversation comes from :func:`~stepagent.providers.requests_common.conversation`. A ``system``
   message carries the system prompt. An assistant turn becomes one message: its texts joined by a blank
   line as ``content`` (omitted when there is none) and its calls as ``tool_calls`` (arguments as compact
@@ -36,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from stepagent.errors import ProviderError
+from stepagent.errors import ConfigurationError, ProviderError
 from stepagent.messages import ToolCall
 from stepagent.providers.base import (
     Final,
@@ -158,8 +161,19 @@ def openai_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
     ]
 
 
-def openai_body(request: ModelRequest, model: str, *, history: list[Any] | None = None) -> dict[str, Any]:
-    """The Chat Completions body for ``request`` (``history`` overrides ``request.history``)."""
+#: How an output limit may be named: ``max_completion_tokens`` (OpenAI) or ``max_tokens`` (compatible servers).
+MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")
+
+
+def openai_body(
+    request: ModelRequest,
+    model: str,
+    *,
+    history: list[Any] | None = None,
+    max_tokens_field: str = "max_completion_tokens",
+) -> dict[str, Any]:
+    """The Chat Completions body for ``request`` (``history`` overrides ``request.history``); a configured
+    output limit is sent as ``max_tokens_field`` (one of :data:`MAX_TOKENS_FIELDS`)."""
     turns = conversation(
         request.history if history is None else history,
         images=request.model.supports_image_input,
@@ -170,9 +184,13 @@ def openai_body(request: ModelRequest, model: str, *, history: list[Any] | None 
         "stream": True,
         "messages": openai_messages(request.system, turns),
     }
+    if request.max_tokens is not None:
+        body[max_tokens_field] = request.max_tokens
     if request.tools:
         body["parallel_tool_calls"] = False
     body["stream_options"] = {"include_usage": True}
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
     if request.tools:
         body["tools"] = openai_tools(request.tools)
     return body
@@ -339,7 +357,9 @@ def _args(call: _Call) -> dict[str, Any]:
 
 
 class OpenAIProvider:
-    """``ModelProvider`` for OpenAI-compatible Chat Completions endpoints."""
+    """``ModelProvider`` for OpenAI-compatible Chat Completions endpoints. ``max_tokens_field`` names a
+    configured output limit (default: ``max_completion_tokens`` for OpenAI itself, ``max_tokens`` when a
+    ``base_url`` points at a compatible server)."""
 
     def __init__(
         self,
@@ -349,7 +369,14 @@ class OpenAIProvider:
         info: ModelInfo,
         base_url: str | None = None,
         http_client: httpx.AsyncClient | None = None,
+        max_tokens_field: str | None = None,
     ) -> None:
+        if max_tokens_field is None:
+            compatible = bool(base_url) and str(base_url).rstrip("/") != DEFAULT_BASE_URL
+            max_tokens_field = MAX_TOKENS_FIELDS[1] if compatible else MAX_TOKENS_FIELDS[0]
+        if max_tokens_field not in MAX_TOKENS_FIELDS:
+            raise ConfigurationError(f"max_tokens_field must be one of {MAX_TOKENS_FIELDS}")
+        self._max_tokens_field = max_tokens_field
         self._model = model
         self._api_key = api_key
         self._info = info
@@ -364,7 +391,9 @@ class OpenAIProvider:
     def request_bytes(self, request: ModelRequest) -> bytes:
         """The exact body :meth:`stream` sends for ``request`` (after window truncation)."""
         history, self.last_truncation = fit_request(request)
-        return dump_json(openai_body(request, self._model, history=history))
+        return dump_json(
+            openai_body(request, self._model, history=history, max_tokens_field=self._max_tokens_field)
+        )
 
     def headers(self) -> dict[str, str]:
         return {

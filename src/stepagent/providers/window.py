@@ -186,7 +186,7 @@ def fit_request(
     window = request.model.context_window
     if window <= 0:
         return list(request.history), None
-    budget = window_budget(window, request.model.max_output_tokens)
+    budget = window_budget(window, request.output_limit)
     budget -= estimate_fixed(request.system, request.tools)
     history, report = truncate_for_window(request.history, budget, estimate)
     if not report.rows_replaced:

@@ -5,7 +5,7 @@ Guarantees every implementation must give (the contract suite in ``tests/contrac
 
 - A thread's log is append-only with 1-based, gap-free orders; rows become visible only through a
   :class:`Commit`, which is atomic: rows, processed message ids, answered tool calls, dispatch intents,
-  subscription and deferral changes all land, or none do.
+  subscription and deferral changes and the step's :class:`UsageRecord` all land, or none do.
 - A commit is conditioned on the thread's head ``version``; if another writer committed first it raises
   :class:`~stepagent.errors.ConcurrentWriteError` and changes nothing.
 - Dedup reads touch only the ids asked for (``filter_processed``), never a thread-sized set.
@@ -77,6 +77,27 @@ class DeferredInput:
     message: InputMessage
 
 
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """The model usage of one step, committed with the step's rows (at most one per commit).
+
+    ``step_id`` is the logical id of the input the model answered (the id its completion rows carry);
+    ``model`` the model's ``<provider>:<model id>`` name; ``completions`` the model calls that finished;
+    ``turn_complete`` whether the step left the thread with nothing pending (no open call, no held
+    input). ``version`` is the head version of the commit that stored it — assigned by the store, so it
+    is unique and increasing per thread (0 on a record not stored yet)."""
+
+    step_id: str
+    model: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    completions: int = 0
+    turn_complete: bool = False
+    version: int = 0
+
+
 @dataclass(slots=True)
 class Commit:
     """Everything one step persists, applied atomically and only if the head is still at
@@ -94,10 +115,13 @@ class Commit:
     metadata: tuple[str, Any] | None = None  # (root thread id, new value)
     #: Calls that later inputs refer to (spawn and subscription calls), kept findable after compaction.
     indexed_calls: Sequence[ToolCall] = ()
+    #: The step's model usage, stored under this commit's new head version (never by a replacement flip).
+    usage: UsageRecord | None = None
 
     def is_empty(self) -> bool:
         return not (
-            self.indexed_calls
+            self.usage is not None
+            or self.indexed_calls
             or self.rows
             or self.processed_message_ids
             or self.answered_tool_calls
@@ -209,6 +233,11 @@ class ConversationStore(Protocol):
         ...
 
     async def close_thread(self, thread_id: str) -> None: ...
+
+    def usage_records(self, thread_id: str, after_version: int = 0) -> AsyncIterator[UsageRecord]:
+        """The usage records committed in the thread with ``version > after_version``, ascending by
+        version, streamed page by page. Rewinds and compaction never remove them (the tokens were spent)."""
+        ...
 
     async def children(self, thread_id: str) -> list[ThreadInfo]:
         """The thread's direct children, in the order they were spawned; none while the thread itself does

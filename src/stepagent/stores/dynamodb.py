@@ -18,6 +18,9 @@ exactly like the in-memory stores (the contract suite runs against both) and add
 - **Claim check.** An encoded row over :data:`~stepagent.stores.dynamodb_io.INLINE_LIMIT` bytes is put to
   S3 under ``rows/{thread}/{order:012d}-{cv}-{sha256[:16]}`` before the transaction; the row stores that key
   in ``blob``. Without a blob bucket it raises :class:`~stepagent.errors.PayloadTooLargeError`.
+- **Usage.** A commit's :class:`~stepagent.stores.base.UsageRecord` is one ``U#{version}`` item written
+  in the transaction that moves the head to ``version`` (with the head, in a write-then-flip), so it is
+  stored exactly when the step is; ``usage_records`` is one paginated Query over the ``U#`` range.
 - **Streaming reads.** ``load_rows`` reads the head, then runs one strongly consistent, paginated Query over
   exactly the asked ``R#`` range, holding one page at a time, and checks that orders are gap-free.
 - **Thread tree.** A spawn writes the child's head and a ``C#`` index entry in the parent's partition in
@@ -43,7 +46,15 @@ from dataclasses import replace
 
 from stepagent.errors import ConcurrentWriteError, PayloadTooLargeError, StoreError
 from stepagent.history_items import CorruptRowError, Summary, decode_item, encode_item
-from stepagent.stores.base import Commit, HistoryStaging, Rewind, StoredRow, ThreadInfo, ThreadKind
+from stepagent.stores.base import (
+    Commit,
+    HistoryStaging,
+    Rewind,
+    StoredRow,
+    ThreadInfo,
+    ThreadKind,
+    UsageRecord,
+)
 from stepagent.stores.dynamodb_io import (
     AwsClient,
     ConditionFailed,
@@ -63,11 +74,15 @@ from stepagent.stores.dynamodb_io import (
 from stepagent.stores.dynamodb_layout import (
     CHILD_PREFIX,
     HEAD_SK,
+    USAGE_PREFIX,
     head_generation,
     head_item,
     info_from_item,
     row_sk,
     summary_sk,
+    usage_from_item,
+    usage_item,
+    usage_sk,
 )
 from stepagent.stores.dynamodb_replace import rewind_thread, stage_history, sweep_generations
 from stepagent.stores.dynamodb_state import DynamoStateStore, state_writes
@@ -247,6 +262,31 @@ class DynamoConversationStore:
         if expected != last + 1:
             raise CorruptRowError(f"thread {thread_id}: rows {expected}..{last} are missing below the tail")
 
+    # ---- usage --------------------------------------------------------------------------------------------
+
+    async def usage_records(self, thread_id: str, after_version: int = 0) -> AsyncIterator[UsageRecord]:
+        query: Item = {
+            "TableName": self.table,
+            "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
+            "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
+            "ExpressionAttributeValues": {
+                ":pk": s_attr(thread_id),
+                ":lo": s_attr(usage_sk(max(after_version, 0) + 1)),
+                ":hi": s_attr(USAGE_PREFIX + "~"),  # "~" sorts after digits
+            },
+            "ConsistentRead": True,
+        }
+        if self.page_size is not None:
+            query["Limit"] = self.page_size
+        while True:
+            page = await self._io.call("Query", self.table, **query)
+            for raw in page.get("Items", []):
+                yield usage_from_item(raw)
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return
+            query["ExclusiveStartKey"] = start
+
     # ---- commit -------------------------------------------------------------------------------------------
 
     async def commit(self, thread_id: str, commit: Commit) -> ThreadInfo:
@@ -348,6 +388,8 @@ class DynamoConversationStore:
             for index, (message_id, data) in enumerate(encoded, start=1)
         ]
         others = await state_writes(self._io, self.state_table, thread_id, commit, info.version + 1)
+        if commit.usage is not None:
+            others.append(put(self.table, usage_item(thread_id, commit.usage, info.version + 1)))
         head = self._head_update(info, info.tail + len(rows))
         if fits([head, *rows, *others]):
             await self._transact(thread_id, [head, *rows, *others])

@@ -14,6 +14,8 @@ Item layout (``pk`` = thread id in both tables)::
                   R#g{gen}#{order:012d}  (same)                          a row of a replaced history
                   S#{up_to:012d}    (body | blob)                        compaction summary text
                   C#{child_id}      seq                                  child index entry (spawn order)
+                  U#{version:012d}  step_id model in out cr cw calls done    model usage of the commit
+                                                                          that produced head ``version``
     state         P#{message_id}    expires_at                           processed marker (TTL)
                   A#{tool_call_id}  expires_at                           answered marker (TTL)
                   META              (body | blob)                        metadata JSON, under the root's id
@@ -29,7 +31,7 @@ The state-table items are written by :mod:`~stepagent.stores.dynamodb_state`.
 
 from __future__ import annotations
 
-from stepagent.stores.base import ThreadInfo, ThreadKind
+from stepagent.stores.base import ThreadInfo, ThreadKind, UsageRecord
 from stepagent.stores.dynamodb_io import Item, item_key, n_attr, s_attr
 
 __all__ = [
@@ -41,10 +43,14 @@ __all__ = [
     "row_generation",
     "row_sk",
     "summary_sk",
+    "usage_from_item",
+    "usage_item",
+    "usage_sk",
 ]
 
 HEAD_SK = "HEAD"
 CHILD_PREFIX = "C#"
+USAGE_PREFIX = "U#"
 
 
 def row_sk(order: int, generation: str = "") -> str:
@@ -110,3 +116,42 @@ def head_item(info: ThreadInfo) -> Item:
     if info.spawn_tool_call_id is not None:
         item["spawn_tool_call_id"] = s_attr(info.spawn_tool_call_id)
     return item
+
+
+def usage_sk(version: int) -> str:
+    """The sort key of the usage record stored by the commit that produced head ``version``."""
+    return f"{USAGE_PREFIX}{version:012d}"
+
+
+_USAGE_COUNTS = (
+    ("in", "input_tokens"),
+    ("out", "output_tokens"),
+    ("cr", "cache_read_tokens"),
+    ("cw", "cache_write_tokens"),
+    ("calls", "completions"),
+)
+
+
+def usage_item(thread_id: str, record: UsageRecord, version: int) -> Item:
+    """The ``U#`` item of ``record``, stored by the commit that produces head ``version``."""
+    item: Item = {
+        **item_key(thread_id, usage_sk(version)),
+        "step_id": s_attr(record.step_id),
+        "model": s_attr(record.model),
+        "done": {"BOOL": record.turn_complete},
+    }
+    for attribute, name in _USAGE_COUNTS:
+        item[attribute] = n_attr(int(getattr(record, name)))
+    return item
+
+
+def usage_from_item(item: Item) -> UsageRecord:
+    """The :class:`UsageRecord` a ``U#`` item holds (its ``version`` from the sort key)."""
+    counts = {name: int(item[attribute]["N"]) for attribute, name in _USAGE_COUNTS if attribute in item}
+    return UsageRecord(
+        step_id=str(item["step_id"]["S"]),
+        model=str(item["model"]["S"]),
+        turn_complete=bool(item.get("done", {}).get("BOOL", False)),
+        version=int(str(item["sk"]["S"])[len(USAGE_PREFIX) :]),
+        **counts,
+    )

@@ -34,6 +34,7 @@ from stepagent.stores.base import (
     StoredRow,
     ThreadInfo,
     ThreadKind,
+    UsageRecord,
     iterate_entries,
 )
 
@@ -70,6 +71,7 @@ class MemoryBackend:
     state: dict[str, _ThreadState] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, tuple[str, float]] = field(default_factory=dict)  # key -> (value, expires at)
+    usage: dict[str, list[UsageRecord]] = field(default_factory=dict)  # thread -> records, by version
 
     # History replacement: staged and retired generations by (thread, generation), each thread's current
     # generation, and pending marks (generation, began at); the visible history is always ``rows``.
@@ -187,8 +189,15 @@ class InMemoryConversationStore:
         log.extend(encoded)
         backend.apply_state(thread_id, commit)
         new = replace(info, version=info.version + 1, tail=info.tail + len(encoded))
+        if commit.usage is not None:
+            backend.usage.setdefault(thread_id, []).append(replace(commit.usage, version=new.version))
         backend.threads[thread_id] = new
         return new
+
+    async def usage_records(self, thread_id: str, after_version: int = 0) -> AsyncIterator[UsageRecord]:
+        for record in list(self.backend.usage.get(thread_id, [])):
+            if record.version > after_version:
+                yield record
 
     async def close_thread(self, thread_id: str) -> None:
         info = self.backend.threads.get(thread_id)

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepagent.agent_config import AgentConfig
 from stepagent.core.step import StepConfig
 from stepagent.errors import StepagentError
 from stepagent.events import EventCollector
@@ -208,7 +209,7 @@ async def arun_conversation(
         toolset=Toolset.of([*user_tools, *builtin_tools()]),
         sender=sender,
         runner=InProcessFunctionRunner([t for t in user_tools if isinstance(t, Invocable)]),
-        extra_system_prompt=system_prompt,
+        agent=AgentConfig(system_prompt=system_prompt),
     )
     driver = InProcessQueueDriver(AgentSystem(conversation, state, config), sender)
     errors: list[str] = []

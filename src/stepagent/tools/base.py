@@ -91,6 +91,9 @@ class Tool:
     #: Later inputs (reports, parent messages) refer to this tool's calls by id, so the runtime indexes
     #: them durably: they stay resolvable after compaction hides them.
     referenced_later: ClassVar[bool] = False
+    #: One of stepagent's built-in tools (offered as ``STEPAGENT_BUILTIN_TOOLS`` selects); a user tool
+    #: that happens to share a built-in's name is not one.
+    builtin: ClassVar[bool] = False
 
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)

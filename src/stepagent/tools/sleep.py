@@ -53,6 +53,7 @@ async def _wake(context: ToolContext, text: str, delay_seconds: float) -> None:
 
 class Sleep(Tool):
     name = "sleep"
+    builtin = True
     description = "Sleep for a number of seconds, then continue. Nothing runs while you sleep."
     parameters = {
         "type": "object",
@@ -107,6 +108,7 @@ def resolve_local_time(day: str, clock_time: str, timezone: str) -> datetime:
 
 class SleepUntil(Tool):
     name = "sleep_until"
+    builtin = True
     description = "Sleep until a wall-clock time, then continue. Nothing runs while you sleep."
     parameters = {
         "type": "object",

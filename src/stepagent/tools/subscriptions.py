@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 
 class CancelSubscription(Tool):
     name = "cancel_subscription"
+    builtin = True
     description = (
         "Cancel an active subscription by its tool call ID. This sends a cancellation notification to the "
         "tool server and removes the subscription from tracking. You can only cancel subscriptions that "
@@ -51,6 +52,7 @@ class CancelSubscription(Tool):
 
 class SleepUntilEventOrInput(Tool):
     name = "sleep_until_event_or_input"
+    builtin = True
     description = (
         "Sleep indefinitely until an external event or user input arrives. Use this when you have completed "
         "all current tasks and are waiting for something to happen (e.g., a webhook, a scheduled event, or "

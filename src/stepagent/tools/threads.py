@@ -36,6 +36,7 @@ def _string(arguments: dict[str, Any], name: str) -> str | None:
 
 class SpawnThread(Tool):
     name = "spawn_thread"
+    builtin = True
     description = (
         "Spawn a new child thread for a sub-task. The new thread inherits the conversation context of the "
         "current thread and will see its tasks automatically. Returns the new thread ID."
@@ -102,6 +103,7 @@ def _report_message(parent: str, info: ThreadInfo, text: str) -> InputMessage:
 
 class ReportToParent(Tool):
     name = "report_to_parent"
+    builtin = True
     description = (
         "Send a report to the parent thread. Use this when you have intermediate results, updates, or "
         "information the parent should know about while you continue working."
@@ -131,6 +133,7 @@ class ReportToParent(Tool):
 
 class CloseThread(Tool):
     name = "close_thread"
+    builtin = True
     description = (
         "Permanently shuts down the specified thread, marking it as complete. Use this from a thread that "
         "wants to close itself. Make sure to cancel any subscriptions you created before calling this. If the "
@@ -200,6 +203,7 @@ class CloseThread(Tool):
 
 class SendMessageToChild(Tool):
     name = "send_message_to_child"
+    builtin = True
     description = (
         "Send a message to a child thread. The message will be injected inline into the child's "
         "conversation history."

@@ -1,0 +1,441 @@
+"""Agent configuration: what the agent is — its instructions, output limit, temperature, context window,
+compaction threshold, the built-in tools it is offered, and named per-conversation profiles — as one
+typed object, :class:`AgentConfig`.
+
+It is the only place these options are named. ``Settings.agent_config()`` builds one from the environment
+(:func:`agent_config_from_env`), ``StepConfig(agent=...)`` (step mode, the worker) and
+``LocalAgentSystem.create(agent=...)`` (local mode) take one. Each field has one setting:
+
+=========================  ===================================  ===========================================
+field                      setting                              value
+=========================  ===================================  ===========================================
+``system_prompt``          ``STEPAGENT_SYSTEM_PROMPT``          text, or ``@path`` to a UTF-8 file
+``max_tokens``             ``STEPAGENT_MAX_TOKENS``             positive integer (default: the model's max)
+``temperature``            ``STEPAGENT_TEMPERATURE``            0 to 2 (default: the provider's)
+``context_window``         ``STEPAGENT_CONTEXT_WINDOW``         tokens, overrides the model catalog
+``compaction_threshold``   ``STEPAGENT_COMPACTION_THRESHOLD``   share of the window, 0 < x <= 1 (0.75)
+``builtin_tools``          ``STEPAGENT_BUILTIN_TOOLS``          :func:`parse_builtin_tools` (``all``)
+``profiles``               ``STEPAGENT_PROFILES``               JSON object, or ``@path`` to a JSON file
+=========================  ===================================  ===========================================
+
+Guarantees:
+
+- Construction validates every field; all bad values are reported together in one
+  :class:`~stepagent.errors.ConfigurationError`, one line each, every line naming its setting.
+- ``builtin_tools`` is always a frozenset of built-in tool names after construction (a string is parsed).
+- A profile (:class:`AgentProfile`) overrides only what it sets; a root thread selects one through its
+  metadata (``{"profile": "<name>"}``, :data:`PROFILE_METADATA_KEY`) and its descendants use the root's.
+- ``@path`` files are read once, here, at start: an absolute path as is, else the first existing
+  ``root/path`` among the search roots (:func:`search_roots`: the current directory, ``LAMBDA_TASK_ROOT``,
+  then the import roots of the user's tools), so a file shipped inside a tools package is found in a
+  deployment. A missing file names every place it was looked for.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from stepagent.errors import ConfigurationError
+from stepagent.providers.base import ModelProvider
+from stepagent.tools.builtins import BUILTIN_GROUPS, BUILTIN_TOOL_NAMES, CHILD_TOOLS
+
+#: The root-thread metadata key that selects a profile: ``{"profile": "support"}``.
+PROFILE_METADATA_KEY = "profile"
+DEFAULT_COMPACTION_THRESHOLD = 0.75
+MAX_TEMPERATURE = 2.0
+ALL_BUILTINS: frozenset[str] = frozenset(BUILTIN_TOOL_NAMES)
+
+SYSTEM_PROMPT = "STEPAGENT_SYSTEM_PROMPT"
+MAX_TOKENS = "STEPAGENT_MAX_TOKENS"
+TEMPERATURE = "STEPAGENT_TEMPERATURE"
+CONTEXT_WINDOW = "STEPAGENT_CONTEXT_WINDOW"
+COMPACTION_THRESHOLD = "STEPAGENT_COMPACTION_THRESHOLD"
+BUILTIN_TOOLS = "STEPAGENT_BUILTIN_TOOLS"
+PROFILES = "STEPAGENT_PROFILES"
+#: The agent settings, in the order they are documented.
+AGENT_SETTING_NAMES = (
+    SYSTEM_PROMPT,
+    MAX_TOKENS,
+    TEMPERATURE,
+    CONTEXT_WINDOW,
+    COMPACTION_THRESHOLD,
+    BUILTIN_TOOLS,
+    PROFILES,
+)
+_PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_PROFILE_KEYS = (
+    "system_prompt",
+    "model",
+    "tools",
+    "builtin_tools",
+    "max_tokens",
+    "temperature",
+    "context_window",
+)
+
+
+# ---- built-in tool selection ------------------------------------------------------------------------------
+
+
+def parse_builtin_tools(spec: str | Iterable[str], *, setting: str = BUILTIN_TOOLS) -> frozenset[str]:
+    """The built-in tools selected by ``spec``: a comma-separated list (or an iterable) of ``all``,
+    ``none``, group names (``threads``, ``subscriptions``, ``timers``) and tool names, applied left to
+    right; ``-name`` removes a tool or group (a list that starts with a removal starts from ``all``).
+
+    ``all`` · ``none`` · ``threads,timers`` · ``all,-timers`` · ``-send_message_to_child`` ·
+    ``spawn_thread,report_to_parent,close_thread``. An empty string is an error; an empty collection
+    selects none."""
+    tokens = [t.strip().lower() for t in (spec.split(",") if isinstance(spec, str) else spec)]
+    tokens = [t for t in tokens if t]
+    if not tokens:
+        if not isinstance(spec, str):
+            return frozenset()  # an empty collection selects none
+        raise ConfigurationError(f"{setting} is empty: use 'all', 'none' or a comma-separated list")
+    selected: set[str] = set(ALL_BUILTINS) if tokens[0].startswith("-") else set()
+    unknown: list[str] = []
+    for token in tokens:
+        remove = token.startswith("-")
+        names = _builtin_names(token.removeprefix("-").strip())
+        if names is None:
+            unknown.append(token)
+        elif remove:
+            selected.difference_update(names)
+        else:
+            selected.update(names)
+    if unknown:
+        valid = ", ".join(["all", "none", *BUILTIN_GROUPS, *BUILTIN_TOOL_NAMES])
+        raise ConfigurationError(
+            f"{setting} has unknown {'entry' if len(unknown) == 1 else 'entries'} "
+            f"{', '.join(map(repr, unknown))}; valid: {valid} (prefix '-' to remove)"
+        )
+    return frozenset(selected)
+
+
+def _builtin_names(token: str) -> Iterable[str] | None:
+    if token == "all":
+        return BUILTIN_TOOL_NAMES
+    if token == "none":
+        return ()
+    if token in BUILTIN_GROUPS:
+        return BUILTIN_GROUPS[token]
+    if token in BUILTIN_TOOL_NAMES:
+        return (token,)
+    return None
+
+
+# ---- the typed configuration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AgentProfile:
+    """A named agent a conversation can select through its root's metadata. ``None`` fields inherit
+    :class:`AgentConfig`'s value; ``model`` is a ``<provider>:<model id>`` spec (or a provider object,
+    in Python); ``tools`` are names or ``fnmatch`` patterns of the deployment's own tools (function, RAP
+    and MCP tools; built-ins are chosen by ``builtin_tools``), every one of which must match a tool."""
+
+    name: str
+    system_prompt: str | None = None
+    model: str | ModelProvider | None = None
+    tools: tuple[str, ...] | None = None
+    builtin_tools: frozenset[str] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    context_window: int | None = None
+
+    def __post_init__(self) -> None:
+        where = f"{PROFILES}: profile {self.name!r}"
+        problems: list[str] = []
+        if not isinstance(self.name, str) or not _PROFILE_NAME.match(self.name):
+            problems.append(
+                f"{PROFILES}: profile name {self.name!r} is invalid (letters, digits, '_', '.', '-'; "
+                "at most 64 characters)"
+            )
+        if self.model is not None and isinstance(self.model, str) and ":" not in self.model:
+            problems.append(f"{where}: model {self.model!r} is not <provider>:<model id>")
+        if self.tools is not None:
+            if isinstance(self.tools, str) or not all(isinstance(t, str) and t for t in self.tools):
+                problems.append(f"{where}: tools must be a list of tool names or patterns")
+            else:
+                object.__setattr__(self, "tools", tuple(self.tools))
+        if self.builtin_tools is not None:
+            try:
+                object.__setattr__(
+                    self,
+                    "builtin_tools",
+                    parse_builtin_tools(self.builtin_tools, setting=f"{where}: builtin_tools"),
+                )
+            except ConfigurationError as error:
+                problems.append(str(error))
+        problems += _check_numbers(self.max_tokens, self.temperature, self.context_window, where=f"{where}: ")
+        if problems:
+            raise ConfigurationError("\n".join(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """The agent's configuration (see the module docstring for the settings each field corresponds to)."""
+
+    system_prompt: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    context_window: int | None = None
+    compaction_threshold: float = DEFAULT_COMPACTION_THRESHOLD
+    builtin_tools: frozenset[str] = ALL_BUILTINS
+    profiles: Mapping[str, AgentProfile] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            problems.append(f"{SYSTEM_PROMPT} must be text")
+        problems += _check_numbers(self.max_tokens, self.temperature, self.context_window)
+        threshold = self.compaction_threshold
+        if not _is_number(threshold) or not 0 < threshold <= 1:
+            problems.append(
+                f"{COMPACTION_THRESHOLD}={threshold!r} is invalid: a share of the context window, "
+                "greater than 0 and at most 1 (e.g. 0.75)"
+            )
+        try:
+            object.__setattr__(self, "builtin_tools", parse_builtin_tools(self.builtin_tools))
+        except ConfigurationError as error:
+            problems.append(str(error))
+        profiles = dict(self.profiles)
+        for name, profile in profiles.items():
+            if not isinstance(profile, AgentProfile) or profile.name != name:
+                problems.append(f"{PROFILES}: entry {name!r} must be an AgentProfile named {name!r}")
+        object.__setattr__(self, "profiles", profiles)
+        if problems:
+            raise ConfigurationError("\n".join(problems))
+
+    def profile(self, name: str | None) -> AgentProfile | None:
+        """The profile called ``name`` (``None`` for the default agent). Raises ``KeyError`` if unknown."""
+        return None if name is None else self.profiles[name]
+
+
+def profile_name(metadata: Any) -> str | None:
+    """The profile a root thread's metadata selects (``None``: the default agent). A non-string value
+    is returned as its JSON text, so that it is reported as an unknown profile rather than ignored."""
+    if not isinstance(metadata, Mapping) or metadata.get(PROFILE_METADATA_KEY) is None:
+        return None
+    value = metadata[PROFILE_METADATA_KEY]
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_numbers(
+    max_tokens: object, temperature: object, context_window: object, *, where: str = ""
+) -> list[str]:
+    def name(setting: str, key: str) -> str:
+        return f"{where}{key}" if where else setting
+
+    problems = []
+    for setting, key, value in (
+        (MAX_TOKENS, "max_tokens", max_tokens),
+        (CONTEXT_WINDOW, "context_window", context_window),
+    ):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            problems.append(f"{name(setting, key)}={value!r} is invalid: a positive whole number of tokens")
+    if temperature is not None and (not _is_number(temperature) or not 0 <= temperature <= MAX_TEMPERATURE):  # type: ignore[operator]
+        problems.append(
+            f"{name(TEMPERATURE, 'temperature')}={temperature!r} is invalid: a number from 0 to 2"
+        )
+    return problems
+
+
+# ---- from the environment ---------------------------------------------------------------------------------
+
+
+def search_roots(tools: str | None = None, environ: Mapping[str, str] | None = None) -> list[Path]:
+    """Where a relative ``@path`` is looked for, in order: the current directory, ``LAMBDA_TASK_ROOT``,
+    then for the user's toolset (``STEPAGENT_TOOLS=package.module:name``) the directory holding its
+    top-level package (its import root) and the package directory itself. Nothing is imported."""
+    env = os.environ if environ is None else environ
+    roots = [Path.cwd()]
+    if env.get("LAMBDA_TASK_ROOT"):
+        roots.append(Path(env["LAMBDA_TASK_ROOT"]))
+    if tools:
+        top = tools.split(":", 1)[0].split(".", 1)[0].strip()
+        spec = None
+        if top:
+            try:
+                spec = importlib.util.find_spec(top)
+            except (ImportError, ValueError):
+                spec = None
+        if spec is not None:
+            locations = list(spec.submodule_search_locations or [])
+            if spec.origin and not locations:
+                locations = [str(Path(spec.origin).parent)]
+            for location in locations:
+                package = Path(location)
+                roots += [package.parent, package] if spec.submodule_search_locations else [package]
+    unique: list[Path] = []
+    for root in roots:
+        if root not in unique:
+            unique.append(root)
+    return unique
+
+
+def read_at_file(value: str, setting: str, roots: Sequence[Path]) -> tuple[str, Path]:
+    """The text of the file named by ``value`` (``@path``) and where it was found."""
+    raw = value[1:].strip()
+    if not raw:
+        raise ConfigurationError(f"{setting}={value!r} names no file after '@'")
+    path = Path(raw).expanduser()
+    candidates = [path] if path.is_absolute() else [root / path for root in roots]
+    for candidate in candidates:
+        if candidate.is_file():
+            try:
+                return candidate.read_text(encoding="utf-8"), candidate
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigurationError(f"{setting}: cannot read {candidate}: {exc}") from None
+    looked = ", ".join(str(c) for c in candidates)
+    raise ConfigurationError(f"{setting}={value!r}: no such file (looked for {looked})")
+
+
+def agent_config_from_env(environ: Mapping[str, str], *, roots: Sequence[Path] | None = None) -> AgentConfig:
+    """The :class:`AgentConfig` the agent settings in ``environ`` describe (unset or empty: defaults).
+    Every bad value is reported, one line each, in one ``ConfigurationError``."""
+
+    def get(name: str) -> str | None:
+        value = environ.get(name, "").strip()
+        return value or None
+
+    search = list(roots) if roots is not None else search_roots(get("STEPAGENT_TOOLS"), environ)
+    problems: list[str] = []
+    values: dict[str, Any] = {}
+
+    def attempt(key: str, parse: Any, raw: str | None) -> None:
+        if raw is None:
+            return
+        try:
+            values[key] = parse(raw)
+        except ConfigurationError as error:
+            problems.append(str(error))
+
+    attempt("system_prompt", lambda raw: _prompt(raw, SYSTEM_PROMPT, search), get(SYSTEM_PROMPT))
+    attempt("max_tokens", lambda raw: _integer(raw, MAX_TOKENS), get(MAX_TOKENS))
+    attempt("temperature", lambda raw: _float(raw, TEMPERATURE), get(TEMPERATURE))
+    attempt("context_window", lambda raw: _integer(raw, CONTEXT_WINDOW), get(CONTEXT_WINDOW))
+    attempt("compaction_threshold", lambda raw: _float(raw, COMPACTION_THRESHOLD), get(COMPACTION_THRESHOLD))
+    attempt("builtin_tools", parse_builtin_tools, get(BUILTIN_TOOLS))
+    attempt("profiles", lambda raw: load_profiles(raw, search), get(PROFILES))
+    try:
+        config = AgentConfig(**values)  # range checks of what parsed, so every bad value is reported
+    except ConfigurationError as error:
+        problems.append(str(error))
+    if problems:
+        raise ConfigurationError("\n".join(problems))
+    return config
+
+
+def _prompt(raw: str, setting: str, roots: Sequence[Path]) -> str:
+    if not raw.startswith("@"):
+        return raw
+    text, _ = read_at_file(raw, setting, roots)
+    if not text.strip():
+        raise ConfigurationError(f"{setting}={raw!r}: the file is empty")
+    return text
+
+
+def _integer(raw: str, setting: str) -> int:
+    try:
+        return int(raw.replace("_", ""))
+    except ValueError:
+        raise ConfigurationError(f"{setting}={raw!r} is invalid: a positive whole number of tokens") from None
+
+
+def _float(raw: str, setting: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{setting}={raw!r} is invalid: not a number") from None
+    if not math.isfinite(value):
+        raise ConfigurationError(f"{setting}={raw!r} is invalid: not a finite number")
+    return value
+
+
+def load_profiles(raw: str, roots: Sequence[Path]) -> dict[str, AgentProfile]:
+    """Profiles from ``STEPAGENT_PROFILES``: a JSON object (or ``@path`` to a JSON file) mapping each
+    profile name to an object with any of ``system_prompt`` (text or ``@path``, looked for next to the
+    profiles file first), ``model``, ``tools``, ``builtin_tools`` (a string or a list),
+    ``max_tokens``, ``temperature``, ``context_window``."""
+    text, where = raw, [*roots]
+    if raw.startswith("@"):
+        text, path = read_at_file(raw, PROFILES, roots)
+        where = [path.parent, *roots]
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"{PROFILES} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigurationError(f"{PROFILES} must be a JSON object of profile name → settings")
+    profiles: dict[str, AgentProfile] = {}
+    problems: list[str] = []
+    for name, entry in data.items():
+        try:
+            profiles[name] = _profile(name, entry, where)
+        except ConfigurationError as error:
+            problems.append(str(error))
+    if problems:
+        raise ConfigurationError("\n".join(problems))
+    return profiles
+
+
+def _profile(name: str, entry: Any, roots: Sequence[Path]) -> AgentProfile:
+    where = f"{PROFILES}: profile {name!r}"
+    if not isinstance(entry, dict):
+        raise ConfigurationError(f"{where} must be a JSON object")
+    unknown = sorted(set(entry) - set(_PROFILE_KEYS))
+    if unknown:
+        raise ConfigurationError(
+            f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(_PROFILE_KEYS)})"
+        )
+    values = dict(entry)
+    prompt = values.get("system_prompt")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise ConfigurationError(f"{where}: system_prompt must be text or @path")
+        values["system_prompt"] = _prompt(prompt, f"{where}: system_prompt", roots)
+    model = values.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ConfigurationError(f"{where}: model must be a <provider>:<model id> string")
+    tools = values.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise ConfigurationError(f"{where}: tools must be a list of tool names or patterns")
+        values["tools"] = tuple(tools)
+    return AgentProfile(name=name, **values)
+
+
+def agent_field_settings() -> dict[str, str]:
+    """Each :class:`AgentConfig` field's setting name (documentation and tests)."""
+    names = dict(zip((f.name for f in fields(AgentConfig)), AGENT_SETTING_NAMES, strict=True))
+    return names
+
+
+__all__ = [
+    "AGENT_SETTING_NAMES",
+    "ALL_BUILTINS",
+    "BUILTIN_GROUPS",
+    "BUILTIN_TOOL_NAMES",
+    "CHILD_TOOLS",
+    "PROFILE_METADATA_KEY",
+    "AgentConfig",
+    "AgentProfile",
+    "agent_config_from_env",
+    "load_profiles",
+    "parse_builtin_tools",
+    "profile_name",
+    "read_at_file",
+    "search_roots",
+]

@@ -1,0 +1,169 @@
+"""Which agent a thread runs as — the default agent or a named profile — and what that agent is shown.
+
+Guarantees:
+
+- **One selection rule.** The root thread's metadata key ``"profile"`` names the profile; children read the
+  root's metadata, so a whole thread tree runs as the root's profile. No key: the default agent. A name
+  the configuration does not define raises :class:`~stepagent.errors.UnknownProfileError` (bad input: the
+  worker rejects it with an ``error`` event instead of retrying it forever).
+- **Checked at start.** :func:`check_agents` (called when a ``StepConfig`` is built) fails with one
+  ``ConfigurationError`` line per problem: a profile's model with no provider, a profile's tool pattern
+  that matches none of the deployment's tools.
+- **Offered tools.** The built-ins the agent selects (``builtin_tools``), plus ``report_to_parent`` and
+  ``close_thread`` in every child thread (a child must be able to report and close), plus the
+  deployment's own tools — those matching the profile's ``tools`` patterns, else all. The model is offered
+  exactly these, and only these are executed when it calls them; an intent already committed is still
+  dispatched from the full toolset.
+- **System prompt** (:func:`system_prompt`): the configured prompt (else the built-in intro and "be
+  concise"), then the runtime's guidance for the tools actually offered, then the thread-id line. With no
+  prompt configured and every built-in offered it is exactly ``texts.DEFAULT_SYSTEM_PROMPT`` + suffix.
+- **Model limits.** ``context_window`` (profile, else the config's for the default model) replaces the
+  provider's window; ``max_tokens``/``temperature`` travel in every request of the thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any
+
+from stepagent import texts
+from stepagent.agent_config import CHILD_TOOLS, AgentConfig, AgentProfile, profile_name
+from stepagent.errors import ConfigurationError, UnknownProfileError
+from stepagent.providers.base import ModelInfo, ModelProvider
+from stepagent.tools.base import Toolset
+
+_SPAWN = "spawn_thread"
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadAgent:
+    """What one thread's completions use."""
+
+    profile: str | None
+    provider: ModelProvider
+    info: ModelInfo
+    toolset: Toolset
+    instructions: str | None
+    max_tokens: int | None
+    temperature: float | None
+    compaction_threshold: float
+
+    @property
+    def model(self) -> str:
+        """The model's name in usage records and ``turn_complete`` events."""
+        return self.info.name
+
+
+def resolve_agent(
+    agent: AgentConfig,
+    provider: ModelProvider,
+    toolset: Toolset,
+    providers: Mapping[str, ModelProvider],
+    *,
+    metadata: Any,
+    child: bool,
+) -> ThreadAgent:
+    """The agent of a thread whose root has ``metadata``; ``child`` for any thread with a parent."""
+    name = profile_name(metadata)
+    profile: AgentProfile | None = None
+    if name is not None:
+        profile = agent.profiles.get(name)
+        if profile is None:
+            known = ", ".join(sorted(agent.profiles)) or "none are configured"
+            raise UnknownProfileError(
+                f"the conversation's metadata selects agent profile {name!r}, which is not configured "
+                f"(known profiles: {known}; STEPAGENT_PROFILES)"
+            )
+    chosen = provider
+    window = agent.context_window
+    if profile is not None and profile.model is not None:
+        chosen = _profile_provider(profile, providers)
+        window = profile.context_window
+    elif profile is not None and profile.context_window is not None:
+        window = profile.context_window
+    info = chosen.info if window is None else dataclasses.replace(chosen.info, context_window=window)
+    builtins = (
+        agent.builtin_tools if profile is None or profile.builtin_tools is None else profile.builtin_tools
+    )
+    patterns = profile.tools if profile is not None else None
+    return ThreadAgent(
+        profile=name,
+        provider=chosen,
+        info=info,
+        toolset=offered_tools(toolset, builtins, patterns, child=child),
+        instructions=_pick(profile and profile.system_prompt, agent.system_prompt),
+        max_tokens=_pick(profile and profile.max_tokens, agent.max_tokens),
+        temperature=_pick(profile and profile.temperature, agent.temperature),
+        compaction_threshold=agent.compaction_threshold,
+    )
+
+
+def _pick(first: Any, second: Any) -> Any:
+    return first if first is not None else second
+
+
+def _profile_provider(profile: AgentProfile, providers: Mapping[str, ModelProvider]) -> ModelProvider:
+    model = profile.model
+    if not isinstance(model, str):
+        assert model is not None  # the caller checked
+        return model
+    found = providers.get(model)
+    if found is None:
+        raise ConfigurationError(
+            f"STEPAGENT_PROFILES: profile {profile.name!r} uses model {model!r}, but no provider was built "
+            "for it (StepConfig.providers)"
+        )
+    return found
+
+
+def offered_tools(
+    toolset: Toolset, builtins: frozenset[str], patterns: tuple[str, ...] | None, *, child: bool
+) -> Toolset:
+    """The tools of ``toolset`` a thread's model is offered (see the module docstring), in toolset order."""
+    offered = Toolset()
+    for tool in toolset:
+        if tool.builtin:
+            keep = tool.name in builtins or (child and tool.name in CHILD_TOOLS)
+        else:
+            keep = patterns is None or any(fnmatchcase(tool.name, pattern) for pattern in patterns)
+        if keep:
+            offered.tools[tool.name] = tool
+    return offered
+
+
+def system_prompt(instructions: str | None, offered: Toolset, *, thread_id: str, root_thread_id: str) -> str:
+    """The system prompt of one request (see the module docstring)."""
+    guidance = [texts.GUIDE_TOOLS] if len(offered) else []
+    if _SPAWN in offered:
+        guidance += [texts.GUIDE_SPAWN, texts.GUIDE_CHILD]
+    if instructions is None or not instructions.strip():
+        head = texts.AGENT_INTRO
+        guidance.append(texts.GUIDE_CONCISE)
+    else:
+        head = instructions.rstrip()
+    prompt = head + ("\n\n" + "\n".join(guidance) if guidance else "")
+    return prompt + texts.THREAD_SUFFIX.format(thread_id=thread_id, root_thread_id=root_thread_id)
+
+
+def check_agents(agent: AgentConfig, toolset: Toolset, providers: Mapping[str, ModelProvider]) -> None:
+    """Fail at start, one line per problem, if a profile cannot be served (see the module docstring)."""
+    problems: list[str] = []
+    own = [tool.name for tool in toolset if not tool.builtin]
+    for name, profile in agent.profiles.items():
+        if isinstance(profile.model, str) and profile.model not in providers:
+            problems.append(
+                f"STEPAGENT_PROFILES: profile {name!r} uses model {profile.model!r}, but no provider was "
+                "built for it (StepConfig.providers)"
+            )
+        for pattern in profile.tools or ():
+            if not any(fnmatchcase(tool, pattern) for tool in own):
+                known = ", ".join(own) or "none"
+                problems.append(
+                    f"STEPAGENT_PROFILES: profile {name!r}: tools entry {pattern!r} matches none of the "
+                    f"deployment's tools ({known})"
+                )
+    if problems:
+        raise ConfigurationError("\n".join(problems))

@@ -1,0 +1,134 @@
+"""Token usage of a thread tree, summed from the usage record every model-running step committed.
+
+``await thread_usage(conversation, "conv-1")`` is what ``stepagent usage THREAD`` prints and what a client
+calls: the thread and all its descendants (children, subscription-event and compaction threads).
+
+Guarantees:
+
+- Exact: each step's record is committed atomically with the step (``stores.base.UsageRecord``), so a
+  total counts every committed step once — never a retried or redelivered one twice, never a step whose
+  commit failed.
+- What was spent: rewinds, compaction and closing threads never lower a total.
+- ``input_tokens`` is the providers' uncached input; prompt-cache reads and writes are counted apart
+  (``cache_read_tokens``, ``cache_write_tokens``). ``completions`` counts model calls, ``steps`` the
+  steps that ran the model.
+- Reads are streamed: one usage-records read per thread of the tree (a paginated Query on DynamoDB) and
+  the tree walk, never the history rows. ``None`` for a thread that does not exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, astuple, dataclass, field
+from typing import Any
+
+from stepagent.stores.base import ConversationStore, UsageRecord
+
+
+@dataclass(frozen=True, slots=True)
+class TokenTotals:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    completions: int = 0
+    steps: int = 0
+
+    def plus(self, record: UsageRecord) -> TokenTotals:
+        return TokenTotals(
+            self.input_tokens + record.input_tokens,
+            self.output_tokens + record.output_tokens,
+            self.cache_read_tokens + record.cache_read_tokens,
+            self.cache_write_tokens + record.cache_write_tokens,
+            self.completions + record.completions,
+            self.steps + 1,
+        )
+
+    def __add__(self, other: TokenTotals) -> TokenTotals:
+        return TokenTotals(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    """A thread tree's usage: in total, per model (``<provider>:<model id>``) and per thread (tree order,
+    the asked thread first)."""
+
+    thread_id: str
+    total: TokenTotals = TokenTotals()
+    models: dict[str, TokenTotals] = field(default_factory=dict)
+    threads: dict[str, TokenTotals] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``stepagent usage --json`` shape."""
+        return {
+            "thread_id": self.thread_id,
+            "total": self.total.as_dict(),
+            "models": {model: totals.as_dict() for model, totals in self.models.items()},
+            "threads": [{"thread_id": thread, **totals.as_dict()} for thread, totals in self.threads.items()],
+        }
+
+    def lines(self) -> list[str]:
+        """Human-readable lines."""
+        total = self.total
+        out = [
+            f"thread {self.thread_id} ({len(self.threads)} thread{'s' if len(self.threads) != 1 else ''}): "
+            f"{total.input_tokens:,} input tokens, {total.output_tokens:,} output tokens, "
+            f"{total.completions:,} model call{'s' if total.completions != 1 else ''} "
+            f"in {total.steps:,} step{'s' if total.steps != 1 else ''}"
+        ]
+        if total.cache_read_tokens or total.cache_write_tokens:
+            out.append(
+                f"  prompt cache: {total.cache_read_tokens:,} tokens read, {total.cache_write_tokens:,} written"
+            )
+        if self.models:
+            out.append("  by model:")
+            out += [f"    {model}: {_short(t)}" for model, t in self.models.items()]
+        if len(self.threads) > 1:
+            out.append("  by thread:")
+            out += [
+                f"    {thread}{' (root)' if thread == self.thread_id else ''}: {_short(t)}"
+                for thread, t in self.threads.items()
+            ]
+        return out
+
+
+def _short(totals: TokenTotals) -> str:
+    return (
+        f"{totals.input_tokens:,} in, {totals.output_tokens:,} out, {totals.completions:,} "
+        f"call{'s' if totals.completions != 1 else ''}"
+    )
+
+
+def summarize(thread_id: str, records: Iterable[tuple[str, UsageRecord]]) -> UsageReport:
+    """A report from ``(thread id, record)`` pairs (threads keep their first-seen order)."""
+    total = TokenTotals()
+    models: dict[str, TokenTotals] = {}
+    threads: dict[str, TokenTotals] = {}
+    for thread, record in records:
+        total = total.plus(record)
+        models[record.model] = models.get(record.model, TokenTotals()).plus(record)
+        threads[thread] = threads.get(thread, TokenTotals()).plus(record)
+    return UsageReport(thread_id, total, models, threads)
+
+
+async def thread_usage(conversation: ConversationStore, thread_id: str) -> UsageReport | None:
+    """The usage of ``thread_id`` and every descendant (see the module docstring)."""
+    if await conversation.get_thread(thread_id) is None:
+        return None
+    pairs: list[tuple[str, UsageRecord]] = []
+    threads: list[str] = []
+    pending = [thread_id]
+    while pending:
+        current = pending.pop()
+        threads.append(current)
+        async for record in conversation.usage_records(current):
+            pairs.append((current, record))
+        # Depth first, children in spawn order (the stack is popped from the end).
+        pending.extend(reversed([child.thread_id for child in await conversation.children(current)]))
+    report = summarize(thread_id, pairs)
+    # Threads that never ran the model still belong to the tree (with zero usage).
+    ordered = {thread: report.threads.get(thread, TokenTotals()) for thread in threads}
+    return UsageReport(thread_id, report.total, report.models, ordered)
