@@ -11,6 +11,8 @@ Durability (DESIGN §3):
   something the model has not answered, makes the step run the completion it owes.
 - Deferral: while a non-passive tool call is pending, reports/events/parent messages are stored durably
   and delivered after the call's result (user text still interrupts).
+- Turn flag: the step's last commit says whether it left the thread with nothing pending
+  (:mod:`stepagent.core.turn`); any earlier commit of the step says the turn is still running.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from stepagent import texts
 from stepagent.core.completion import CompletionRunner, RetryPolicy, run_inline_tool, sync_result_id
 from stepagent.core.history import HistoryManager
 from stepagent.core.prepare import Preparer
+from stepagent.core.turn import turn_is_complete
 from stepagent.errors import ToolError, TransientError
 from stepagent.events import (
     AgentEvent,
@@ -128,6 +131,7 @@ class ThreadStep:
 
         owes_completion = await self._redrive_outbox(history)
         if history.info is not None and history.info.closed:
+            history.turn_complete = True
             await self._commit_and_report(history)
             return StepOutcome(self.thread_id)
 
@@ -158,6 +162,7 @@ class ThreadStep:
         if not ready and (owes_completion or (saw_duplicate and self._awaits_model(history))):
             ready = True
         if not ready:
+            history.turn_complete = turn_is_complete(history, self.config.toolset)
             await self._commit_and_report(history)
             return StepOutcome(self.thread_id)
         return await self._complete_commit_dispatch(history, last_ready_id)
@@ -182,6 +187,8 @@ class ThreadStep:
             call = outcome.action.call
             intent = DispatchIntent(call.id, call.name, call.arguments, call.call_id)
             history.add_intent(intent)
+        compaction_due = self._compaction_due(history, outcome.usage, model.context_window)
+        history.turn_complete = turn_is_complete(history, self.config.toolset, compaction_due=compaction_due)
         await self._commit_and_report(history)
         for call_id in outcome.executed_sync_calls:
             await self.state.mark_intent_done(self.thread_id, call_id)
@@ -206,9 +213,7 @@ class ThreadStep:
         usage before the last summary landed (reference issue #64). Preparing the request takes the
         durable claim (two compactions never overlap); once a lease period has passed without a new
         summary — a compaction child that never finished — the id changes and compaction is tried again."""
-        if not should_compact(usage, window, self.config.compaction_threshold):
-            return
-        if history.info is not None and history.info.kind == ThreadKind.COMPACTION:
+        if not self._compaction_due(history, usage, window):
             return
         epoch = int(self.config.clock() // self.config.compaction_lease_seconds)
         covered = str(history.compacted_up_to or 0)
@@ -216,6 +221,11 @@ class ThreadStep:
         request = InputMessage(content=TextContent(text=""), group_id=self.thread_id, synthetic=Compaction())
         await self.config.sender.send(request, request_id)
         self.emit(Info("✦ Auto-compaction triggered (context > 75%)"))
+
+    def _compaction_due(self, history: HistoryManager, usage: Usage | None, window: int) -> bool:
+        if not should_compact(usage, window, self.config.compaction_threshold):
+            return False
+        return history.info is None or history.info.kind != ThreadKind.COMPACTION
 
     async def _commit_and_report(self, history: HistoryManager) -> None:
         if history.info is None and not history.has_pending_rows:
