@@ -130,7 +130,25 @@ def test_each_function_gets_only_its_environment_and_no_secret_values(template: 
         "STEPAGENT_STATE_TABLE",
         "STEPAGENT_CALLBACK_SECRET_ID",
     }
-    assert "STEPAGENT_CALLBACK_SECRET_ID" in env["WorkerFunction"]
+    assert set(env["WorkerFunction"]) == common | {
+        "STEPAGENT_CONVERSATION_TABLE",
+        "STEPAGENT_STATE_TABLE",
+        "STEPAGENT_OUTPUT_QUEUE_URL",
+        "STEPAGENT_DELAY_QUEUE_URL",
+        "STEPAGENT_TOOL_QUEUE_URL",
+        "STEPAGENT_MODEL",
+        "STEPAGENT_TOOLS",
+        "STEPAGENT_RAP_SERVERS",
+        "STEPAGENT_MCP_SERVERS",
+        "STEPAGENT_CALLBACK_URL",
+        "STEPAGENT_CALLBACK_SECRET_ID",
+        "STEPAGENT_SCHEDULER_ROLE_ARN",
+        "STEPAGENT_SCHEDULER_DLQ_ARN",
+        "STEPAGENT_MAX_RECEIVE_COUNT",
+        "STEPAGENT_LIVE_TEXT",
+    }
+    assert env["WorkerFunction"]["STEPAGENT_LIVE_TEXT"] == "on"
+    assert evaluate(template, LiveText="off").environment("WorkerFunction")["STEPAGENT_LIVE_TEXT"] == "off"
     for name, variables in env.items():
         for forbidden in ("STEPAGENT_CALLBACK_SECRET", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
             assert forbidden not in variables, f"{name} carries {forbidden} as a plain value"

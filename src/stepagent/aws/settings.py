@@ -34,6 +34,7 @@ SETTING_NAMES = (
     "STEPAGENT_MCP_SERVERS",
     "STEPAGENT_CALLBACK_SECRET_ID",
     "STEPAGENT_PROVIDER_API_KEY_ID",
+    "STEPAGENT_LIVE_TEXT",
 )
 
 #: Set by the template (or by the local stack) rather than by hand, but settings all the same.
@@ -76,6 +77,8 @@ class Settings:
     scheduler_role_arn: str | None = None
     scheduler_dlq_arn: str | None = None
     region: str | None = None
+    #: Write the partial text of running completions for clients (``STEPAGENT_LIVE_TEXT``, default on).
+    live_text: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -124,6 +127,7 @@ class Settings:
             scheduler_role_arn=get("STEPAGENT_SCHEDULER_ROLE_ARN"),
             scheduler_dlq_arn=get("STEPAGENT_SCHEDULER_DLQ_ARN"),
             region=get("AWS_REGION") or get("AWS_DEFAULT_REGION"),
+            live_text=_switch("STEPAGENT_LIVE_TEXT", get("STEPAGENT_LIVE_TEXT"), default=True),
         )
 
     def require(self, *names: str) -> None:
@@ -136,6 +140,17 @@ class Settings:
                 + ", ".join(missing)
                 + " (set them in the environment; `stepagent infra create` prints the resource ones)"
             )
+
+
+def _switch(name: str, raw: str | None, *, default: bool) -> bool:
+    if raw is None:
+        return default
+    value = raw.lower()
+    if value in ("on", "true", "1", "yes"):
+        return True
+    if value in ("off", "false", "0", "no"):
+        return False
+    raise ConfigurationError(f"{name}={raw!r} is invalid: expected on or off")
 
 
 def _attribute(name: str) -> str:
