@@ -41,7 +41,7 @@ class Gate:
         await self._open.wait()
 
 
-Step = StreamEvent | Gate
+Step = StreamEvent | Gate | Exception
 
 
 def last_input(history: Sequence[HistoryItem]) -> str:
@@ -78,6 +78,8 @@ class FunctionModel:
         for step in self.reply(last_input(request.history), request):
             if isinstance(step, Gate):
                 await step.wait()
+            elif isinstance(step, Exception):
+                raise step
             else:
                 yield step
 

@@ -37,6 +37,10 @@ def weather_and_color(gate: Gate) -> FunctionModel:
             return call("pick_color", "call-color")
         if text.startswith("The user picked"):
             return say(f"Noted: {text.removeprefix('The user picked ').rstrip('.')}.")
+        if text == "connect my account":
+            return call("connect_account", "call-oauth")
+        if text == "Account connected.":
+            return say("Connected.")
         return say(f"ack: {text}")
 
     return FunctionModel(reply)
@@ -87,12 +91,25 @@ async def test_send_live_text_a_tool_call_and_a_choice_all_through_the_client() 
             (T, "assistant", 9, "Noted: blue."),
         ]
 
-        # Turn 3: wait() for one message, then read the transcript.
+        # Turn 3: an OAuth link is an item too (the tool then answers as if the user had authorised).
+        await client.send(T, "connect my account")
+        third = [item async for item in client.replies(T, timeout=60)]
+        assert [i for i in third if i["kind"] == "oauth"] == [
+            {
+                "thread_id": T,
+                "kind": "oauth",
+                "tool_call_id": "call-oauth",
+                "auth_url": "https://example.com/oauth/authorize?demo=1",
+            }
+        ]
+        assert committed(third)[-1] == (T, "assistant", 13, "Connected.")
+
+        # Turn 4: wait() for one message, then read the transcript.
         message_id = await client.send(T, "thanks")
         await client.wait(T, message_id, timeout=60)
         history = await client.history(T)
-        assert [i["order"] for i in history] == list(range(1, 12))
-        assert history[-1] == {"thread_id": T, "order": 11, "kind": "assistant", "text": "ack: thanks"}
+        assert [i["order"] for i in history] == list(range(1, 16))
+        assert history[-1] == {"thread_id": T, "order": 15, "kind": "assistant", "text": "ack: thanks"}
 
         # The live text cost: at least one write of the partial turn and one clear, all UpdateItems.
         assert set(d.live_metrics.calls) == {"UpdateItem"}

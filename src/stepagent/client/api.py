@@ -151,6 +151,13 @@ class Client:
         self._awaited.setdefault(thread, set()).add(message_id)
         return message_id
 
+    async def cursor(self, thread: str) -> Cursor:
+        """Where the thread tree is now (per thread, its last order), which also becomes where the next
+        :meth:`replies` of this thread starts: call it before something happens that you want to see."""
+        self._require_open()
+        self._cursors[thread], self._notice_seqs[thread] = await self._snapshot(thread)
+        return dict(self._cursors[thread])
+
     def replies(
         self,
         thread: str,

@@ -79,6 +79,9 @@ class SyncClient:
     def send(self, thread: str, text: str, metadata: Any = None) -> str:
         return self._run(self._client.send(thread, text, metadata))
 
+    def cursor(self, thread: str) -> dict[str, int]:
+        return self._run(self._client.cursor(thread))
+
     def replies(
         self,
         thread: str,
