@@ -43,8 +43,8 @@ class FakeStep:
     history: FakeHistory = field(default_factory=FakeHistory)
 
 
-def writer(store: FakeLiveStore, interval: float) -> tuple[StepLive, FakeStep]:
-    live = StepLive(store, "t", interval)  # type: ignore[arg-type]
+def writer(store: FakeLiveStore, interval: float, first_delay: float = 0.0) -> tuple[StepLive, FakeStep]:
+    live = StepLive(store, "t", interval, first_delay)  # type: ignore[arg-type]
     step = FakeStep()
     live.attach(step)  # type: ignore[arg-type]
     return live, step
@@ -104,6 +104,17 @@ async def test_the_partial_turn_follows_the_committed_version_and_restarts_at_bo
 async def test_a_step_that_streams_nothing_writes_nothing() -> None:
     store = FakeLiveStore()
     live, _ = writer(store, interval=0)
+    live.on_event("t", TurnCommitted(rows=[]))
+    await live.close()
+    assert store.shows == [] and store.clears == 0
+
+
+async def test_a_completion_over_before_the_first_delay_writes_nothing() -> None:
+    store = FakeLiveStore()
+    live, _ = writer(store, interval=0, first_delay=3600)
+    live.on_event("t", CompletionStarted())
+    live.on_event("t", TextChunk("quick answer"))
+    await asyncio.sleep(0.01)
     live.on_event("t", TurnCommitted(rows=[]))
     await live.close()
     assert store.shows == [] and store.clears == 0

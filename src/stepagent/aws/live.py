@@ -4,10 +4,11 @@ to the thread's ``LIVE`` item (:mod:`stepagent.stores.dynamodb_live`) by the wor
 Guarantees:
 
 - **At most one write per interval.** While a step streams, :class:`StepLive` writes the partial turn
-  (text so far, what the model is doing, the tool being called) at once on the first change, then at most
-  once per ``interval`` (1 s): a reader polling the item is never more than about one interval plus one
-  request behind the model. A step that streams nothing writes nothing; one that wrote clears the partial
-  turn when it ends (committed, failed or not).
+  (text so far, what the model is doing, the tool being called) a quarter of a second after the first
+  change, then at most once per ``interval`` (1 s): a reader polling the item is never more than about one
+  interval plus one request behind the model. A step that streams nothing, or whose completion is over
+  within that first quarter second, writes nothing; one that wrote clears the partial turn when it ends
+  (committed, failed or not).
 - **Never reported as committed.** The partial turn names the head version it follows; the step's commit
   moves the head past it, so the committed rows take over in the same read that would have shown it.
   Text streamed before a retried attempt or before a tool call is dropped from the partial turn as the
@@ -18,10 +19,9 @@ Guarantees:
   and ``oauth_required`` events in the thread's ``LIVE`` item (best effort), so a client that does not
   read the shared output queue still sees them.
 
-Cost per step (counted in :attr:`LiveText.metrics`): with partial text on, one ``UpdateItem`` when text
-starts (or half an interval into a completion that has not started streaming), one per further interval
-of streaming, one to clear; nothing for a step without a completion or whose completion finishes within
-half an interval without streaming.
+Cost per step (counted in :attr:`LiveText.metrics`; ``make bench`` measures it): with partial text on,
+one ``UpdateItem`` when text starts (or half an interval into a completion still silent), one per further
+interval of streaming, one to clear; nothing for a step without a completion or with a short one.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two writes of one step's partial turn.
 LIVE_INTERVAL_S = 1.0
+#: Seconds from a step's first streamed chunk to its first write (a completion over by then writes nothing).
+LIVE_FIRST_DELAY_S = 0.25
 
 
 class _Both:
@@ -73,10 +75,13 @@ class _Both:
 class StepLive:
     """The live writer of one step of one thread: an observer plus the step hook (``attach``)."""
 
-    def __init__(self, store: LiveStore | None, thread_id: str, interval: float) -> None:
+    def __init__(
+        self, store: LiveStore | None, thread_id: str, interval: float, first_delay: float = 0.0
+    ) -> None:
         self.store = store
         self.thread_id = thread_id
         self.interval = interval
+        self.first_delay = first_delay
         self.writes = 0
         self._step: ThreadStep | None = None
         self._text = ""
@@ -141,6 +146,10 @@ class StepLive:
     async def _run(self) -> None:
         store = self.store
         assert store is not None
+        if self.first_delay > 0:
+            # A completion that is over this soon (a quick tool call, a short answer) costs no write.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.first_delay)
         while not self._closing.is_set():
             await self._wake.wait()
             self._wake.clear()
@@ -191,9 +200,11 @@ class LiveText:
         *,
         enabled: bool,
         interval: float = LIVE_INTERVAL_S,
+        first_delay: float = LIVE_FIRST_DELAY_S,
     ) -> None:
         self.metrics = StoreMetrics()
         self.interval = interval
+        self.first_delay = first_delay
         self.store = (
             LiveStore(DynamoIo(client, None, None, self.metrics), state_table)
             if client is not None and state_table is not None
@@ -206,7 +217,7 @@ class LiveText:
         return cls(None, None, enabled=False)
 
     def step(self, thread_id: str) -> StepLive:
-        return StepLive(self.store if self.enabled else None, thread_id, self.interval)
+        return StepLive(self.store if self.enabled else None, thread_id, self.interval, self.first_delay)
 
 
 class NoticingPublisher(OutputPublisher):
