@@ -31,8 +31,8 @@ Guarantees:
   :meth:`Client.answer_choice`; OAuth links (``oauth``) and errors (``error``) are items too.
 """
 
-from stepagent.client.api import REQUIRED_SETTINGS, Client, ClientError, Item
+from stepagent.client.api import Client, ClientError, Item
 from stepagent.client.sync import SyncClient
 from stepagent.client.watch import Cursor
 
-__all__ = ["REQUIRED_SETTINGS", "Client", "ClientError", "Cursor", "Item", "SyncClient"]
+__all__ = ["Client", "ClientError", "Cursor", "Item", "SyncClient"]
