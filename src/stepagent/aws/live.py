@@ -238,7 +238,11 @@ class NoticingPublisher(OutputPublisher):
         self.live = live
 
     async def publish(self, thread_id: str, events: Sequence[dict[str, Any]]) -> None:
+        # Notices first: a client that sees the step's commit should find them as soon as possible.
+        await self._notice(thread_id, events)
         await super().publish(thread_id, events)
+
+    async def _notice(self, thread_id: str, events: Sequence[dict[str, Any]]) -> None:
         store = self.live.store
         if store is None:
             return

@@ -129,6 +129,7 @@ class TreeWatch:
         for thread, seq in (notice_seq or {}).items():
             self.threads.setdefault(thread, ThreadView()).notice_seq = seq
         self._last_signature: tuple[Any, ...] | None = None
+        self._awaited_checked_at: int | None = None
 
     # ---- one poll ---------------------------------------------------------------------------------------
 
@@ -152,9 +153,13 @@ class TreeWatch:
                 out.extend(self._partial(thread, view))
             if view.info is not None and view.info.closed and not view.closed_settled:
                 view.closed_settled = not await self.reader.state.open_intents(thread)
-        if self.awaited:
+        root = self.threads[self.root].info
+        root_version = root.version if root is not None else 0
+        if self.awaited and root_version != self._awaited_checked_at:
+            # Processed markers land with a commit, which moves the head: no need to look before that.
             done = await self.reader.state.filter_processed(self.root, sorted(self.awaited))
             self.awaited -= done
+            self._awaited_checked_at = root_version
         idle = not self.awaited and all(view.settled for view in self.threads.values())
         signature = tuple(
             (t, v.info.version if v.info else 0, v.info.closed if v.info else False)
