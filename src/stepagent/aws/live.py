@@ -121,9 +121,9 @@ class StepLive:
             case ToolCallStarted(name=name):
                 # Text before a call is committed with it: the partial turn starts again after it.
                 self._set("", "calling", name)
-            case Info():
-                # Within a completion an Info is a retry notice: the streamed text was discarded.
-                if self._phase is not None:
+            case Info(text=text):
+                # A retried stream: the step discarded what it had streamed.
+                if self._phase is not None and "retrying" in text:
                     self._set("", "retrying", None)
             case TurnCommitted() | CompletionFinished() | StepFailed():
                 self._phase, self._text, self._tool, self._dirty = None, "", None, False
