@@ -1,7 +1,8 @@
 """The ``stepagent`` command line.
 
-Commands: ``run`` (chat on the embedded local stack — the main job), ``send``, ``history``,
-``infra create``, and the conversation lifecycle: ``export``, ``import``, ``rewind``. Commands that touch the stores or queues read the same settings as the handlers.
+Commands: ``run`` (chat on the embedded local stack — the main job), ``chat`` and ``tail`` (a thread of
+any deployment, through :mod:`stepagent.client`), ``send``, ``history``, ``infra create``, ``dlq``, and the
+conversation lifecycle: ``export``, ``import``, ``rewind``. Commands that touch the stores or queues read the same settings as the handlers.
 Errors are printed for people (one line, what to do next) with exit status 2; ``--debug`` shows the
 traceback.
 """
@@ -53,13 +54,8 @@ def _parser() -> argparse.ArgumentParser:
             "Without a model configured it runs the bundled offline demo."
         ),
     )
-    run.add_argument(
-        "--say",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help="send TEXT, wait until idle (repeatable), then exit",
-    )
+    run_say_help = "send TEXT, print the replies until the agent is idle (repeatable), then exit"
+    run.add_argument("--say", action="append", default=[], metavar="TEXT", help=run_say_help)
     run.add_argument("--thread", default=None, help="the conversation (root thread) id; default: a new one")
     run.add_argument(
         "--timeout",
@@ -93,6 +89,31 @@ def _parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="read the local state kept by `run --state-dir DIR`",
     )
+
+    chat = commands.add_parser(
+        "chat",
+        help="talk to a thread of a deployment (like run, against --stack NAME or the STEPAGENT_* settings)",
+        description=(
+            "Chat with the agent of a deployed stack (--stack NAME reads its outputs) or of the stack the "
+            "STEPAGENT_* settings and AWS_ENDPOINT_URL name. The conversation is read from the stores, not "
+            "from the output queue; answers to a tool's question are typed here."
+        ),
+    )
+    chat.add_argument("thread", help="the conversation (root thread) id")
+    chat.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+    chat.add_argument("--say", action="append", default=[], metavar="TEXT", help=run_say_help)
+    chat.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for each reply with --say"
+    )
+
+    tail = commands.add_parser("tail", help="follow a thread tree of a deployment as it is committed")
+    tail.add_argument("thread", help="the thread id")
+    tail.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+    tail.add_argument("--history", action="store_true", help="print the stored transcript first")
+    tail.add_argument(
+        "--until-idle", action="store_true", help="exit once the thread tree is idle instead of following"
+    )
+    tail.add_argument("--timeout", type=float, default=None, help="with --until-idle: give up after SECONDS")
 
     infra = commands.add_parser("infra", help="manage the AWS resources")
     infra_commands = infra.add_subparsers(dest="infra_command", required=True, metavar="ACTION")
@@ -158,6 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     state_dir=args.state_dir,
                 )
             )
+        if args.command in ("chat", "tail"):
+            return asyncio.run(_chat_or_tail(args))
         if args.command == "send":
             return asyncio.run(_send(args.thread, args.text, args.stack))
         if args.command == "history":
@@ -218,6 +241,23 @@ async def _settings(stack: str | None) -> Any:
     from stepagent.aws.stack_outputs import stack_environment
 
     return Settings.from_env({**os.environ, **await stack_environment(stack)})
+
+
+async def _chat_or_tail(args: argparse.Namespace) -> int:
+    from stepagent.client import Client
+    from stepagent.client.terminal import chat, tail
+
+    async with Client(stack=args.stack) as client:
+        if args.command == "chat":
+            print(
+                f"conversation {args.thread} — "
+                + ("type a message (Ctrl-D to quit)" if not args.say else "sending"),
+                file=sys.stderr,
+            )
+            return await chat(client, args.thread, say=args.say, timeout=args.timeout)
+        return await tail(
+            client, args.thread, history=args.history, until_idle=args.until_idle, timeout=args.timeout
+        )
 
 
 async def _send(thread_id: str, text: str, stack: str | None = None) -> int:

@@ -1,29 +1,23 @@
 """``stepagent run``: chat with an agent on the local stack, through the real AWS code paths.
 
 Messages go onto the SQS FIFO input queue; the worker, the tool runner and the timer relay are fed by
-local stand-ins for Lambda's SQS event source; the agent's output is read back from the output queue. So
-what you see is what a deployment does — only the queues and tables are local (moto, or LocalStack via
-``AWS_ENDPOINT_URL``).
+local stand-ins for Lambda's SQS event source (:mod:`stepagent.devstack.services`); the conversation is
+read back by :mod:`stepagent.client` and shown by its terminal chat (:mod:`stepagent.client.terminal`),
+the same code as ``stepagent chat`` against a deployment. So what you see is what a deployment does —
+only the queues and tables are local (moto, or LocalStack via ``AWS_ENDPOINT_URL``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import logging
 import os
 import secrets
 import sys
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
-from typing import Any, TextIO
 
 from stepagent.aws.settings import Settings
 from stepagent.devstack import terminal_logs
-from stepagent.devstack.poller import SqsEventSource
 from stepagent.devstack.stack import EmbeddedMoto, create_resources, use_fake_credentials
 from stepagent.errors import ConfigurationError
 from stepagent.providers.base import ModelProvider
@@ -50,116 +44,6 @@ def choose_model(environ: dict[str, str] | os._Environ[str]) -> tuple[str, bool]
     if detected:
         return detected, False
     return f"scripted:{demo_script_path()}", True
-
-
-def _clip(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-class Printer:
-    """Renders output-queue events for a person at a terminal."""
-
-    def __init__(self, root_id: str, out: TextIO = sys.stdout) -> None:
-        self.root_id = root_id
-        self.out = out
-
-    def show(self, event: dict[str, Any]) -> None:
-        thread = str(event.get("thread_id", ""))
-        who = "agent" if thread == self.root_id else f"[child {thread[:8]}]"
-        kind = event.get("type")
-        if kind == "text":
-            print(f"{who} > {event.get('text', '')}", file=self.out)
-        elif kind == "tool_call":
-            args = json.dumps(event.get("args") or {}, ensure_ascii=False)
-            print(f"{who} ⚙ {event.get('name')}({'' if args == '{}' else args})", file=self.out)
-        elif kind == "tool_result":
-            print(f"{who} ← {_clip(str(event.get('text', '')))}", file=self.out)
-        elif kind == "event":
-            print(f"{who} ✉ {_clip(str(event.get('text', '')))}", file=self.out)
-        elif kind == "error":
-            retrying = " (retrying)" if event.get("retrying") else ""
-            print(f"{who} ! {event.get('message')}{retrying}", file=self.out)
-        elif kind == "oauth_required":
-            print(f"{who} 🔑 authorise at {event.get('auth_url')}", file=self.out)
-        elif kind == "view_update":
-            print(f"{who} ◇ view {event.get('view_type')} updated", file=self.out)
-        elif kind == "user_choice_required":
-            choices = ", ".join(f"{i}: {c}" for i, c in enumerate(event.get("choices", [])))
-            print(f"{who} ? {event.get('prompt')} [{choices}]", file=self.out)
-        self.out.flush()
-
-
-@dataclass(slots=True)
-class LocalServices:
-    """The running pieces of the local stack, and how to tell that nothing is left to do."""
-
-    sqs: Any
-    settings: Settings
-    sources: list[SqsEventSource] = field(default_factory=list)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-
-    async def _pending(self, url: str) -> int:
-        attributes = await self.sqs.get_queue_attributes(
-            QueueUrl=url,
-            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-        )
-        values = attributes.get("Attributes", {})
-        return int(values.get("ApproximateNumberOfMessages", 0)) + int(
-            values.get("ApproximateNumberOfMessagesNotVisible", 0)
-        )
-
-    async def busy(self) -> bool:
-        if any(source.in_flight for source in self.sources):
-            return True
-        urls = [self.settings.input_queue_url, self.settings.tool_queue_url, self.settings.delay_queue_url]
-        for url in urls:
-            if url and await self._pending(url):
-                return True
-        return False
-
-    async def wait_idle(self, limit_seconds: float, settle: float = 1.5) -> bool:
-        """Wait until every work queue has been empty for ``settle`` seconds (timers that are not yet due
-        do not count: a sleeping agent is idle). ``False`` on timeout."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + limit_seconds
-        quiet_since: float | None = None
-        while loop.time() < deadline:
-            if await self.busy():
-                quiet_since = None
-            else:
-                quiet_since = quiet_since or loop.time()
-                if loop.time() - quiet_since >= settle:
-                    return True
-            await asyncio.sleep(0.2)
-        return False
-
-
-async def _drain_outputs(sqs: Any, url: str, printer: Printer, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        response = await sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
-        messages = response.get("Messages", [])
-        for message in messages:
-            try:
-                printer.show(json.loads(message["Body"]))
-            except ValueError:
-                printer.out.write(f"(unreadable output event: {message['Body'][:200]})\n")
-        if messages:
-            await sqs.delete_message_batch(
-                QueueUrl=url,
-                Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
-            )
-
-
-async def _every(seconds: float, action: Callable[[], Awaitable[object]], stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        try:
-            await action()
-        except Exception:  # keep the local stack alive; the next tick retries
-            logging.getLogger(__name__).exception("periodic task failed")
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), seconds)
 
 
 async def run_chat(
@@ -307,35 +191,6 @@ def _bedrock_with_real_credentials(model: str) -> ModelProvider:
     return make_provider(model, environ=environ)
 
 
-async def _serve_tool_servers(
-    stack: contextlib.AsyncExitStack, settings: Settings, demo: bool, printer: Printer
-) -> Settings:
-    """Serve the RAP receiver on loopback (unless ``STEPAGENT_CALLBACK_URL`` points elsewhere) and, for
-    the demo, the local RAP tool server; return the settings that point at them."""
-    from stepagent.aws.clients import aws_session, client
-    from stepagent.devstack.rap_demo_server import build_server
-    from stepagent.rap.receiver import ViewUpdate
-    from stepagent.rap.receiver_app import receiver_app
-    from stepagent.rap.server import serve_in_background
-    from stepagent.senders.sqs import SqsSender
-
-    session = aws_session(settings)
-    sqs = await stack.enter_async_context(client(session, "sqs", settings))
-    s3 = await stack.enter_async_context(client(session, "s3", settings))
-    sender = SqsSender(sqs, str(settings.input_queue_url), s3_client=s3, bucket=settings.blob_bucket)
-
-    async def show_view(view: ViewUpdate) -> None:
-        printer.show({"type": "view_update", "thread_id": view.thread_id, "view_type": view.view_type})
-
-    if not settings.callback_url:
-        app = receiver_app(str(settings.callback_secret), sender, show_view)
-        os.environ["STEPAGENT_CALLBACK_URL"] = await stack.enter_async_context(serve_in_background(app))
-    if demo and not settings.rap_servers:
-        tools_url = await stack.enter_async_context(serve_in_background(build_server().app))
-        os.environ["STEPAGENT_RAP_SERVERS"] = tools_url
-    return Settings.from_env()
-
-
 async def _chat(
     settings: Settings,
     *,
@@ -345,64 +200,15 @@ async def _chat(
     demo: bool,
     provider: ModelProvider | None,
 ) -> int:
-    from stepagent.aws.runtime import AwsRuntime
-    from stepagent.messages import InputMessage
+    """Run the local services and chat through :mod:`stepagent.client`, as against a deployment."""
+    from stepagent.client import Client
+    from stepagent.client.terminal import chat
+    from stepagent.devstack.services import local_services
 
-    printer = Printer(thread_id)
-    async with contextlib.AsyncExitStack() as stack:
-        settings = await _serve_tool_servers(stack, settings, demo, printer)
-        runtime = await stack.enter_async_context(AwsRuntime.open(settings, provider=provider))
-        sqs = runtime.sqs
-        assert settings.input_queue_url and settings.tool_queue_url and settings.delay_queue_url
-        assert settings.output_queue_url
-        services = LocalServices(sqs, settings)
-        services.sources = [
-            SqsEventSource(sqs, settings.input_queue_url, runtime.handle_sqs_batch),
-            SqsEventSource(sqs, settings.tool_queue_url, runtime.handle_tool_batch, batch_size=1),
-            SqsEventSource(sqs, settings.delay_queue_url, runtime.handle_delay_batch),
-        ]
-        stop = services.stop
-        services.tasks = [asyncio.create_task(source.run(stop)) for source in services.sources]
-        services.tasks.append(
-            asyncio.create_task(_drain_outputs(sqs, settings.output_queue_url, printer, stop))
-        )
-        # moto never fires EventBridge schedules: deliver due long timers ourselves.
-        services.tasks.append(asyncio.create_task(_every(1.0, runtime.deliver_due_schedules, stop)))
+    async with local_services(settings, demo=demo, provider=provider) as services:
         print(
             f"conversation {thread_id} — " + ("type a message (Ctrl-D to quit)" if not say else "sending"),
             file=sys.stderr,
         )
-        try:
-            async for text in _texts(say):
-                if not text.strip():
-                    continue
-                if say:
-                    print(f"you > {text}")
-                message_id = str(uuid.uuid4())
-                await runtime.sender.send(InputMessage.user_text(thread_id, text, id=message_id), message_id)
-                if not await services.wait_idle(idle_timeout):
-                    print(f"stepagent: the agent was still busy after {idle_timeout:.0f} s", file=sys.stderr)
-                    return 1
-                await asyncio.sleep(1.2)  # let the output reader print the last events
-        finally:
-            stop.set()
-            for task in services.tasks:
-                task.cancel()
-            await asyncio.gather(*services.tasks, return_exceptions=True)
-    return 0
-
-
-async def _texts(say: list[str]) -> AsyncIterator[str]:
-    """The ``--say`` texts, or lines typed at the terminal (read off the event loop, so the pollers keep
-    running while you type)."""
-    if say:
-        for text in say:
-            yield text
-        return
-    while True:
-        try:
-            line = await asyncio.to_thread(input, "you > ")
-        except EOFError:
-            print(file=sys.stderr)
-            return
-        yield line
+        async with Client(services.settings) as client:
+            return await chat(client, thread_id, say=say, timeout=idle_timeout)
