@@ -149,7 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     from stepagent.lifecycle.commands import add_lifecycle_commands
 
     add_lifecycle_commands(commands)
-    for name in ("export", "import", "rewind"):
+    from stepagent.lifecycle.commands import COMMANDS
+
+    for name in COMMANDS:
         commands.choices[name].add_argument(
             "--state-dir",
             default=os.environ.get("STEPAGENT_STATE_DIR"),
@@ -198,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from stepagent.lifecycle.commands import COMMANDS, run_lifecycle_command
 
         if args.command in COMMANDS:
-            if args.state_dir:
+            if getattr(args, "state_dir", None):
                 saves = args.command in ("import", "rewind")
                 return asyncio.run(_on_local_state(args.state_dir, saves, run_lifecycle_command(args)))
             return asyncio.run(run_lifecycle_command(args))
