@@ -13,9 +13,11 @@ SAM_STAMP := $(SAM_VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
+	@echo "setup: installing stepagent and its pinned development dependencies into $(VENV) (2-4 minutes the first time)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev,local]'
 	@touch $(STAMP)
+	@echo "setup: done"
 
 ## run: chat with an agent on the embedded local stack (pass ARGS="--say hello" for non-interactive use)
 run: setup
@@ -38,6 +40,7 @@ lint-template: setup $(SAM_STAMP)
 	AWS_DEFAULT_REGION=us-east-1 SAM_CLI_TELEMETRY=0 $(SAM) validate --lint --template template.yaml
 
 $(SAM_STAMP): infra/sam-constraints.txt
+	@echo "setup: installing SAM CLI into its own $(SAM_VENV) (about a minute the first time)"
 	@test -x $(SAM_VENV)/bin/python || $(PYTHON) -m venv $(SAM_VENV)
 	$(SAM_VENV)/bin/python -m pip install -q -c infra/sam-constraints.txt aws-sam-cli
 	@touch $(SAM_STAMP)

@@ -7,6 +7,9 @@ Sections of the JSON (each with its own method notes):
   the ``-X importtime`` attribution;
 - ``step_overhead``: one worker step excluding the model, at 10 → 10,000 stored rows, all in context or
   compacted to 10, on the in-memory, SQLite and DynamoDB-on-moto stores, with AWS calls per step;
+- ``live_text``: what the live partial text costs per step (requests, bytes) with it on and off, for
+  streams of 0, 2 and 5 seconds, and what one client poll of an idle thread tree costs
+  (:mod:`bench.live_text`);
 - ``local_mode``: local-mode steps per second;
 - ``memory``: the retained-growth gate (normal run and traps) and per-step peaks (see
   :mod:`bench.memory`), each measured in a fresh process.
@@ -32,6 +35,7 @@ from typing import Any
 
 from bench.charts import Series, line_plot
 from bench.imports import cold_import, import_costs
+from bench.live_text import live_text_costs
 from bench.overhead import (
     as_dict,
     dynamodb_overhead,
@@ -264,6 +268,9 @@ def main(argv: list[str] | None = None) -> None:
         }
         for rows, target in OVERHEAD_TARGETS_MS.items()
     }
+    if not args.skip_moto:
+        print("live partial text ...", flush=True)
+        results["live_text"] = asyncio.run(live_text_costs(args.quick))
     print("local mode ...", flush=True)
     results["local_mode"] = asyncio.run(local_mode_rate(quick=args.quick))
     if not args.skip_memory:

@@ -42,3 +42,17 @@ def test_every_public_name_imports(module: str, name: str) -> None:
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         _ = stepagent.Nope  # type: ignore[attr-defined]
+
+
+CLIENT = ["Client", "ClientError", "Cursor", "Item", "SyncClient"]
+
+
+def test_the_client_names_are_pinned_and_import() -> None:
+    import stepagent.client
+
+    assert sorted(CLIENT) == CLIENT
+    assert stepagent.client.__all__ == CLIENT
+    for name in CLIENT:
+        namespace: dict[str, object] = {}
+        exec(f"from stepagent.client import {name}", namespace)
+        assert namespace[name] is getattr(stepagent.client, name)

@@ -1,7 +1,8 @@
 """The ``stepagent`` command line.
 
-Commands: ``run`` (chat on the embedded local stack — the main job), ``send``, ``history``,
-``infra create``, and the conversation lifecycle: ``export``, ``import``, ``rewind``. Commands that touch the stores or queues read the same settings as the handlers.
+Commands: ``run`` (chat on the embedded local stack — the main job), ``chat`` and ``tail`` (a thread of
+any deployment, through :mod:`stepagent.client`), ``send``, ``history``, ``infra create``, ``dlq``, and the
+conversation lifecycle: ``export``, ``import``, ``rewind``. Commands that touch the stores or queues read the same settings as the handlers.
 Errors are printed for people (one line, what to do next) with exit status 2; ``--debug`` shows the
 traceback.
 """
@@ -11,12 +12,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
-from stepagent.errors import StepagentError
+from stepagent.errors import ConfigurationError, StepagentError
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("stepagent")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,7 +36,13 @@ def _parser() -> argparse.ArgumentParser:
         prog="stepagent",
         description="Run AI agents as short steps driven by a queue.",
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and stepagent's debug logs")
+    parser.add_argument(
+        "--debug-sdk",
+        action="store_true",
+        help="with --debug, also the AWS SDK's, HTTP's and moto's debug logs",
+    )
+    parser.add_argument("--version", action="version", version=f"stepagent {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser(
@@ -36,19 +54,22 @@ def _parser() -> argparse.ArgumentParser:
             "Without a model configured it runs the bundled offline demo."
         ),
     )
-    run.add_argument(
-        "--say",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help="send TEXT, wait until idle (repeatable), then exit",
-    )
+    run_say_help = "send TEXT, print the replies until the agent is idle (repeatable), then exit"
+    run.add_argument("--say", action="append", default=[], metavar="TEXT", help=run_say_help)
     run.add_argument("--thread", default=None, help="the conversation (root thread) id; default: a new one")
     run.add_argument(
         "--timeout",
         type=float,
         default=120.0,
         help="seconds to wait for the agent to go idle after each message",
+    )
+
+    state_help = (
+        "keep the embedded stack's state in DIR across runs (default: $STEPAGENT_STATE_DIR; "
+        "without it the local state is gone at exit)"
+    )
+    run.add_argument(
+        "--state-dir", default=os.environ.get("STEPAGENT_STATE_DIR"), metavar="DIR", help=state_help
     )
 
     send = commands.add_parser("send", help="put a user message on the input queue")
@@ -62,6 +83,37 @@ def _parser() -> argparse.ArgumentParser:
     history.add_argument("thread", help="the thread id")
     history.add_argument("--json", action="store_true", help="print one JSON list instead of text")
     history.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+    history.add_argument(
+        "--state-dir",
+        default=os.environ.get("STEPAGENT_STATE_DIR"),
+        metavar="DIR",
+        help="read the local state kept by `run --state-dir DIR`",
+    )
+
+    chat = commands.add_parser(
+        "chat",
+        help="talk to a thread of a deployment (like run, against --stack NAME or the STEPAGENT_* settings)",
+        description=(
+            "Chat with the agent of a deployed stack (--stack NAME reads its outputs) or of the stack the "
+            "STEPAGENT_* settings and AWS_ENDPOINT_URL name. The conversation is read from the stores, not "
+            "from the output queue; answers to a tool's question are typed here."
+        ),
+    )
+    chat.add_argument("thread", help="the conversation (root thread) id")
+    chat.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+    chat.add_argument("--say", action="append", default=[], metavar="TEXT", help=run_say_help)
+    chat.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for each reply with --say"
+    )
+
+    tail = commands.add_parser("tail", help="follow a thread tree of a deployment as it is committed")
+    tail.add_argument("thread", help="the thread id")
+    tail.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+    tail.add_argument("--history", action="store_true", help="print the stored transcript first")
+    tail.add_argument(
+        "--until-idle", action="store_true", help="exit once the thread tree is idle instead of following"
+    )
+    tail.add_argument("--timeout", type=float, default=None, help="with --until-idle: give up after SECONDS")
 
     infra = commands.add_parser("infra", help="manage the AWS resources")
     infra_commands = infra.add_subparsers(dest="infra_command", required=True, metavar="ACTION")
@@ -71,25 +123,74 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--endpoint-url", required=True, help="e.g. http://localhost:4566 (LocalStack)")
     create.add_argument("--prefix", default="stepagent", help="name prefix for the resources")
 
+    dlq = commands.add_parser("dlq", help="dead-lettered messages: list, show, redrive")
+    dlq_commands = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    for name, text in (
+        ("list", "list dead-lettered messages with their thread and reason (left in the DLQ)"),
+        ("show", "print one dead-lettered message whole"),
+        ("redrive", "send dead-lettered messages back to their queue (after a fix)"),
+    ):
+        action = dlq_commands.add_parser(name, help=text, description=text)
+        action.add_argument(
+            "--queue", choices=["input", "tool", "all"], default="all", help="which DLQ (default: both)"
+        )
+        action.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+        if name == "list":
+            action.add_argument("--json", action="store_true", help="print one JSON list")
+            action.add_argument("--limit", type=int, default=100, help="at most this many per DLQ")
+        elif name == "show":
+            action.add_argument("message_id", help="the SQS message id (from dlq list)")
+        else:
+            action.add_argument(
+                "message_ids", nargs="*", metavar="MESSAGE_ID", help="the messages to redrive"
+            )
+            action.add_argument("--all", action="store_true", help="redrive every message of the DLQ(s)")
+
     from stepagent.lifecycle.commands import add_lifecycle_commands
 
     add_lifecycle_commands(commands)
+    for name in ("export", "import", "rewind"):
+        commands.choices[name].add_argument(
+            "--state-dir",
+            default=os.environ.get("STEPAGENT_STATE_DIR"),
+            metavar="DIR",
+            help="work on the local state kept by `run --state-dir DIR`",
+        )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # "Run from your project directory": STEPAGENT_TOOLS=myapp.tools:toolset imports from the current
+    # directory, as `python -m` would (the console script's sys.path does not include it).
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         if args.command == "run":
             from stepagent.devstack.chat import run_chat
 
             return asyncio.run(
-                run_chat(say=args.say, thread_id=args.thread, idle_timeout=args.timeout, debug=args.debug)
+                run_chat(
+                    say=args.say,
+                    thread_id=args.thread,
+                    idle_timeout=args.timeout,
+                    debug=args.debug,
+                    debug_sdk=args.debug_sdk,
+                    state_dir=args.state_dir,
+                )
             )
+        if args.command in ("chat", "tail"):
+            return asyncio.run(_chat_or_tail(args))
         if args.command == "send":
             return asyncio.run(_send(args.thread, args.text, args.stack))
         if args.command == "history":
+            if args.state_dir:
+                return asyncio.run(
+                    _on_local_state(args.state_dir, False, _history(args.thread, as_json=args.json))
+                )
             return asyncio.run(_history(args.thread, as_json=args.json, stack=args.stack))
+        if args.command == "dlq":
+            return asyncio.run(_dlq(args))
         if args.command == "infra":
             from stepagent.devstack.stack import infra_create
 
@@ -97,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from stepagent.lifecycle.commands import COMMANDS, run_lifecycle_command
 
         if args.command in COMMANDS:
+            if args.state_dir:
+                saves = args.command in ("import", "rewind")
+                return asyncio.run(_on_local_state(args.state_dir, saves, run_lifecycle_command(args)))
             return asyncio.run(run_lifecycle_command(args))
     except StepagentError as error:
         if args.debug:
@@ -105,7 +209,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`stepagent history T | head`): stop quietly, as Unix tools do.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 2
+
+
+async def _on_local_state(state_dir: str, save: bool, command: Coroutine[Any, Any, int]) -> int:
+    """Run ``command`` on the embedded stack loaded from ``state_dir`` (saved back when ``save``)."""
+    from stepagent.devstack.chat import LOCAL_PREFIX
+    from stepagent.devstack.snapshot import has_snapshot, local_state
+
+    if not has_snapshot(Path(state_dir)):
+        command.close()
+        raise ConfigurationError(
+            f"{state_dir} holds no local state (`stepagent run --state-dir {state_dir}` keeps it)"
+        )
+    async with local_state(state_dir, save=save, prefix=LOCAL_PREFIX):
+        return await command
 
 
 async def _settings(stack: str | None) -> Any:
@@ -119,6 +241,23 @@ async def _settings(stack: str | None) -> Any:
     from stepagent.aws.stack_outputs import stack_environment
 
     return Settings.from_env({**os.environ, **await stack_environment(stack)})
+
+
+async def _chat_or_tail(args: argparse.Namespace) -> int:
+    from stepagent.client import Client
+    from stepagent.client.terminal import chat, tail
+
+    async with Client(stack=args.stack) as client:
+        if args.command == "chat":
+            print(
+                f"conversation {args.thread} — "
+                + ("type a message (Ctrl-D to quit)" if not args.say else "sending"),
+                file=sys.stderr,
+            )
+            return await chat(client, args.thread, say=args.say, timeout=args.timeout)
+        return await tail(
+            client, args.thread, history=args.history, until_idle=args.until_idle, timeout=args.timeout
+        )
 
 
 async def _send(thread_id: str, text: str, stack: str | None = None) -> int:
@@ -163,23 +302,112 @@ async def _history(thread_id: str, *, as_json: bool, stack: str | None = None) -
             print(f"stepagent: no thread {thread_id!r} in {settings.conversation_table}", file=sys.stderr)
             return 1
         items = [item async for item in tree_items(conversation, thread_id)]
+        closed = set()
+        for child in dict.fromkeys(i["thread_id"] for i in items):
+            info = await conversation.get_thread(child)
+            if info is not None and info.closed:
+                closed.add(child)
     if as_json:
         print(json.dumps(items, ensure_ascii=False, indent=2))
     else:
-        for line in format_transcript(items, root_id=thread_id):
+        for line in format_transcript(items, root_id=thread_id, closed=closed):
             print(line)
     return 0
 
 
-def format_transcript(items: Sequence[dict[str, Any]], *, root_id: str) -> list[str]:
-    """Human-readable transcript lines; children are marked with their (short) thread id."""
+async def _dlq(args: argparse.Namespace) -> int:
+    from stepagent.aws import dlq
+    from stepagent.aws.clients import aws_session, client
+
+    settings = await _settings(args.stack)
+    sources = {"input": settings.input_queue_url, "tool": settings.tool_queue_url}
+    if args.queue != "all":
+        settings.require(f"STEPAGENT_{args.queue.upper()}_QUEUE_URL")
+    wanted = [q for q in (dlq.QUEUES if args.queue == "all" else [args.queue]) if sources[q]]
+    if not wanted:
+        settings.require("STEPAGENT_INPUT_QUEUE_URL", "STEPAGENT_TOOL_QUEUE_URL")
+    if args.dlq_command == "redrive" and not args.message_ids and not args.all:
+        print(
+            "stepagent: name the MESSAGE_IDs to redrive (see `stepagent dlq list`), or pass --all",
+            file=sys.stderr,
+        )
+        return 2
+    session = aws_session(settings)
+    async with client(session, "sqs", settings) as sqs, client(session, "s3", settings) as s3:
+        queues = {q: (str(sources[q]), await dlq.dead_letter_queue(sqs, str(sources[q]))) for q in wanted}
+        if args.dlq_command == "redrive":
+            return await _redrive(sqs, queues, list(args.message_ids))
+        limit = getattr(args, "limit", 1000)
+        found = [
+            letter
+            for q, (_, url) in queues.items()
+            for letter in await dlq.list_dead_letters(sqs, url, q, limit)
+        ]
+        if args.dlq_command == "show":
+            return await _show_letter(found, args.message_id, wanted, s3, settings.blob_bucket)
+    if args.json:
+        print(json.dumps([f.summary() for f in found], ensure_ascii=False, indent=2))
+    elif not found:
+        print(f"the {' and '.join(wanted)} DLQ{'s are' if len(wanted) > 1 else ' is'} empty")
+    else:
+        for letter in found:
+            reason = letter.reason or "failed its last allowed attempt"
+            print(
+                f"{letter.queue:5} {letter.message_id}  thread {letter.thread_id}  x{letter.receive_count}  {reason}"
+            )
+    return 0
+
+
+async def _redrive(sqs: Any, queues: dict[str, tuple[str, str]], ids: list[str]) -> int:
+    """Redrive ``ids`` from whichever DLQ holds each, or everything when ``ids`` is empty."""
+    from stepagent.aws import dlq
+
+    left = list(ids)
+    for queue, (source, dlq_url) in queues.items():
+        if ids:
+            present = {f.message_id for f in await dlq.list_dead_letters(sqs, dlq_url, queue, 1000)}
+            mine = [i for i in left if i in present]
+            if not mine:
+                continue
+            left = [i for i in left if i not in mine]
+            moved = await dlq.redrive(sqs, dlq_url, source, queue, message_ids=mine)
+        else:
+            moved = await dlq.redrive(sqs, dlq_url, source, queue)
+        print(f"{queue}: redrove {len(moved)} message(s) to {source}")
+    if left:
+        print(f"stepagent: not in the DLQ: {', '.join(left)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _show_letter(
+    found: Sequence[Any], message_id: str, wanted: list[str], s3: Any, bucket: str | None
+) -> int:
+    from stepagent.senders.claim_check import unwrap_body
+
+    letter = next((f for f in found if f.message_id == message_id), None)
+    if letter is None:
+        print(f"stepagent: no message {message_id!r} in the {' or '.join(wanted)} DLQ", file=sys.stderr)
+        return 1
+    print(f"queue:    {letter.queue}\nmessage:  {letter.message_id}\nthread:   {letter.thread_id}")
+    print(f"reason:   {letter.reason or '(none recorded: it failed its last allowed attempt)'}")
+    print(f"receives: {letter.receive_count}\nbody:")
+    print(await unwrap_body(letter.body, s3, bucket))
+    return 0
+
+
+def format_transcript(
+    items: Sequence[dict[str, Any]], *, root_id: str, closed: frozenset[str] | set[str] = frozenset()
+) -> list[str]:
+    """Human-readable transcript lines under one header per thread (marked root and/or closed)."""
     lines: list[str] = []
     current: str | None = None
     for item in items:
         thread = item["thread_id"]
         if thread != current:
             current = thread
-            lines.append(f"── thread {thread}" + (" (root)" if thread == root_id else ""))
+            marks = [m for m, on in (("root", thread == root_id), ("closed", thread in closed)) if on]
+            lines.append(f"── thread {thread}" + (f" ({', '.join(marks)})" if marks else ""))
         kind = item["kind"]
         prefix = f"{item['order']:>4} "
         if kind == "tool_call":

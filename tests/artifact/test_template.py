@@ -148,7 +148,10 @@ def test_each_function_gets_only_its_environment_and_no_secret_values(template: 
         "STEPAGENT_SCHEDULER_DLQ_ARN",
         "STEPAGENT_MAX_RECEIVE_COUNT",
         *AGENT_SETTING_NAMES,  # the agent settings go to the worker only
+        "STEPAGENT_LIVE_TEXT",
     }
+    assert env["WorkerFunction"]["STEPAGENT_LIVE_TEXT"] == "on"
+    assert evaluate(template, LiveText="off").environment("WorkerFunction")["STEPAGENT_LIVE_TEXT"] == "off"
     for name, variables in env.items():
         for forbidden in ("STEPAGENT_CALLBACK_SECRET", "ANTHROPIC_API_KEY", "OPENAI_API_KEY"):
             assert forbidden not in variables, f"{name} carries {forbidden} as a plain value"

@@ -427,6 +427,36 @@ async def test_rows_of_a_rejected_commit_never_appear(stores: StorePair) -> None
     assert await texts(conv, thread) == ["a", "b", "c"]
 
 
+async def test_each_commit_records_its_turn_flag_on_the_head(stores: StorePair) -> None:
+    conv, _ = stores
+    thread = uid("t")
+    info = await conv.commit(thread, Commit(expected_version=0, rows=[(user("hi"), uid("m"))]))
+    assert info.turn_complete is False  # the default: a commit that does not say so is mid-turn
+    assert (await conv.get_thread(thread)).turn_complete is False  # type: ignore[union-attr]
+    info = await conv.commit(
+        thread, Commit(expected_version=1, rows=[(AssistantText("hello"), uid("m"))], turn_complete=True)
+    )
+    assert info.turn_complete is True
+    assert (await conv.get_thread(thread)).turn_complete is True  # type: ignore[union-attr]
+    # Only the flag: not a change by itself.
+    assert Commit(expected_version=2, turn_complete=True).is_empty()
+    info = await conv.commit(thread, Commit(expected_version=2, processed_message_ids=[uid("m")]))
+    assert info.turn_complete is False
+
+
+async def test_a_spawned_child_has_no_turn_flag_until_its_first_commit(stores: StorePair) -> None:
+    conv, _ = stores
+    parent = uid("p")
+    await append(conv, parent, "p1")
+    child = uid("c")
+    info = await conv.spawn_thread(parent, child_id=child, spawn_tool_call_id="tc", kind=ThreadKind.CHILD)
+    assert info.turn_complete is None
+    assert (await conv.get_thread(child)).turn_complete is None  # type: ignore[union-attr]
+    await conv.commit(child, Commit(expected_version=0, rows=[(user("seed"), uid("m"))], turn_complete=True))
+    assert (await conv.get_thread(child)).turn_complete is True  # type: ignore[union-attr]
+    assert [c.turn_complete for c in await conv.children(parent)] == [True]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Thread tree
 

@@ -559,7 +559,7 @@ def test_load_toolset_success(toolmodule: str, attribute: str, names: list[str])
         ("fake_user_tools.needs_missing:x", "importing 'fake_user_tools.needs_missing' failed"),
         ("fake_user_tools.broken:x", "RuntimeError: import-time failure"),
         ("fake_user_tools.tools:missing", "has no attribute 'missing'"),
-        ("fake_user_tools.tools:number", "expected a Tool, a list of tools or a Toolset, got a int"),
+        ("fake_user_tools.tools:number", "expected a Tool, a list of tools or a Toolset, got an int"),
         ("fake_user_tools.tools:with_plain", "item 1 is the plain function 'plain' (decorate it with @tool)"),
         ("fake_user_tools.tools:duplicates", "two tools are named 'ping'"),
     ],

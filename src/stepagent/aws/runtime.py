@@ -32,7 +32,8 @@ import httpx
 
 from stepagent.agent_config import AgentConfig
 from stepagent.aws.clients import aws_session, client
-from stepagent.aws.outputs import OutputPublisher
+from stepagent.aws.inbox import InboxSender
+from stepagent.aws.live import LiveText, NoticingPublisher
 from stepagent.aws.secrets import provider_environment, resolve_secrets
 from stepagent.aws.settings import Settings
 from stepagent.aws.timers import AwsTimers, deliver_due_schedules, handle_delay_batch
@@ -98,6 +99,7 @@ class AwsRuntime:
     function_tools: dict[str, Invocable]
     agent: AgentConfig
     tracer: Tracer | None
+    live: LiveText
 
     def __init__(self) -> None:
         self.agent = AgentConfig()
@@ -110,6 +112,7 @@ class AwsRuntime:
         self._worker: Worker | None = None
         self._system: AgentSystem | None = None
         self._stores: tuple[DynamoConversationStore, DynamoStateStore] | None = None
+        self.live = LiveText.disabled()
 
     @classmethod
     async def create(
@@ -209,10 +212,11 @@ class AwsRuntime:
         )
         self.function_tools.update({t.name: t for t in remote.tools if isinstance(t, Invocable)})
         toolset = Toolset.of([*local_tools, *remote.tools])
+        # Thread-to-thread messages are noted on the target's head first (what clients read to tell idle).
         config = StepConfig(
             provider=provider,
             toolset=toolset,
-            sender=self.sender,
+            sender=InboxSender(self.sender, conversation),
             callback_url=settings.callback_url,
             timers=timers,
             runner=SqsFunctionRunner(self.queues, str(settings.tool_queue_url)),
@@ -223,8 +227,13 @@ class AwsRuntime:
             tracer=self.tracer,
         )
         self._system = AgentSystem(conversation, state, config)
-        publisher = OutputPublisher(self.queues, str(settings.output_queue_url), conversation, state)
-        self._worker = Worker(self._system, self.queues, publisher, self.input_dlq_url, self.metrics)
+        self.live = LiveText(self.dynamodb, str(settings.state_table), enabled=settings.live_text)
+        publisher = NoticingPublisher(
+            self.queues, str(settings.output_queue_url), conversation, state, self.live
+        )
+        self._worker = Worker(
+            self._system, self.queues, publisher, self.input_dlq_url, self.metrics, live=self.live
+        )
 
     @classmethod
     @asynccontextmanager

@@ -47,6 +47,7 @@ SETTING_NAMES = (
     "STEPAGENT_MCP_SERVERS",
     "STEPAGENT_CALLBACK_SECRET_ID",
     "STEPAGENT_PROVIDER_API_KEY_ID",
+    "STEPAGENT_LIVE_TEXT",
     *AGENT_SETTING_NAMES,
 )
 #: Every ``STEPAGENT_*`` name something reads (the contract's, the template's and the test knobs').
@@ -56,6 +57,7 @@ KNOWN_NAMES = frozenset(
         "STEPAGENT_SCHEDULER_ROLE_ARN",
         "STEPAGENT_SCHEDULER_DLQ_ARN",
         "STEPAGENT_MAX_RECEIVE_COUNT",
+        "STEPAGENT_STATE_DIR",
         "STEPAGENT_CRASH_SEED",
         "STEPAGENT_CRASH_RUNS",
         "STEPAGENT_MOTO_CRASH_RUNS",
@@ -89,6 +91,8 @@ class Settings:
     region: str | None = None
     #: The agent settings as read (name → value), turned into an AgentConfig by :meth:`agent_config`.
     agent_settings: Mapping[str, str] = field(default_factory=dict)
+    #: Write the partial text of running completions for clients (``STEPAGENT_LIVE_TEXT``, default on).
+    live_text: bool = True
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -139,6 +143,7 @@ class Settings:
             scheduler_dlq_arn=get("STEPAGENT_SCHEDULER_DLQ_ARN"),
             region=get("AWS_REGION") or get("AWS_DEFAULT_REGION"),
             agent_settings={name: value for name in AGENT_SETTING_NAMES if (value := get(name)) is not None},
+            live_text=_switch("STEPAGENT_LIVE_TEXT", get("STEPAGENT_LIVE_TEXT"), default=True),
         )
 
     def agent_config(self, roots: list[Path] | None = None) -> AgentConfig:
@@ -164,15 +169,32 @@ class Settings:
             )
 
 
+_warned: set[str] = set()
+
+
 def warn_unknown_names(environ: Mapping[str, str]) -> list[str]:
-    """Log a warning for each ``STEPAGENT_*`` variable nothing reads, naming the closest valid one; returns
-    the unknown names."""
+    """Log a warning for each ``STEPAGENT_*`` variable nothing reads, naming the closest valid one (once
+    per name and process: settings are read more than once); returns the unknown names."""
     unknown = sorted(name for name in environ if name.startswith("STEPAGENT_") and name not in KNOWN_NAMES)
     for name in unknown:
+        if name in _warned:
+            continue
+        _warned.add(name)
         close = difflib.get_close_matches(name, sorted(KNOWN_NAMES), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else ""
         log.warning("unknown setting %s is ignored%s", name, hint)
     return unknown
+
+
+def _switch(name: str, raw: str | None, *, default: bool) -> bool:
+    if raw is None:
+        return default
+    value = raw.lower()
+    if value in ("on", "true", "1", "yes"):
+        return True
+    if value in ("off", "false", "0", "no"):
+        return False
+    raise ConfigurationError(f"{name}={raw!r} is invalid: expected on or off")
 
 
 def _attribute(name: str) -> str:

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from aws_lambda_powertools import Logger
 
+from stepagent.aws.live import LiveText
 from stepagent.aws.metrics import publish_usage
 from stepagent.aws.outputs import (
     OutputPublisher,
@@ -113,12 +114,15 @@ class Worker:
         publisher: OutputPublisher,
         input_dlq_url: Callable[[], Awaitable[str]],
         metrics: MetricsSink,
+        *,
+        live: LiveText | None = None,
     ) -> None:
         self.system = system
         self.queues = queues
         self.publisher = publisher
         self.input_dlq_url = input_dlq_url
         self.metrics = metrics
+        self.live = live if live is not None else LiveText.disabled()
 
     async def handle(self, event: dict[str, Any]) -> dict[str, Any]:
         records = list(await asyncio.gather(*(self._parse(raw) for raw in event.get("Records", []))))
@@ -230,14 +234,19 @@ class Worker:
         # the logical-id dedup absorbs whatever that writer already did.
         for attempt in range(1, MAX_STEP_ATTEMPTS + 1):
             observer = StepEvents()
+            live = self.live.step(thread_id)  # the partial text clients poll (aws/live.py)
             try:
-                await self.system.step_thread(thread_id, inputs, observer)
+                await self.system.step_thread(
+                    thread_id, inputs, live.observing(observer), on_start=live.attach
+                )
                 break
             except ConcurrentWriteError:
                 self.metrics.add_metric("WriteConflicts", "Count", 1)
                 if attempt == MAX_STEP_ATTEMPTS:
                     raise
                 logger.warning("lost the thread's head-version race; re-running")
+            finally:
+                await live.close()
         publish_usage(self.metrics, observer.events)
         events = step_events(thread_id, observer.events, inputs)
         redelivered = [r.logical_id for r in records if r.receive_count > 1 and r.message is not None]

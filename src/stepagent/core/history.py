@@ -10,8 +10,9 @@ What it guarantees:
 - **Dedup.** An input whose logical message id was already folded in is ignored; a result for an
   already-answered call is absorbed (its id recorded so a redelivery is cheap).
 - **Atomic sync.** :meth:`sync` persists new rows, processed ids, answered calls, dispatch intents,
-  subscription, deferral and metadata changes and the step's usage record as one :class:`~stepagent.stores.base.Commit`, conditioned
-  on the head version the manager loaded (a concurrent writer makes it fail, never interleave).
+  subscription, deferral and metadata changes and the step's usage record as one :class:`~stepagent.stores.base.Commit`,
+  conditioned on the head version the manager loaded (a concurrent writer makes it fail, never
+  interleave). The commit carries :attr:`turn_complete` as set by the step, then it is reset to ``False``.
 - **Order bookkeeping.** Every item carries its own-log order (``None`` for inherited items), so spawn
   points and compaction splits are computed from orders, not index arithmetic.
 """
@@ -63,9 +64,10 @@ class _PendingCommit:
     indexed_calls: list[ToolCall] = field(default_factory=list)
     usage: UsageRecord | None = None
 
-    def to_commit(self, expected_version: int) -> Commit:
+    def to_commit(self, expected_version: int, turn_complete: bool = False) -> Commit:
         return Commit(
             expected_version=expected_version,
+            turn_complete=turn_complete,
             rows=list(self.rows),
             processed_message_ids=list(dict.fromkeys(self.processed)),
             answered_tool_calls=list(dict.fromkeys(self.answered)),
@@ -119,6 +121,9 @@ class HistoryManager:
         self.rows_read = 0
         #: Rows made durable by this manager's syncs, in order (what observers and outputs report).
         self.committed_rows: list[StoredRow] = []
+        #: What the next sync records as ``Commit.turn_complete``; the step sets it before its last sync,
+        #: and every sync resets it, so a mid-step commit always says the turn is still running.
+        self.turn_complete = False
 
     # ---- construction ---------------------------------------------------------------------------------
 
@@ -323,9 +328,10 @@ class HistoryManager:
         """Commit everything pending in one atomic, version-checked write. ``False`` if nothing was pending."""
         if self._turn:
             raise InvariantViolation("bug: sync() called with un-flushed turn buffer content")
-        commit = self._pending.to_commit(self.version)
+        commit = self._pending.to_commit(self.version, self.turn_complete)
         if commit.is_empty():
             return False
+        self.turn_complete = False
         self.info = await self.conversation.commit(self.thread_id, commit)
         self.version = self.info.version
         first_order = self.info.tail - len(commit.rows) + 1

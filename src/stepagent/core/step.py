@@ -19,6 +19,8 @@ Durability (DESIGN §3):
   :class:`~stepagent.events.TurnComplete` after everything else, carrying that record's usage.
 - Tracing: model calls and tool dispatches run inside spans of ``StepConfig.tracer`` (none by default);
   tracing can never fail a step (``stepagent.tracing``).
+- Turn flag: the step's last commit says whether it left the thread with nothing pending
+  (:mod:`stepagent.core.turn`); any earlier commit of the step says the turn is still running.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, syst
 from stepagent.core.completion import CompletionRunner, RetryPolicy, run_inline_tool, sync_result_id
 from stepagent.core.history import HistoryManager
 from stepagent.core.prepare import Preparer
+from stepagent.core.turn import turn_is_complete
 from stepagent.errors import ToolError, TransientError
 from stepagent.events import (
     AgentEvent,
@@ -164,6 +167,7 @@ class ThreadStep:
 
         owes_completion = await self._redrive_outbox(history)
         if history.info is not None and history.info.closed:
+            history.turn_complete = True
             await self._commit_and_report(history)
             return StepOutcome(self.thread_id)
 
@@ -194,6 +198,7 @@ class ThreadStep:
         if not ready and (owes_completion or (saw_duplicate and self._awaits_model(history))):
             ready = True
         if not ready:
+            history.turn_complete = turn_is_complete(history, self.config.toolset)
             await self._commit_and_report(history)
             return StepOutcome(self.thread_id)
         return await self._complete_commit_dispatch(history, last_ready_id)
@@ -240,6 +245,10 @@ class ThreadStep:
             intent = DispatchIntent(call.id, call.name, call.arguments, call.call_id)
             history.add_intent(intent)
         step_usage = outcome.step_usage or Usage()
+        compaction_due = self._compaction_due(
+            history, outcome.usage, model.context_window, agent.compaction_threshold
+        )
+        history.turn_complete = turn_is_complete(history, self.config.toolset, compaction_due=compaction_due)
         complete = not outcome.cancelled and not self._held and history.pending_tool_call() is None
         history.record_usage(
             UsageRecord(
@@ -294,9 +303,7 @@ class ThreadStep:
         usage before the last summary landed (reference issue #64). Preparing the request takes the
         durable claim (two compactions never overlap); once a lease period has passed without a new
         summary — a compaction child that never finished — the id changes and compaction is tried again."""
-        if not should_compact(usage, window, threshold):
-            return
-        if history.info is not None and history.info.kind == ThreadKind.COMPACTION:
+        if not self._compaction_due(history, usage, window, threshold):
             return
         epoch = int(self.config.clock() // self.config.compaction_lease_seconds)
         covered = str(history.compacted_up_to or 0)
@@ -304,6 +311,13 @@ class ThreadStep:
         request = InputMessage(content=TextContent(text=""), group_id=self.thread_id, synthetic=Compaction())
         await self.config.sender.send(request, request_id)
         self.emit(Info(f"✦ Auto-compaction triggered (context > {threshold:.0%})"))
+
+    def _compaction_due(
+        self, history: HistoryManager, usage: Usage | None, window: int, threshold: float
+    ) -> bool:
+        if not should_compact(usage, window, threshold):
+            return False
+        return history.info is None or history.info.kind != ThreadKind.COMPACTION
 
     async def _commit_and_report(self, history: HistoryManager) -> None:
         if history.info is None and not history.has_pending_rows:

@@ -12,6 +12,8 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+import botocore.session
+
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.queue_resources import ensure_queues_and_bucket
 from stepagent.aws.resources import ensure_tables
@@ -78,6 +80,11 @@ async def create_resources(endpoint_url: str, prefix: str = "stepagent") -> dict
 async def infra_create(endpoint_url: str, prefix: str) -> int:
     """``stepagent infra create``: create the resources and print ``KEY=value`` settings lines."""
     print(f"creating tables, queues and bucket at {endpoint_url} ...", file=sys.stderr)
+    if botocore.session.get_session().get_credentials() is None:
+        raise ConfigurationError(
+            "no AWS credentials found; moto and LocalStack accept any dummy keys: "
+            "export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test"
+        )
     env = await create_resources(endpoint_url, prefix)
     for key, value in env.items():
         print(f"{key}={value}")

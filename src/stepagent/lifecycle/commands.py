@@ -56,9 +56,27 @@ def add_lifecycle_commands(subparsers: Any) -> None:
         "--replace", action="store_true", help="restore over existing threads with the same ids (in place)"
     )
     limits = ImportLimits()
-    importer.add_argument("--max-line-bytes", type=int, default=limits.max_line_bytes, metavar="N")
-    importer.add_argument("--max-rows", type=int, default=limits.max_rows, metavar="N")
-    importer.add_argument("--max-threads", type=int, default=limits.max_threads, metavar="N")
+    importer.add_argument(
+        "--max-line-bytes",
+        type=int,
+        default=limits.max_line_bytes,
+        metavar="N",
+        help=f"refuse a file with a line longer than N bytes (default {limits.max_line_bytes:,})",
+    )
+    importer.add_argument(
+        "--max-rows",
+        type=int,
+        default=limits.max_rows,
+        metavar="N",
+        help=f"refuse a file with more than N history rows (default {limits.max_rows:,})",
+    )
+    importer.add_argument(
+        "--max-threads",
+        type=int,
+        default=limits.max_threads,
+        metavar="N",
+        help=f"refuse a file with more than N threads (default {limits.max_threads:,})",
+    )
 
     rewind = subparsers.add_parser(
         "rewind",

@@ -8,6 +8,9 @@ Guarantees every implementation must give (the contract suite in ``tests/contrac
   subscription and deferral changes and the step's :class:`UsageRecord` all land, or none do.
 - A commit is conditioned on the thread's head ``version``; if another writer committed first it raises
   :class:`~stepagent.errors.ConcurrentWriteError` and changes nothing.
+- The head carries the last commit's :attr:`Commit.turn_complete` (``ThreadInfo.turn_complete``), so a
+  reader can tell a thread whose turn is over from one that is still working, with one strongly
+  consistent read and no access to the queues.
 - Dedup reads touch only the ids asked for (``filter_processed``), never a thread-sized set.
 - Compaction summaries are keyed by the order they cover; rows are never deleted by compaction.
 - History changes other than appends (``tests/contract/test_store_contract_replace.py``): a
@@ -20,7 +23,7 @@ Guarantees every implementation must give (the contract suite in ``tests/contrac
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -48,6 +51,10 @@ class ThreadInfo:
     closed: bool = False
     version: int = 0
     tail: int = 0
+    #: What the thread's last commit said about its turn (:attr:`Commit.turn_complete`); ``None`` when no
+    #: commit has recorded it (a spawned child before its first step, an imported or older thread). A
+    #: liveness flag, not part of the record: equality ignores it.
+    turn_complete: bool | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +124,10 @@ class Commit:
     indexed_calls: Sequence[ToolCall] = ()
     #: The step's model usage, stored under this commit's new head version (never by a replacement flip).
     usage: UsageRecord | None = None
+    #: The step that makes this commit leaves the thread with nothing pending (no open call, no held input,
+    #: no compaction about to start). Recorded on the head (``ThreadInfo.turn_complete``); every commit
+    #: writes it, so a mid-step commit marks the turn as still running. Not a change by itself.
+    turn_complete: bool = False
 
     def is_empty(self) -> bool:
         return not (

@@ -30,6 +30,9 @@ exactly like the in-memory stores (the contract suite runs against both) and add
   writes rows under a fresh generation's keys, then flips the head to that generation in one conditional
   transaction; readers read the head first and follow its ``gen``, so they see exactly the old or the new
   history. Rows of other generations are invisible and removed by ``sweep_generations``.
+- **Turn flag and inbox.** Every commit's head update sets ``turn_complete`` and deletes the ids it
+  processed from the head's ``inbox`` string set, which :meth:`DynamoConversationStore.note_inbound` adds
+  to before another thread's message is sent. Both ride on the one head update: no extra request.
 - **Errors.** AWS failures become :class:`~stepagent.errors.StoreError` (operation and table named); a lost
   version race is :class:`~stepagent.errors.ConcurrentWriteError`.
 
@@ -74,6 +77,8 @@ from stepagent.stores.dynamodb_io import (
 from stepagent.stores.dynamodb_layout import (
     CHILD_PREFIX,
     HEAD_SK,
+    INBOX_ATTRIBUTE,
+    TURN_COMPLETE_ATTRIBUTE,
     USAGE_PREFIX,
     head_generation,
     head_item,
@@ -310,13 +315,24 @@ class DynamoConversationStore:
         except _RowConflict:
             raise ConcurrentWriteError(f"thread {thread_id}: rows past the tail keep changing") from None
 
-    def _head_update(self, info: ThreadInfo, new_tail: int) -> Write:
+    def _head_update(self, info: ThreadInfo, new_tail: int, commit: Commit | None = None) -> Write:
         """Move the head from ``info.version`` to ``info.version + 1`` and ``new_tail``, only if it is still at
-        ``info.version``. At version 0 this creates the root record, keeping one a spawn already made."""
+        ``info.version``. At version 0 this creates the root record, keeping one a spawn already made. A
+        ``commit`` also sets the turn flag and takes the ids it processed out of the ``inbox``."""
         names = {"#v": "version", "#t": "tail"}
         values: Item = {":nv": n_attr(info.version + 1), ":nt": n_attr(new_tail), ":e": n_attr(info.version)}
         expression = "SET #v = :nv, #t = :nt"
         condition = "#v = :e"
+        deletes = ""
+        if commit is not None:
+            names["#tc"] = TURN_COMPLETE_ATTRIBUTE
+            values[":tc"] = {"BOOL": commit.turn_complete}
+            expression += ", #tc = :tc"
+            processed = sorted(set(commit.processed_message_ids))
+            if processed:
+                names["#in"] = INBOX_ATTRIBUTE
+                values[":in"] = {"SS": processed}
+                deletes = " DELETE #in :in"
         if info.version == 0:
             names.update({"#pk": "pk", "#r": "root_id", "#k": "kind", "#c": "closed"})
             values.update(
@@ -329,7 +345,7 @@ class DynamoConversationStore:
         return update(
             self.table,
             item_key(info.thread_id, HEAD_SK),
-            expression,
+            expression + deletes,
             names,
             values,
             ConditionExpression=condition,
@@ -390,7 +406,7 @@ class DynamoConversationStore:
         others = await state_writes(self._io, self.state_table, thread_id, commit, info.version + 1)
         if commit.usage is not None:
             others.append(put(self.table, usage_item(thread_id, commit.usage, info.version + 1)))
-        head = self._head_update(info, info.tail + len(rows))
+        head = self._head_update(info, info.tail + len(rows), commit)
         if fits([head, *rows, *others]):
             await self._transact(thread_id, [head, *rows, *others])
         else:
@@ -404,7 +420,9 @@ class DynamoConversationStore:
             for chunk in transaction_chunks(rows, reserve=1):
                 await self._transact(thread_id, [self._head_check(info), *chunk])
             await self._transact(thread_id, [head, *others])
-        return replace(info, version=info.version + 1, tail=info.tail + len(rows))
+        return replace(
+            info, version=info.version + 1, tail=info.tail + len(rows), turn_complete=commit.turn_complete
+        )
 
     async def _transact(self, thread_id: str, writes: list[Write]) -> None:
         """Run ``writes`` (head action first) as one transaction and classify a cancellation."""
@@ -431,6 +449,51 @@ class DynamoConversationStore:
                 f"{', '.join(reasons)}"
             ) from None
         self._io.count_written(writes)
+
+    # ---- inbound messages (what a client needs to tell an idle thread from one with mail on the way)
+
+    async def note_inbound(self, thread_id: str, message_id: str) -> bool:
+        """Record on ``thread_id``'s head that a message with logical id ``message_id`` is on its way to it;
+        the commit that processes it takes it out again. One transaction, and a no-op (``False``) when the
+        thread has no head or has already processed that id (a re-sent message), so the set only ever
+        holds messages still to come."""
+        writes = [
+            Write(
+                "ConditionCheck",
+                {
+                    "TableName": self.state_table,
+                    "Key": item_key(thread_id, f"P#{message_id}"),
+                    "ConditionExpression": "attribute_not_exists(#pk)",
+                    "ExpressionAttributeNames": {"#pk": "pk"},
+                },
+                0,
+            ),
+            update(
+                self.table,
+                item_key(thread_id, HEAD_SK),
+                "ADD #in :in",
+                {"#in": INBOX_ATTRIBUTE, "#pk": "pk"},
+                {":in": {"SS": [message_id]}},
+                ConditionExpression="attribute_exists(#pk)",
+            ),
+        ]
+        for attempt in range(3):
+            try:
+                await self._io.call(
+                    "TransactWriteItems", self.table, TransactItems=[w.action() for w in writes]
+                )
+            except TransactionCancelled as exc:
+                if "ConditionalCheckFailed" in exc.reasons:
+                    return False
+                if "TransactionConflict" in exc.reasons and attempt < 2:
+                    continue  # the thread's own commit touched the head at the same moment
+                raise StoreError(
+                    f"noting inbound message {message_id} for thread {thread_id} was cancelled: "
+                    f"{', '.join(exc.reasons)}"
+                ) from None
+            self._io.count_written(writes)
+            return True
+        return False  # unreachable: the last attempt returns or raises
 
     # ---- rewind and whole-history replacement (implemented in dynamodb_replace, on this store's I/O)
 

@@ -10,6 +10,9 @@ Item layout (``pk`` = thread id in both tables)::
 
     conversation  HEAD              root_id kind closed version tail [parent_id spawn_order spawn_tool_call_id]
                                     [gen] [pending_gen pending_at]       generation pointer, replacement mark
+                                    [turn_complete] [inbox]              last commit's turn flag; ids of
+                                                                         messages sent here by other threads,
+                                                                         not yet processed (string set)
                   R#{order:012d}    message_id cv (body | blob)          one history row, encoded item JSON
                   R#g{gen}#{order:012d}  (same)                          a row of a replaced history
                   S#{up_to:012d}    (body | blob)                        compaction summary text
@@ -25,8 +28,14 @@ Item layout (``pk`` = thread id in both tables)::
                   D#{message_id}    (body | blob) seq                    DeferredInput JSON
                   CALL#{tool_call_id} (body | blob)                      indexed ToolCall JSON (spawn/subscribe)
                   COMPACTION        claim_id lease_expires               compaction in progress
+                  LIVE              version [text phase tool] [notices notice_seq] expires_at
+                                                                         what a step is doing now, for clients
 
-The state-table items are written by :mod:`~stepagent.stores.dynamodb_state`.
+The state-table items are written by :mod:`~stepagent.stores.dynamodb_state`, except ``LIVE``
+(:mod:`~stepagent.stores.dynamodb_live`). ``inbox`` is added to by
+:meth:`~stepagent.stores.dynamodb.DynamoConversationStore.note_inbound` before a step sends another thread
+a message, and its processed ids are deleted by the commit that records them, so a non-empty ``inbox``
+means a message is on its way to (or waiting in) that thread.
 """
 
 from __future__ import annotations
@@ -37,7 +46,10 @@ from stepagent.stores.dynamodb_io import Item, item_key, n_attr, s_attr
 __all__ = [
     "CHILD_PREFIX",
     "HEAD_SK",
+    "INBOX_ATTRIBUTE",
+    "TURN_COMPLETE_ATTRIBUTE",
     "head_generation",
+    "head_inbox",
     "head_item",
     "info_from_item",
     "row_generation",
@@ -51,6 +63,8 @@ __all__ = [
 HEAD_SK = "HEAD"
 CHILD_PREFIX = "C#"
 USAGE_PREFIX = "U#"
+TURN_COMPLETE_ATTRIBUTE = "turn_complete"
+INBOX_ATTRIBUTE = "inbox"
 
 
 def row_sk(order: int, generation: str = "") -> str:
@@ -71,6 +85,11 @@ def head_generation(head: Item) -> str:
     return str(head["gen"]["S"]) if "gen" in head else ""
 
 
+def head_inbox(head: Item) -> frozenset[str]:
+    """The logical ids of messages other threads sent this thread that it has not processed yet."""
+    return frozenset(str(value) for value in head.get(INBOX_ATTRIBUTE, {}).get("SS", []))
+
+
 def summary_sk(up_to: int) -> str:
     """The sort key of the compaction summary covering orders up to ``up_to``."""
     return f"S#{up_to:012d}"
@@ -86,6 +105,7 @@ def info_from_item(item: Item) -> ThreadInfo:
         return int(item[name]["N"]) if name in item else None
 
     thread_id = str(item["pk"]["S"])
+    turn = item.get(TURN_COMPLETE_ATTRIBUTE, {}).get("BOOL")
     return ThreadInfo(
         thread_id=thread_id,
         root_id=text("root_id") or thread_id,
@@ -96,6 +116,7 @@ def info_from_item(item: Item) -> ThreadInfo:
         closed=bool(item.get("closed", {}).get("BOOL", False)),
         version=number("version") or 0,
         tail=number("tail") or 0,
+        turn_complete=bool(turn) if turn is not None else None,
     )
 
 
@@ -115,6 +136,8 @@ def head_item(info: ThreadInfo) -> Item:
         item["spawn_order"] = n_attr(info.spawn_order)
     if info.spawn_tool_call_id is not None:
         item["spawn_tool_call_id"] = s_attr(info.spawn_tool_call_id)
+    if info.turn_complete is not None:
+        item[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": info.turn_complete}
     return item
 
 

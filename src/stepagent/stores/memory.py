@@ -188,7 +188,12 @@ class InMemoryConversationStore:
         del log[info.tail :]  # rows past the tail are invisible leftovers; a commit overwrites them
         log.extend(encoded)
         backend.apply_state(thread_id, commit)
-        new = replace(info, version=info.version + 1, tail=info.tail + len(encoded))
+        new = replace(
+            info,
+            version=info.version + 1,
+            tail=info.tail + len(encoded),
+            turn_complete=commit.turn_complete,
+        )
         if commit.usage is not None:
             backend.usage.setdefault(thread_id, []).append(replace(commit.usage, version=new.version))
         backend.threads[thread_id] = new

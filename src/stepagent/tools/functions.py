@@ -247,7 +247,8 @@ def _describe(value: Any) -> str:
         return f"the Tool class {value.__name__} (list an instance: {value.__name__}())"
     if inspect.isfunction(value) or inspect.ismethod(value):
         return f"the plain function {value.__name__!r} (decorate it with @tool)"
-    return f"a {type(value).__name__}"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,0 +1,149 @@
+"""The dead-letter queues, for people: list what failed and why, show one message, redrive after a fix.
+
+Guarantees:
+
+- The DLQs are found from their source queues' ``RedrivePolicy`` (the input queue and the tool queue), so
+  the same settings (or ``--stack``) as every other command are enough, on moto, LocalStack or AWS.
+- Listing does not consume: messages are received with a short visibility timeout and made visible again
+  at once. SQS lets a reader see at most ``limit`` messages of a FIFO DLQ per message group in one pass.
+- Redrive sends each message back to its source queue unchanged (the same body and, on the FIFO input
+  queue, the same message group, so its thread's order is kept) and deletes it from the DLQ only after the
+  send succeeded: a crash in between leaves a duplicate in the source queue, which the worker's dedup by
+  logical id (or the tool call id) absorbs, never a loss. The FIFO dedup id is the original one with a
+  ``:redrive`` suffix, so SQS's five-minute dedup window cannot swallow a quick redrive.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stepagent.errors import ConfigurationError
+
+QUEUES = ("input", "tool")
+_LIST_HOLD_SECONDS = 30
+_MAX_DEDUP_ID = 128
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One dead-lettered message."""
+
+    queue: str  # "input" or "tool"
+    message_id: str
+    thread_id: str | None
+    reason: str | None
+    receive_count: int
+    body: str
+    group_id: str | None
+    dedup_id: str | None
+    receipt_handle: str
+
+    def summary(self) -> dict[str, Any]:
+        """What ``dlq list --json`` shows (no receipt handle, the body shortened)."""
+        return {
+            "queue": self.queue,
+            "message_id": self.message_id,
+            "thread_id": self.thread_id,
+            "reason": self.reason,
+            "receive_count": self.receive_count,
+            "body": self.body if len(self.body) <= 200 else self.body[:200] + "…",
+        }
+
+
+async def dead_letter_queue(sqs: Any, source_url: str) -> str:
+    """The URL of ``source_url``'s DLQ (its redrive target, in the same account and region)."""
+    found = await sqs.get_queue_attributes(QueueUrl=source_url, AttributeNames=["RedrivePolicy"])
+    policy = found.get("Attributes", {}).get("RedrivePolicy")
+    if not policy:
+        raise ConfigurationError(f"the queue {source_url} has no dead-letter queue (no RedrivePolicy)")
+    arn = str(json.loads(policy)["deadLetterTargetArn"])
+    return source_url.rsplit("/", 1)[0] + "/" + arn.rsplit(":", 1)[1]
+
+
+def _thread_of(queue: str, body: str, group_id: str | None) -> str | None:
+    if group_id:
+        return group_id
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data.get("thread_id") if isinstance(data, dict) and queue == "tool" else None
+
+
+def _letter(queue: str, message: dict[str, Any]) -> DeadLetter:
+    attributes = message.get("Attributes", {})
+    custom = message.get("MessageAttributes", {})
+    reason = custom.get("stepagent_error", {}).get("StringValue")
+    group = attributes.get("MessageGroupId")
+    body = str(message["Body"])
+    return DeadLetter(
+        queue=queue,
+        message_id=str(message["MessageId"]),
+        thread_id=_thread_of(queue, body, group),
+        reason=reason,
+        receive_count=int(attributes.get("ApproximateReceiveCount", 0)),
+        body=body,
+        group_id=group,
+        dedup_id=attributes.get("MessageDeduplicationId"),
+        receipt_handle=str(message["ReceiptHandle"]),
+    )
+
+
+async def _receive(sqs: Any, dlq_url: str, queue: str, limit: int) -> list[DeadLetter]:
+    letters: dict[str, DeadLetter] = {}
+    while len(letters) < limit:
+        found = await sqs.receive_message(
+            QueueUrl=dlq_url,
+            MaxNumberOfMessages=min(10, limit - len(letters)),
+            VisibilityTimeout=_LIST_HOLD_SECONDS,
+            MessageSystemAttributeNames=["All"],
+            MessageAttributeNames=["All"],
+            WaitTimeSeconds=0,
+        )
+        messages = found.get("Messages", [])
+        fresh = [m for m in messages if m["MessageId"] not in letters]
+        if not fresh:
+            break
+        for message in fresh:
+            letters[message["MessageId"]] = _letter(queue, message)
+    return list(letters.values())
+
+
+async def _release(sqs: Any, dlq_url: str, letters: Sequence[DeadLetter]) -> None:
+    for letter in letters:
+        await sqs.change_message_visibility(
+            QueueUrl=dlq_url, ReceiptHandle=letter.receipt_handle, VisibilityTimeout=0
+        )
+
+
+async def list_dead_letters(sqs: Any, dlq_url: str, queue: str, limit: int = 100) -> list[DeadLetter]:
+    """Up to ``limit`` messages of the DLQ, left in it."""
+    letters = await _receive(sqs, dlq_url, queue, limit)
+    await _release(sqs, dlq_url, letters)
+    return letters
+
+
+async def redrive(
+    sqs: Any, dlq_url: str, source_url: str, queue: str, *, message_ids: Sequence[str] = (), limit: int = 1000
+) -> list[DeadLetter]:
+    """Send the chosen messages (all when ``message_ids`` is empty) back to ``source_url``; returns them.
+    An id that is not in the DLQ is a :class:`ConfigurationError` naming it (nothing is moved)."""
+    letters = await _receive(sqs, dlq_url, queue, limit)
+    chosen = [letter for letter in letters if not message_ids or letter.message_id in message_ids]
+    missing = set(message_ids) - {letter.message_id for letter in chosen}
+    if missing:
+        await _release(sqs, dlq_url, letters)
+        raise ConfigurationError(f"not in the {queue} DLQ: {', '.join(sorted(missing))}")
+    await _release(sqs, dlq_url, [letter for letter in letters if letter not in chosen])
+    for letter in chosen:
+        send: dict[str, Any] = {"QueueUrl": source_url, "MessageBody": letter.body}
+        if letter.group_id is not None:
+            send["MessageGroupId"] = letter.group_id
+            base = letter.dedup_id or letter.message_id
+            send["MessageDeduplicationId"] = (base + ":redrive")[-_MAX_DEDUP_ID:]
+        await sqs.send_message(**send)
+        await sqs.delete_message(QueueUrl=dlq_url, ReceiptHandle=letter.receipt_handle)
+    return chosen

@@ -1,0 +1,38 @@
+"""``stepagent.client``: talk to a stepagent deployment from Python — send messages, follow the replies,
+answer a tool's questions — without reading the shared output queue.
+
+```python
+from stepagent.client import Client
+
+async with Client(stack="stepagent") as client:      # or Client(settings), or Client() for the environment
+    message_id = await client.send("conv-1", "What is the weather in Paris?")
+    async for item in client.replies("conv-1", partial=True):
+        print(item["kind"], item.get("text"))
+```
+
+:class:`SyncClient` has the same methods without ``await`` (``with SyncClient(stack=...) as client``).
+
+Guarantees:
+
+- **Any deployment.** Built from a CloudFormation stack's outputs (``stack=``, through
+  :func:`stepagent.aws.stack_outputs.stack_environment`), from explicit :class:`~stepagent.aws.settings.Settings`,
+  or from the ``STEPAGENT_*`` settings and ``AWS_ENDPOINT_URL`` (moto, LocalStack) of the environment.
+  It needs the conversation and state tables and the input queue (and the blob bucket for big payloads).
+- **Reads the stores, not the output queue.** Replies are committed rows read with strongly consistent
+  reads after the last order seen, per thread of the tree (children through the store's child index), so
+  any number of clients can follow any conversation without taking events from each other.
+- **Knows when the turn is over.** :meth:`Client.replies` ends, and :meth:`Client.wait` returns, when the
+  thread tree is idle: the messages sent are processed, no thread has an open call, held input, compaction
+  or a message from another thread on its way (see :mod:`stepagent.client.watch` for the exact rule).
+- **Live, never mistaken for committed.** With ``partial=True`` the replies include ``partial`` items: the
+  text a completion has streamed so far (written by the worker at most once a second, unless
+  ``STEPAGENT_LIVE_TEXT=off``), shown only until the commit that makes it history.
+- **Questions and links.** A tool's pending user choice is a ``choice`` item, answered with
+  :meth:`Client.answer_choice`; OAuth links (``oauth``) and errors (``error``) are items too.
+"""
+
+from stepagent.client.api import Client, ClientError, Item
+from stepagent.client.sync import SyncClient
+from stepagent.client.watch import Cursor
+
+__all__ = ["Client", "ClientError", "Cursor", "Item", "SyncClient"]

@@ -1,0 +1,120 @@
+"""The synchronous client: :class:`SyncClient`, the same methods as :class:`~stepagent.client.Client`
+for code without an event loop. It runs one private event loop in a daemon thread (aioboto3 clients
+belong to the loop that opened them); every call blocks until its result is ready, and ``replies`` is a
+plain iterator."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from stepagent.aws.settings import Settings
+from stepagent.client.api import Client, Item
+
+T = TypeVar("T")
+
+
+class SyncClient:
+    """``with SyncClient(stack="name") as client: client.send(...)`` — see :class:`Client` for arguments."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        stack: str | None = None,
+        environ: Mapping[str, str] | None = None,
+        poll_interval: float = 0.25,
+    ) -> None:
+        self._client = Client(settings, stack=stack, environ=environ, poll_interval=poll_interval)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="stepagent-client", daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    @classmethod
+    def from_stack(cls, name: str, **options: Any) -> SyncClient:
+        return cls(stack=name, **options)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> SyncClient:
+        return cls(environ=environ, **options)
+
+    def _run(self, awaitable: Awaitable[T]) -> T:
+        if self._closed:
+            raise RuntimeError("this SyncClient is closed")
+
+        async def run() -> T:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
+
+    def open(self) -> SyncClient:
+        self._run(self._client.open())
+        return self
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._run(self._client.close())
+        finally:
+            self._closed = True
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
+
+    def __enter__(self) -> SyncClient:
+        return self.open()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def client(self) -> Client:
+        """The asynchronous client underneath (for its settings and metrics)."""
+        return self._client
+
+    def send(self, thread: str, text: str, metadata: Any = None) -> str:
+        return self._run(self._client.send(thread, text, metadata))
+
+    def cursor(self, thread: str) -> dict[str, int]:
+        return self._run(self._client.cursor(thread))
+
+    def replies(
+        self,
+        thread: str,
+        after: Mapping[str, int] | None = None,
+        *,
+        partial: bool = False,
+        follow: bool = False,
+        timeout: float | None = None,
+    ) -> Iterator[Item]:
+        items = self._client.replies(thread, after, partial=partial, follow=follow, timeout=timeout)
+        try:
+            while True:
+                try:
+                    yield self._run(items.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            if not self._closed:
+                self._run(items.aclose())  # type: ignore[attr-defined]
+
+    def wait(self, thread: str, message_id: str, timeout: float = 300.0) -> None:
+        self._run(self._client.wait(thread, message_id, timeout))
+
+    def idle(self, thread: str) -> bool:
+        return self._run(self._client.idle(thread))
+
+    def history(self, thread: str) -> list[Item]:
+        return self._run(self._client.history(thread))
+
+    def pending_choices(self, thread: str) -> list[Item]:
+        return self._run(self._client.pending_choices(thread))
+
+    def answer_choice(
+        self, thread: str, choice_id: str | None = None, selected: int | str | None = None
+    ) -> int:
+        return self._run(self._client.answer_choice(thread, choice_id, selected))

@@ -1,0 +1,492 @@
+"""The chat at a terminal, on top of :class:`~stepagent.client.Client`: ``stepagent chat`` and ``tail``
+against a deployment, and ``stepagent run`` on its local stack — one code path for all three.
+
+What a person gets:
+
+- **Committed output as lines**: ``>`` model text, ``⚙`` a tool call, ``←`` its result, ``✉`` a report or
+  event, ``?`` a question, ``🔑`` a link to open, ``!`` an error; a child thread's lines start with
+  ``[child <id>]``.
+- **A clean prompt while the agent works** (at a terminal): input is read concurrently, character by
+  character, on the prompt line, which stays the last line; output lines and the status line above it are
+  redrawn around what you are typing. Typing a message while the agent works sends it at once (it
+  interrupts a pending tool call, as the runtime does).
+- **Progress**: a status line with a spinner and what is happening — the model thinking, the text it is
+  writing (the live partial text), the tool that is running, a question waiting for you.
+- **Questions answered here**: when a tool asks you to choose, the next line you type is the answer (the
+  number or the text of a choice; an empty line takes the default) and is delivered to the tool.
+
+Without a terminal (pipes, ``--say``) the same lines are printed with no prompt, status or escapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from stepagent.client.api import Client, ClientError, Item
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+PROMPT = "you > "
+_CLEAR_LINE = "\r\x1b[K"
+_UP = "\x1b[1A"
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def item_line(item: Item, root: str) -> str | None:
+    """The line printed for a reply item (``None``: nothing to print)."""
+    thread = str(item.get("thread_id", ""))
+    who = "agent" if thread == root else f"[child {thread[:8]}]"
+    kind = item.get("kind")
+    text = str(item.get("text", ""))
+    if kind == "assistant":
+        return f"{who} > {text}"
+    if kind == "user":
+        return f"{who} · user: {text}" if thread != root else f"user > {text}"
+    if kind == "tool_call":
+        args = json.dumps(item.get("args") or {}, ensure_ascii=False)
+        return f"{who} ⚙ {item.get('name')}({'' if args == '{}' else args})"
+    if kind == "tool_result":
+        return f"{who} ← {_clip(text)}"
+    if kind == "event":
+        return f"{who} ✉ {_clip(text)}"
+    if kind == "error":
+        return f"{who} ! {text}" + (" (retrying)" if item.get("retrying") else "")
+    if kind == "oauth":
+        return f"{who} 🔑 authorise at {item.get('auth_url')}"
+    if kind == "choice":
+        choices = ", ".join(f"{i}: {c}" for i, c in enumerate(item.get("choices", [])))
+        return f"{who} ? {item.get('prompt')} [{choices}]"
+    return None  # reasoning, summaries, partial text and idle markers are not lines
+
+
+@dataclass
+class Screen:
+    """The terminal: lines above, a transient status line, the prompt line (interactive only)."""
+
+    out: TextIO
+    interactive: bool
+    prompt_shown: bool = False
+    buffer: str = ""
+    status: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _width(self) -> int:
+        return max(20, shutil.get_terminal_size((100, 24)).columns - 1)
+
+    def _erase(self) -> str:
+        if not self.interactive:
+            return ""
+        text = _CLEAR_LINE if self.prompt_shown else ""
+        if self.status is not None:
+            text += (_UP + _CLEAR_LINE) if self.prompt_shown else _CLEAR_LINE
+        return text
+
+    def _draw(self) -> str:
+        if not self.interactive:
+            return ""
+        text = ""
+        if self.status is not None:
+            text += self.status[: self._width()] + ("\n" if self.prompt_shown else "")
+        if self.prompt_shown:
+            text += PROMPT + self.buffer
+        return text
+
+    def _write(self, text: str) -> None:
+        self.out.write(text)
+        self.out.flush()
+
+    def line(self, text: str) -> None:
+        """Print a line above the status and prompt."""
+        with self.lock:
+            self._write(self._erase() + text + "\n" + self._draw())
+
+    def set_status(self, status: str | None) -> None:
+        if not self.interactive or status == self.status:
+            return
+        with self.lock:
+            erase = self._erase()
+            self.status = status
+            self._write(erase + self._draw())
+
+    def show_prompt(self, shown: bool) -> None:
+        if not self.interactive or shown == self.prompt_shown:
+            return
+        with self.lock:
+            erase = self._erase()
+            self.prompt_shown = shown
+            self._write(erase + self._draw())
+
+    def typed(self, buffer: str) -> None:
+        with self.lock:
+            erase = self._erase()
+            self.buffer = buffer
+            self._write(erase + self._draw())
+
+    def close(self) -> None:
+        with self.lock:
+            self._write(self._erase())
+            self.status, self.prompt_shown = None, False
+
+
+# ---- input ---------------------------------------------------------------------------------------------
+
+
+class LineInput:
+    """Lines from stdin as an async iterator: at a terminal, read key by key on our prompt line (cbreak
+    mode, restored on exit); otherwise whole lines from a daemon thread. ``None`` ends the input."""
+
+    def __init__(self, screen: Screen, stdin: TextIO = sys.stdin) -> None:
+        self.screen = screen
+        self.stdin = stdin
+        self.lines: asyncio.Queue[str | None] = asyncio.Queue()
+        self._restore: Callable[[], None] | None = None
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.screen.interactive and self.stdin.isatty():
+            self._start_keys(loop)
+        else:
+            threading.Thread(
+                target=self._read_lines, args=(loop,), name="stepagent-input", daemon=True
+            ).start()
+
+    def _read_lines(self, loop: asyncio.AbstractEventLoop) -> None:
+        for raw in self.stdin:
+            loop.call_soon_threadsafe(self.lines.put_nowait, raw.rstrip("\n"))
+        loop.call_soon_threadsafe(self.lines.put_nowait, None)
+
+    def _start_keys(self, loop: asyncio.AbstractEventLoop) -> None:
+        import termios
+        import tty
+
+        fd = self.stdin.fileno()
+        saved = termios.tcgetattr(fd)
+        tty.setcbreak(fd)  # no echo, no line buffering; Ctrl-C still interrupts
+        decoder = _Utf8()
+
+        def restore() -> None:
+            loop.remove_reader(fd)
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+        self._restore = restore
+        self.screen.show_prompt(True)
+
+        def on_key() -> None:
+            data = os.read(fd, 1024)
+            if not data:
+                self.lines.put_nowait(None)
+                return
+            for char in decoder.feed(data):
+                self._key(char)
+
+        loop.add_reader(fd, on_key)
+
+    def _key(self, char: str) -> None:
+        screen = self.screen
+        if char in ("\r", "\n"):
+            line, screen.buffer = screen.buffer, ""
+            screen.typed("")
+            self.lines.put_nowait(line)
+        elif char in ("\x7f", "\b"):
+            screen.typed(screen.buffer[:-1])
+        elif char == "\x15":  # Ctrl-U
+            screen.typed("")
+        elif char == "\x04":  # Ctrl-D
+            if not screen.buffer:
+                self.lines.put_nowait(None)
+        elif char == "\x1b" or not char.isprintable():
+            return  # arrows and other escapes: not supported, ignored
+        else:
+            screen.typed(screen.buffer + char)
+
+    def stop(self) -> None:
+        if self._restore is not None:
+            self._restore()
+            self._restore = None
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        while (line := await self.lines.get()) is not None:
+            yield line
+
+
+class _Utf8:
+    """Incremental UTF-8 decoding of key bytes."""
+
+    def __init__(self) -> None:
+        import codecs
+
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, data: bytes) -> str:
+        return self._decoder.decode(data)
+
+
+# ---- the chat -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Activity:
+    """What the tree is doing, from the items seen: for the status line."""
+
+    root: str
+    busy: bool = False
+    running: dict[str, tuple[str, str]] = field(default_factory=dict)  # call id -> (thread, tool)
+    partial: dict[str, Item] = field(default_factory=dict)  # thread -> its partial item
+    choice: Item | None = None
+    tick: int = 0
+
+    def see(self, item: Item) -> None:
+        kind = item.get("kind")
+        thread = str(item.get("thread_id"))
+        if kind == "idle":
+            self.busy = False
+            self.running.clear()
+            self.partial.clear()
+            return
+        self.busy = True
+        if kind == "partial":
+            if item.get("phase"):
+                self.partial[thread] = item
+            else:
+                self.partial.pop(thread, None)
+            return
+        if "order" in item:
+            self.partial.pop(thread, None)  # committed rows replace the partial text
+        if kind == "tool_call":
+            self.running[str(item.get("tool_call_id"))] = (thread, str(item.get("name")))
+        elif kind in ("tool_result", "event"):
+            self.running.pop(str(item.get("tool_call_id")), None)
+            if self.choice is not None and self.choice.get("choice_id") == item.get("tool_call_id"):
+                self.choice = None  # answered (here or elsewhere) or interrupted
+        elif kind == "choice":
+            self.choice = item
+
+    def status(self, width: int) -> str | None:
+        if self.choice is not None:
+            return "? waiting for your answer (a number or a choice; empty line: the default)"
+        if not self.busy:
+            return None
+        self.tick += 1
+        spin = SPINNER[self.tick % len(SPINNER)]
+        for thread, item in self.partial.items():
+            who = "agent" if thread == self.root else f"[child {thread[:8]}]"
+            phase = item.get("phase")
+            if phase == "writing":
+                room = max(10, width - len(who) - 16)
+                text = " ".join(str(item.get("text", "")).split())
+                return f"{spin} {who} is writing: " + (text if len(text) <= room else "…" + text[-room:])
+            if phase == "calling" and item.get("tool"):
+                return f"{spin} {who} is calling {item.get('tool')}"
+            return f"{spin} {who} is {phase}"
+        if self.running:
+            thread, name = next(reversed(self.running.values()))
+            who = "agent" if thread == self.root else f"[child {thread[:8]}]"
+            return f"{spin} {who}: running {name}"
+        return f"{spin} working"
+
+
+@dataclass
+class Chat:
+    """One conversation at the terminal."""
+
+    client: Client
+    thread: str
+    screen: Screen
+    activity: Activity
+    errors: int = 0
+    quiet: asyncio.Event = field(default_factory=asyncio.Event)
+    _sent: list[str] = field(default_factory=list)
+
+    def show(self, item: Item) -> None:
+        self.activity.see(item)
+        kind = item.get("kind")
+        if kind == "idle":
+            self.quiet.set()
+        else:
+            self.quiet.clear()
+        if kind == "user" and item.get("thread_id") == self.thread and item.get("text") in self._sent:
+            self._sent.remove(str(item.get("text")))
+            return  # our own message, already on screen
+        if kind == "error":
+            self.errors += 1
+        line = item_line(item, self.thread)
+        if line is not None:
+            self.screen.line(line)
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.screen.set_status(self.activity.status(self.screen._width()))
+
+    async def send(self, text: str, *, echo: bool) -> str:
+        if echo:
+            self.screen.line(f"{PROMPT}{text}")
+        self._sent.append(text)
+        self.activity.busy = True
+        self.quiet.clear()
+        self.refresh()
+        return await self.client.send(self.thread, text)
+
+    async def answer(self, text: str) -> None:
+        choice = self.activity.choice
+        assert choice is not None
+        try:
+            index = await self.client.answer_choice(
+                str(choice["thread_id"]), str(choice["choice_id"]), text.strip() or None
+            )
+        except ClientError as error:
+            self.screen.line(f"! {error} (to send it as a message instead, start the line with >)")
+            return
+        self.activity.choice = None
+        self.screen.line(f"{PROMPT}{text.strip() or '(default)'} → {choice['choices'][index]}")
+        self.refresh()
+
+    async def ticker(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            if self.activity.busy or self.activity.choice is not None:
+                self.refresh()
+
+
+async def chat(
+    client: Client,
+    thread: str,
+    *,
+    say: Sequence[str] = (),
+    timeout: float = 120.0,  # noqa: ASYNC109 - how long --say waits for each answer
+    out: TextIO | None = None,
+    stdin: TextIO | None = None,
+    interactive: bool | None = None,
+) -> int:
+    """Chat on ``thread``. With ``say``: send each text, print the replies until the tree is idle, exit
+    (1 if it was still busy after ``timeout`` seconds or an error was shown). Otherwise read lines until
+    end of input. Returns the exit status."""
+    out = out if out is not None else sys.stdout
+    stdin = stdin if stdin is not None else sys.stdin
+    if interactive is None:
+        interactive = not say and stdin.isatty() and out.isatty()
+    screen = Screen(out, interactive)
+    session = Chat(client, thread, screen, Activity(thread))
+    if say:
+        return await _say(session, say, timeout)
+    return await _interactive(session, stdin)
+
+
+async def _say(session: Chat, say: Sequence[str], limit: float) -> int:
+    for text in say:
+        if not text.strip():
+            continue
+        await session.send(text, echo=True)
+        try:
+            async for item in session.client.replies(session.thread, timeout=limit):
+                session.show(item)
+                if item.get("kind") == "choice":
+                    session.screen.line(
+                        "  (stepagent cannot answer with --say; answer in `stepagent chat "
+                        f"{session.thread}`, or it times out)"
+                    )
+        except TimeoutError as error:
+            print(f"stepagent: {error}", file=sys.stderr)
+            return 1
+    return 1 if session.errors else 0
+
+
+async def _interactive(session: Chat, stdin: TextIO) -> int:
+    screen = session.screen
+    reader = LineInput(screen, stdin)
+
+    async def follow() -> None:
+        async for item in session.client.replies(session.thread, partial=screen.interactive, follow=True):
+            session.show(item)
+
+    await session.client.cursor(session.thread)  # what happens from here on is shown
+    tasks = [asyncio.create_task(follow()), asyncio.create_task(session.ticker())]
+    reader.start()
+    try:
+        async for line in reader:
+            if session.activity.choice is not None and not line.startswith(">"):
+                await session.answer(line)
+            elif line.strip().lstrip(">").strip():
+                await session.send(
+                    line.strip().lstrip(">").strip() if line.startswith(">") else line, echo=True
+                )
+            for task in tasks:
+                if task.done():
+                    task.result()  # the follower failed: raise its error
+        if not screen.interactive:
+            await _until_quiet(session, limit=600.0)  # piped input: let the last message be answered
+    finally:
+        reader.stop()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        screen.close()
+    if screen.interactive:
+        screen.out.write("\n")
+    return 1 if session.errors else 0
+
+
+async def _until_quiet(session: Chat, *, limit: float) -> None:
+    if session.activity.busy and session.activity.choice is None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(session.quiet.wait(), limit)
+
+
+async def tail(
+    client: Client,
+    thread: str,
+    *,
+    history: bool = False,
+    until_idle: bool = False,
+    timeout: float | None = None,  # noqa: ASYNC109 - with until_idle: how long to wait for it
+    out: TextIO | None = None,
+) -> int:
+    """Print a thread tree's new items as they are committed (``history``: its transcript first), until
+    interrupted, or (``until_idle``) until the tree is idle."""
+    out = out if out is not None else sys.stdout
+    screen = Screen(out, interactive=out.isatty())
+    session = Chat(client, thread, screen, Activity(thread))
+    after: dict[str, int] | None = None
+    if not history:
+        await client.cursor(thread)  # from now on (before saying so: nothing is missed in between)
+    else:
+        items = await client.history(thread)
+        for item in items:
+            session.show(item)
+        after = {}
+        for item in items:
+            if item.get("kind") != "summary":
+                after[str(item["thread_id"])] = int(item["order"])
+    ticker = asyncio.create_task(session.ticker()) if screen.interactive else None
+    print(
+        f"following thread {thread} and its children"
+        + (" until it is idle" if until_idle else " (Ctrl-C to stop)"),
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        async for item in client.replies(
+            thread, after, partial=screen.interactive, follow=not until_idle, timeout=timeout
+        ):
+            session.show(item)
+    except TimeoutError as error:
+        print(f"stepagent: {error}", file=sys.stderr)
+        return 1
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+        screen.close()
+    return 0

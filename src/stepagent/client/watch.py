@@ -1,0 +1,293 @@
+"""Following a thread tree in the stores: new items, live progress, and when the tree is idle.
+
+Everything is read from the conversation and state tables with strongly consistent reads; nothing is
+consumed from the shared output queue. One poll is one ``BatchGetItem`` (the ``HEAD`` of every open
+thread of the tree and its ``LIVE`` item); rows, children and pending choices are read only for a thread
+whose head version moved.
+
+**Idle**, the end of :meth:`TreeWatch.replies`: every message the client is waiting for has been
+processed, and every thread of the tree is settled —
+
+- an open thread: its last commit said the turn is complete (``turn_complete``: no open call, no held
+  input, no compaction about to start; a thread with rows but no flag, e.g. imported, counts as complete;
+  a child that has not processed its seed does not) and its ``inbox`` is empty (no message from another
+  thread on its way or waiting);
+- a closed thread: no dispatch of its still in progress (its last call may be sending its parent a report);
+
+— seen the same in two consecutive polls (same head versions), so a change that lands between the reads of
+one poll cannot make a busy tree look idle. A non-retrying ``error`` notice that names an awaited
+message id (it was rejected, or given up on) ends the wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepagent.history_items import ToolCallItem, ToolResultItem
+from stepagent.stores.base import ThreadInfo
+from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
+from stepagent.stores.dynamodb_io import DynamoIo, Item, item_key
+from stepagent.stores.dynamodb_layout import HEAD_SK, head_inbox, info_from_item
+from stepagent.stores.dynamodb_live import LIVE_SK, LiveState, decode_live
+from stepagent.transcript import describe
+
+Cursor = dict[str, int]
+_BATCH_THREADS = 50  # two keys per thread, BatchGetItem takes 100
+
+
+@dataclass(slots=True)
+class ThreadView:
+    """What a watch knows of one thread."""
+
+    info: ThreadInfo | None = None
+    inbox: frozenset[str] = frozenset()
+    live: LiveState = field(default_factory=LiveState)
+    listed_at: int = -1  # the head version at which rows, children and choices were last read
+    closed_settled: bool = False
+    notice_seq: int | None = None  # notices already reported (None: set from the first read)
+    partial: tuple[Any, ...] | None = None  # the last partial reported
+    choices: set[str] = field(default_factory=set)
+    pending_calls: dict[str, str] = field(default_factory=dict)  # unanswered tool call id -> tool name
+
+    @property
+    def settled(self) -> bool:
+        info = self.info
+        if info is None:
+            return True  # never created (nothing was sent to it)
+        if info.closed:
+            return self.closed_settled
+        if self.inbox or self.listed_at != info.version:
+            return False
+        if info.turn_complete is None:
+            return info.tail > 0  # imported or older data: nothing says it is working
+        return info.turn_complete
+
+
+class StoreReader:
+    """The reads a watch makes, on one pair of DynamoDB stores."""
+
+    def __init__(self, conversation: DynamoConversationStore, state: DynamoStateStore, io: DynamoIo) -> None:
+        self.conversation = conversation
+        self.state = state
+        self.io = io
+        self.conversation_table = conversation.table
+        self.state_table = state.table
+
+    async def heads_and_live(self, thread_ids: Iterable[str]) -> dict[str, tuple[Item | None, Item | None]]:
+        """``{thread: (HEAD item, LIVE item)}``: one consistent ``BatchGetItem`` per 50 threads."""
+        ids = list(dict.fromkeys(thread_ids))
+        found: dict[str, tuple[Item | None, Item | None]] = {t: (None, None) for t in ids}
+        for start in range(0, len(ids), _BATCH_THREADS):
+            chunk = ids[start : start + _BATCH_THREADS]
+            request: Item = {
+                self.conversation_table: {
+                    "Keys": [item_key(t, HEAD_SK) for t in chunk],
+                    "ConsistentRead": True,
+                },
+                self.state_table: {"Keys": [item_key(t, LIVE_SK) for t in chunk], "ConsistentRead": True},
+            }
+            for attempt in range(8):
+                response = await self.io.call("BatchGetItem", self.conversation_table, RequestItems=request)
+                for table, items in response.get("Responses", {}).items():
+                    for item in items:
+                        thread = str(item["pk"]["S"])
+                        head, live = found[thread]
+                        if table == self.conversation_table:
+                            found[thread] = (item, live)
+                        else:
+                            found[thread] = (head, item)
+                request = response.get("UnprocessedKeys") or {}
+                if not request:
+                    break
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+        return found
+
+
+class TreeWatch:
+    """Polls one thread tree: yields its new items and ends when it is idle (see the module docstring)."""
+
+    def __init__(
+        self,
+        reader: StoreReader,
+        root: str,
+        cursor: Cursor,
+        *,
+        awaited: set[str] | None = None,
+        partial: bool = False,
+        notice_seq: dict[str, int] | None = None,
+    ) -> None:
+        self.reader = reader
+        self.root = root
+        #: Per thread, the last order reported; threads not in it are reported from their first row.
+        self.cursor = cursor
+        self.awaited = awaited if awaited is not None else set()
+        self.partial = partial
+        self.threads: dict[str, ThreadView] = {root: ThreadView()}
+        for thread, seq in (notice_seq or {}).items():
+            self.threads.setdefault(thread, ThreadView()).notice_seq = seq
+        self._last_signature: tuple[Any, ...] | None = None
+        self._awaited_checked_at: int | None = None
+
+    # ---- one poll ---------------------------------------------------------------------------------------
+
+    async def poll(self) -> tuple[list[dict[str, Any]], bool]:
+        """One round of reads: the new items, and whether the tree is idle (twice in a row)."""
+        out: list[dict[str, Any]] = []
+        watched = [t for t, view in self.threads.items() if not view.closed_settled]
+        read = await self.reader.heads_and_live(watched)
+        for thread in watched:
+            head, live_item = read[thread]
+            view = self.threads[thread]
+            view.info = info_from_item(head) if head else None
+            view.inbox = head_inbox(head) if head else frozenset()
+            view.live = decode_live(live_item)
+        for thread in watched:
+            view = self.threads[thread]
+            if view.info is not None and view.listed_at != view.info.version:
+                out.extend(await self._catch_up(thread, view))
+            out.extend(self._notices(thread, view))
+            if self.partial:
+                out.extend(self._partial(thread, view))
+            if view.info is not None and view.info.closed and not view.closed_settled:
+                view.closed_settled = not await self.reader.state.open_intents(thread)
+        root = self.threads[self.root].info
+        root_version = root.version if root is not None else 0
+        if self.awaited and root_version != self._awaited_checked_at:
+            # Processed markers land with a commit, which moves the head: no need to look before that.
+            done = await self.reader.state.filter_processed(self.root, sorted(self.awaited))
+            self.awaited -= done
+            self._awaited_checked_at = root_version
+        idle = not self.awaited and all(view.settled for view in self.threads.values())
+        signature = tuple(
+            (t, v.info.version if v.info else 0, v.info.closed if v.info else False)
+            for t, v in sorted(self.threads.items())
+        )
+        confirmed = idle and signature == self._last_signature
+        self._last_signature = signature if idle else None
+        return out, confirmed
+
+    @property
+    def looks_idle(self) -> bool:
+        """Whether the last poll saw the tree idle (the next one confirms it)."""
+        return self._last_signature is not None
+
+    async def _catch_up(self, thread: str, view: ThreadView) -> list[dict[str, Any]]:
+        """New rows, new children and pending choices of a thread whose head moved."""
+        assert view.info is not None
+        version = view.info.version
+        out: list[dict[str, Any]] = []
+        after = self.cursor.get(thread, 0)
+        if view.info.tail > after:
+            async for row in self.reader.conversation.load_rows(thread, after=after):
+                item = describe(thread, row.order, row.item)
+                if isinstance(row.item, ToolCallItem):
+                    view.pending_calls[row.item.call.id] = row.item.call.name
+                elif isinstance(row.item, ToolResultItem):
+                    view.pending_calls.pop(row.item.result.id, None)
+                out.append(item)
+                self.cursor[thread] = row.order
+        for child in await self.reader.conversation.children(thread):
+            if child.thread_id not in self.threads:
+                self.threads[child.thread_id] = ThreadView(notice_seq=0)
+        choices = await self.reader.state.pending_choices(thread)
+        for choice in choices:
+            if choice.id not in view.choices:
+                view.choices.add(choice.id)
+                out.append(
+                    {
+                        "thread_id": thread,
+                        "kind": "choice",
+                        "choice_id": choice.id,
+                        "prompt": choice.prompt,
+                        "choices": list(choice.choices),
+                        "default": choice.default,
+                    }
+                )
+        view.choices &= {choice.id for choice in choices}
+        view.listed_at = version
+        return out
+
+    def _notices(self, thread: str, view: ThreadView) -> list[dict[str, Any]]:
+        live = view.live
+        if view.notice_seq is None:
+            view.notice_seq = live.notice_seq  # notices from before this watch began are old news
+            return []
+        out: list[dict[str, Any]] = []
+        for notice in live.new_notices(view.notice_seq):
+            kind = notice.get("type")
+            if kind == "oauth_required":
+                out.append(
+                    {
+                        "thread_id": thread,
+                        "kind": "oauth",
+                        "tool_call_id": notice.get("tool_call_id"),
+                        "auth_url": notice.get("auth_url"),
+                    }
+                )
+            elif kind == "error":
+                message = str(notice.get("message", ""))
+                retrying = bool(notice.get("retrying"))
+                out.append({"thread_id": thread, "kind": "error", "text": message, "retrying": retrying})
+                if not retrying:
+                    self.awaited -= {m for m in self.awaited if m in message}
+        view.notice_seq = live.notice_seq
+        return out
+
+    def _partial(self, thread: str, view: ThreadView) -> list[dict[str, Any]]:
+        live = view.live
+        current = view.info is not None and live.partial_after(view.info.version)
+        if view.info is None and live.version == 0 and live.phase is not None:
+            current = True  # the thread's very first step (no head yet)
+        state = (live.phase, live.text, live.tool) if current else (None, "", None)
+        if state == (view.partial or (None, "", None)):
+            return []
+        view.partial = state
+        phase, text, tool = state
+        after = view.info.tail if view.info is not None else 0
+        return [
+            {
+                "thread_id": thread,
+                "kind": "partial",
+                "after": after,
+                "phase": phase,
+                "tool": tool,
+                "text": (text if live.offset == 0 else "…" + text) if phase else "",
+            }
+        ]
+
+    # ---- the loop -----------------------------------------------------------------------------------------
+
+    async def replies(
+        self, *, interval: float, follow: bool = False, limit: float | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Poll every ``interval`` seconds; end when idle (unless ``follow``); ``TimeoutError`` after
+        ``limit`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = None if limit is None else loop.time() + limit
+        was_idle = False
+        while True:
+            items, idle = await self.poll()
+            for item in items:
+                yield item
+            if idle and not follow:
+                return
+            if idle and not was_idle:
+                # Following: say when the tree goes quiet (a person's prompt, a script's cue).
+                yield {"thread_id": self.root, "kind": "idle"}
+            was_idle = idle or (was_idle and self.looks_idle and not items)
+            if deadline is not None and loop.time() >= deadline:
+                raise TimeoutError(self._busy_reason(limit))
+            await asyncio.sleep(interval)
+
+    def _busy_reason(self, limit: float | None) -> str:
+        if self.awaited:
+            return f"thread {self.root} has not processed message(s) {', '.join(sorted(self.awaited))} after {limit:.0f} s"
+        working = [t for t, v in self.threads.items() if not v.settled]
+        return f"thread {self.root} was still working after {limit:.0f} s (busy: {', '.join(working)})"
+
+    def running(self) -> list[tuple[str, str]]:
+        """``(thread, tool name)`` of every tool call of the tree that is still waiting for its result."""
+        return [(t, name) for t, view in self.threads.items() for name in view.pending_calls.values()]
