@@ -382,3 +382,12 @@ async def test_an_unknown_model_gets_the_default_window_and_compaction_stays_on(
     requests = [q for q in queued if isinstance(q.message.synthetic, Compaction)]
     assert bool(requests) is compacts
     assert bodies and bodies[0]["model"] == "house-model-13b"
+
+
+async def test_in_python_a_profile_may_name_a_provider_object() -> None:
+    default, chosen = ReplayProvider(), ReplayProvider().then(*text("from the profile"))
+    agent = AgentConfig(profiles={"p": AgentProfile(name="p", model=chosen, context_window=4321)})
+    system = System(default, agent=agent)
+    await system.say("t1", "hi", "m1", metadata={"profile": "p"})
+    assert default.requests == [] and len(chosen.requests) == 1
+    assert chosen.requests[0].model.context_window == 4321
