@@ -149,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     from stepagent.lifecycle.commands import add_lifecycle_commands
 
     add_lifecycle_commands(commands)
-    for name in ("export", "import", "rewind"):
+    for name in ("export", "import", "rewind", "usage"):
         commands.choices[name].add_argument(
             "--state-dir",
             default=os.environ.get("STEPAGENT_STATE_DIR"),
