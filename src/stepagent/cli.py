@@ -234,15 +234,9 @@ async def _on_local_state(state_dir: str, save: bool, command: Coroutine[Any, An
 
 async def _settings(stack: str | None) -> Any:
     """The settings from the environment, or from a deployed stack's outputs (``--stack``)."""
-    import os
+    from stepagent.aws.stack_outputs import settings_for
 
-    from stepagent.aws.settings import Settings
-
-    if stack is None:
-        return Settings.from_env()
-    from stepagent.aws.stack_outputs import stack_environment
-
-    return Settings.from_env({**os.environ, **await stack_environment(stack)})
+    return await settings_for(stack)
 
 
 async def _chat_or_tail(args: argparse.Namespace) -> int:

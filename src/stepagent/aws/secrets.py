@@ -17,6 +17,7 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+from contextlib import AsyncExitStack
 from typing import Any
 
 from stepagent.aws.clients import client
@@ -33,45 +34,59 @@ def _ssm_name(secret_id: str) -> str:
     return secret_id.removeprefix("ssm:")
 
 
-async def read_secret(session: Any, settings: Settings, variable: str, secret_id: str) -> str:
-    """The value of ``secret_id`` (see the module docstring for the forms); ``variable`` names the setting
-    in errors."""
-    try:
-        if _is_ssm(secret_id):
-            async with client(session, "ssm", settings) as ssm:
+class _SecretReader:
+    """Reads secrets with one client per service, opened on first use and kept until :meth:`aclose`
+    (the worker may read two secrets from the same service at cold start)."""
+
+    def __init__(self, session: Any, settings: Settings) -> None:
+        self._session, self._settings = session, settings
+        self._clients: dict[str, Any] = {}
+        self._stack = AsyncExitStack()
+
+    async def _client(self, service: str) -> Any:
+        if service not in self._clients:
+            opened = client(self._session, service, self._settings)
+            self._clients[service] = await self._stack.enter_async_context(opened)
+        return self._clients[service]
+
+    async def read(self, variable: str, secret_id: str) -> str:
+        """The value of ``secret_id`` (see the module docstring for the forms); ``variable`` names the
+        setting in errors."""
+        try:
+            if _is_ssm(secret_id):
+                ssm = await self._client("ssm")
                 found = await ssm.get_parameter(Name=_ssm_name(secret_id), WithDecryption=True)
-            value = str(found.get("Parameter", {}).get("Value") or "")
-        else:
-            async with client(session, "secretsmanager", settings) as secrets:
+                value = str(found.get("Parameter", {}).get("Value") or "")
+            else:
+                secrets = await self._client("secretsmanager")
                 found = await secrets.get_secret_value(SecretId=secret_id)
-            value = str(found.get("SecretString") or "")
-    except Exception as error:
-        raise ConfigurationError(f"{variable}={secret_id!r} could not be read: {error}") from None
-    if not value.strip():
-        raise ConfigurationError(f"{variable}={secret_id!r} is empty")
-    return value.strip()
+                value = str(found.get("SecretString") or "")
+        except Exception as error:
+            raise ConfigurationError(f"{variable}={secret_id!r} could not be read: {error}") from None
+        if not value.strip():
+            raise ConfigurationError(f"{variable}={secret_id!r} is empty")
+        return value.strip()
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
 
 
 async def resolve_secrets(settings: Settings, session: Any) -> Settings:
     """``settings`` with ``callback_secret`` and ``provider_api_key`` filled in from their ids."""
-    if settings.callback_secret_id:
-        if settings.callback_secret:
-            raise ConfigurationError(
-                "set only one of STEPAGENT_CALLBACK_SECRET and STEPAGENT_CALLBACK_SECRET_ID"
-            )
-        settings = dataclasses.replace(
-            settings,
-            callback_secret=await read_secret(
-                session, settings, "STEPAGENT_CALLBACK_SECRET_ID", settings.callback_secret_id
-            ),
-        )
-    if settings.provider_api_key_id:
-        settings = dataclasses.replace(
-            settings,
-            provider_api_key=await read_secret(
-                session, settings, "STEPAGENT_PROVIDER_API_KEY_ID", settings.provider_api_key_id
-            ),
-        )
+    if settings.callback_secret_id and settings.callback_secret:
+        raise ConfigurationError("set only one of STEPAGENT_CALLBACK_SECRET and STEPAGENT_CALLBACK_SECRET_ID")
+    if not settings.callback_secret_id and not settings.provider_api_key_id:
+        return settings
+    reader = _SecretReader(session, settings)
+    try:
+        if settings.callback_secret_id:
+            value = await reader.read("STEPAGENT_CALLBACK_SECRET_ID", settings.callback_secret_id)
+            settings = dataclasses.replace(settings, callback_secret=value)
+        if settings.provider_api_key_id:
+            value = await reader.read("STEPAGENT_PROVIDER_API_KEY_ID", settings.provider_api_key_id)
+            settings = dataclasses.replace(settings, provider_api_key=value)
+    finally:
+        await reader.aclose()
     return settings
 
 

@@ -9,6 +9,7 @@ command line (and :mod:`stepagent.client`) is the same as exporting those variab
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from stepagent.aws.clients import aws_session, client
@@ -46,3 +47,12 @@ async def stack_environment(stack_name: str, settings: Settings | None = None) -
     if "STEPAGENT_INPUT_QUEUE_URL" not in env:
         raise ConfigurationError(f"stack {stack_name!r} has no stepagent outputs (is it a stepagent stack?)")
     return env
+
+
+async def settings_for(stack_name: str | None) -> Settings:
+    """The settings of the environment, or of a deployed stack (its outputs over the environment's values)
+    when ``stack_name`` is given: what ``--stack NAME`` means on every command."""
+    settings = Settings.from_env()
+    if stack_name is None:
+        return settings
+    return Settings.from_env({**os.environ, **await stack_environment(stack_name, settings)})

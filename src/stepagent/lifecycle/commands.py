@@ -128,16 +128,11 @@ async def run_lifecycle_command(args: argparse.Namespace) -> int:
 
 @asynccontextmanager
 async def _stores(stack: str | None = None) -> AsyncIterator[tuple[ConversationStore, StateStore]]:
-    import os
-
     from stepagent.aws.clients import aws_session, client
-    from stepagent.aws.settings import Settings
-    from stepagent.aws.stack_outputs import stack_environment
+    from stepagent.aws.stack_outputs import settings_for
     from stepagent.stores.dynamodb import dynamo_stores
 
-    settings = Settings.from_env()
-    if stack is not None:
-        settings = Settings.from_env({**os.environ, **await stack_environment(stack, settings)})
+    settings = await settings_for(stack)
     settings.require("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE")
     assert settings.conversation_table is not None and settings.state_table is not None
     session = aws_session(settings)
