@@ -9,6 +9,7 @@ real AWS with a developer's credentials. Each test gets uniquely named tables, s
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -57,6 +58,98 @@ def aws_session() -> Any:
     return aioboto3.Session(region_name=REGION)
 
 
+class _UndoLogTransactions:
+    """Makes moto's ``TransactWriteItems`` roll back with an undo log instead of table copies.
+
+    moto backs a transaction up by deep-copying the whole table once per *action* and, on cancellation,
+    puts the copy back: a 100-action commit copies a 3,000-item table 100 times (a step's commit gets
+    slower with every item any test ever wrote to the table), and a cancelled transaction undoes writes
+    that other requests made meanwhile. Installed here, each transaction instead remembers the items it
+    is about to touch (a copy of each, or their absence) and, if moto raises, puts exactly those back:
+    the same all-or-nothing outcome as DynamoDB, in time proportional to the transaction. moto's own
+    table copy is skipped (its rollback then reassigns the same table, a no-op)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(copy, name)
+
+    def deepcopy(self, value: Any, memo: Any = None) -> Any:
+        from moto.dynamodb.models.table import Table
+
+        if getattr(self._local, "active", False) and memo is None and isinstance(value, Table):
+            return value  # moto's whole-table backup: the undo log below replaces it
+        return copy.deepcopy(value, memo)
+
+    def install(self) -> None:
+        from moto.dynamodb import models
+
+        backend = models.DynamoDBBackend
+        original = backend.transact_write_items
+        local = self._local
+
+        def transact_write_items(self_: Any, transact_items: list[dict[str, Any]]) -> Any:
+            undo: list[tuple[Any, Any, Any, Any]] = []
+            for action in transact_items:
+                _, op = next(iter(action.items()))
+                table = self_.tables.get(op.get("TableName"))
+                if table is None:
+                    continue
+                item = op.get("Item", {})
+                names = [n for n in (table.hash_key_attr, table.range_key_attr) if n and n in item]
+                keys = op.get("Key") or {n: item[n] for n in names}
+                try:
+                    hash_key, range_key = self_.get_keys_value(table, keys)
+                except Exception:  # a malformed key: moto itself raises the proper error below
+                    continue
+                undo.append((table, hash_key, range_key, copy.deepcopy(table.get_item(hash_key, range_key))))
+            local.active = True
+            try:
+                return original(self_, transact_items)
+            except BaseException:
+                for table, hash_key, range_key, before in reversed(undo):
+                    if before is None:
+                        table.delete_item(hash_key, range_key)
+                    elif range_key is not None:
+                        table.items[hash_key][range_key] = before
+                    else:
+                        table.items[hash_key] = before
+                raise
+            finally:
+                local.active = False
+
+        models.copy = self  # type: ignore[assignment]
+        backend.transact_write_items = transact_write_items  # type: ignore[method-assign]
+
+
+def _fast_sqs_clock() -> None:
+    """Two per-request costs of moto that grow with what a test has stored or are pure overhead.
+
+    moto's SQS asks for the current time once per stored message on every send and receive (to
+    compute visibility and the approximate counts), through a datetime round trip; with thousands of
+    messages on a queue that dominates every test. The same value, from ``time.time()``."""
+    import time
+
+    from moto.sqs import models
+
+    slow_time, slow_millis = models.unix_time, models.unix_time_millis
+
+    def unix_time(dt: Any = None) -> float:
+        return time.time() if dt is None else float(slow_time(dt))
+
+    def unix_time_millis(dt: Any = None) -> float:
+        return time.time() * 1000.0 if dt is None else float(slow_millis(dt))
+
+    models.unix_time, models.unix_time_millis = unix_time, unix_time_millis
+
+    # And the server lists its own package directory (a listdir plus ~200 isdir calls) on every request.
+    from moto import backends
+
+    modules = tuple(backends.list_of_moto_modules())
+    backends.list_of_moto_modules = lambda: modules  # type: ignore[assignment]
+
+
 def moto_endpoint() -> str:
     """The shared moto server's URL, starting the server on first use."""
     global _server, _server_url
@@ -64,6 +157,8 @@ def moto_endpoint() -> str:
         if _server_url is None:
             from moto.server import ThreadedMotoServer
 
+            _UndoLogTransactions().install()
+            _fast_sqs_clock()
             _serialize_moto_dynamodb()
             server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
             server.start()

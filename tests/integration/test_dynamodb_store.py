@@ -640,3 +640,178 @@ async def test_children_in_spawn_order_with_live_heads(dynamo: DynamoEnv) -> Non
     assert [c.thread_id for c in children] == list(reversed(ids))
     assert [(c.tail, c.closed) for c in children] == [(0, True), (2, False), (0, False)]
     assert await conversation.children(ids[0]) == []
+
+
+# ---- the journal: state changes over the transaction limits (issue 13, item 1) --------------------------
+
+
+class CrashBeforeCall:
+    """A client proxy that raises ``InjectedCrash`` instead of its ``crash_at``-th AWS call (1-based),
+    counting every call, so a test can kill a store operation at each of its I/O points in turn."""
+
+    def __init__(self, inner: Any, crash_at: int | None = None) -> None:
+        self._inner, self.crash_at, self.calls = inner, crash_at, 0
+        self.log: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._inner, name)
+        if not callable(target) or name.startswith("_"):
+            return target
+
+        async def call(**kwargs: Any) -> Any:
+            self.calls += 1
+            self.log.append(name)
+            if self.calls == self.crash_at:
+                raise InjectedCrash(f"crash before call {self.calls} ({name})")
+            return await target(**kwargs)
+
+        return call
+
+
+def deferred(n: int) -> list[DeferredInput]:
+    return [
+        DeferredInput(
+            f"ev-{i}",
+            InputMessage.tool_result("t", ToolResult.text("sub-1", f"event {i}")),
+        )
+        for i in range(n)
+    ]
+
+
+def release_commit(version: int, n: int) -> Commit:
+    """What releasing ``n`` held events commits: a row per event plus three state changes each."""
+    return Commit(
+        version,
+        rows=[(user(f"event {i}"), f"ev-{i}") for i in range(n)],
+        processed_message_ids=[f"ev-{i}" for i in range(n)],
+        answered_tool_calls=[f"inv-{i}" for i in range(n)],
+        deferred_removed=[f"ev-{i}" for i in range(n)],
+    )
+
+
+async def journal_entries(env: DynamoEnv, thread: str) -> list[str]:
+    response = await env.client.query(
+        TableName=env.state_table,
+        KeyConditionExpression="pk = :pk AND begins_with(sk, :j)",
+        ExpressionAttributeValues={":pk": {"S": thread}, ":j": {"S": "J#"}},
+        ConsistentRead=True,
+    )
+    return [item["sk"]["S"] for item in response["Items"]]
+
+
+async def test_state_changes_over_one_transaction_go_through_the_journal(dynamo: DynamoEnv) -> None:
+    """1,000 held events: deferring them and releasing them both commit far more than 100 state items."""
+    conversation, state = dynamo.stores()
+    thread = uid()
+    n = 1000
+    info = await conversation.commit(thread, Commit(0, deferred_added=deferred(n)))
+    assert [d.message_id for d in await state.deferred_inputs(thread)] == [f"ev-{i}" for i in range(n)]
+    dynamo.metrics.reset()
+    info = await conversation.commit(thread, release_commit(info.version, n))
+    assert (info.version, info.tail) == (2, n)
+    # 1,000 rows staged (11 transactions), 3,000 state changes in 31 journal entries (two batch puts),
+    # the flip, 31 applications, the clear and the entries' deletion.
+    assert dynamo.metrics.calls == {
+        "GetItem": 1,
+        "TransactWriteItems": 11 + 1 + 31,
+        "BatchWriteItem": 2 + 2,
+        "UpdateItem": 1,
+    }
+    fresh, fresh_state = dynamo.stores()
+    head = await dynamo.client.get_item(
+        TableName=dynamo.conversation_table, Key={"pk": {"S": thread}, "sk": {"S": "HEAD"}}
+    )
+    assert "journal" not in head["Item"] and await journal_entries(dynamo, thread) == []
+    assert len(await texts(fresh, thread)) == n
+    ids = [f"ev-{i}" for i in range(n)]
+    assert await fresh_state.filter_processed(thread, ids) == set(ids)
+    assert await fresh_state.filter_answered(thread, [f"inv-{i}" for i in range(n)]) == {
+        f"inv-{i}" for i in range(n)
+    }
+    assert await fresh_state.deferred_inputs(thread) == []
+
+
+async def test_a_crash_at_any_point_of_a_journaled_commit_shows_all_or_nothing(dynamo: DynamoEnv) -> None:
+    n = 110  # 330 state changes: four journal entries
+    probe = CrashBeforeCall(dynamo.client)
+    thread = uid()
+    store, _ = dynamo.stores(client=probe)
+    base = await store.commit(thread, Commit(0, deferred_added=deferred(n)))
+    probe.calls, probe.log = 0, []
+    await store.commit(thread, release_commit(base.version, n))
+    points = list(probe.log)
+    assert points.count("transact_write_items") == 2 + 1 + 4  # staging, flip, applications
+    ids = [f"ev-{i}" for i in range(n)]
+    for crash_at in range(1, len(points) + 1):
+        thread = uid()
+        seeding, _ = dynamo.stores()
+        base = await seeding.commit(thread, Commit(0, deferred_added=deferred(n)))
+        crashing, _ = dynamo.stores(client=CrashBeforeCall(dynamo.client, crash_at))
+        with pytest.raises(InjectedCrash):
+            await crashing.commit(thread, release_commit(base.version, n))
+        where = f"crash before call {crash_at} ({points[crash_at - 1]})"
+        # A fresh reader (the redelivered step) sees exactly the old or exactly the new thread.
+        fresh, fresh_state = dynamo.stores()
+        info = await fresh.get_thread(thread)
+        assert info is not None, where
+        processed = await fresh_state.filter_processed(thread, ids)
+        held = [d.message_id for d in await fresh_state.deferred_inputs(thread)]
+        if info.version == 1:
+            assert (info.tail, processed, held) == (0, set(), ids), where
+            assert await texts(fresh, thread) == [], where
+        else:
+            assert (info.version, info.tail, processed, held) == (2, n, set(ids), []), where
+            assert len(await texts(fresh, thread)) == n, where
+        # And the thread goes on: the next commit from what the reader saw lands.
+        after = await fresh.commit(thread, Commit(info.version, rows=rows("next", 1)))
+        assert after.tail == info.tail + 1, where
+        assert "journal" not in (await dynamodb_head(dynamo, thread)), where
+
+
+async def dynamodb_head(env: DynamoEnv, thread: str) -> dict[str, Any]:
+    found = await env.client.get_item(
+        TableName=env.conversation_table, Key={"pk": {"S": thread}, "sk": {"S": "HEAD"}}, ConsistentRead=True
+    )
+    return dict(found["Item"])
+
+
+async def test_a_slow_writer_cannot_apply_its_journal_after_a_reader_completed_it(dynamo: DynamoEnv) -> None:
+    """The writer flips, then stalls; a reader completes the journal and the next commit removes what it
+    added. The stalled writer's late application must not bring it back."""
+    thread = uid()
+    store, _ = dynamo.stores()
+    base = await store.commit(thread, Commit(0, rows=rows("r", 1)))
+    flipped, release = asyncio.Event(), asyncio.Event()
+    transactions = 0
+
+    async def stall_after_flip(**kwargs: Any) -> Any:
+        nonlocal transactions
+        transactions += 1
+        if transactions == 3:  # staging (1), flip (2), then the first application
+            flipped.set()
+            await release.wait()
+        return await dynamo.client.transact_write_items(**kwargs)
+
+    slow, _ = dynamo.stores(client=ClientProxy(dynamo.client, transact_write_items=stall_after_flip))
+    big = Commit(
+        base.version,
+        rows=rows("big", 2),
+        processed_message_ids=[f"m-{i}" for i in range(150)],
+        subscriptions_added=["sub-x"],
+    )
+    writer = asyncio.create_task(slow.commit(thread, big))
+    waiting = asyncio.create_task(flipped.wait())
+    await asyncio.wait({writer, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    if writer.done():
+        waiting.cancel()
+        await writer  # raises what stopped it before it flipped
+    assert flipped.is_set()
+    reader, reader_state = dynamo.stores()
+    info = await reader.get_thread(thread)  # rolls the journal forward
+    assert info is not None and info.version == 2
+    assert await reader_state.active_subscriptions(thread) == {"sub-x"}
+    await reader.commit(thread, Commit(2, rows=rows("later", 1), subscriptions_removed=["sub-x"]))
+    release.set()
+    await writer  # its remaining applications find the journal completed and stop
+    assert await reader_state.active_subscriptions(thread) == set()
+    assert await reader_state.filter_processed(thread, ["m-0", "m-149"]) == {"m-0", "m-149"}

@@ -426,6 +426,8 @@ class ThreadStep:
                         kept.append(item)
                 return kept
         deferred = await self.state.deferred_inputs(self.thread_id)
+        # One batched dedup read for everything released (a storm of held events is thousands of ids).
+        await history.prefetch([d.message_id for d in deferred])
         for held in deferred:
             history.undefer(held.message_id)
         return batch + [StepInput(d.message, d.message_id) for d in deferred]

@@ -7,8 +7,11 @@ exactly like the in-memory stores (the contract suite runs against both) and add
   head (to learn the tail) and one ``TransactWriteItems`` conditioned on the head version, so its cost
   depends on the commit's size, never on the history's length. A commit over the transaction limits
   (100 actions, ~4 MB) is written then flipped: rows are staged past the tail in transactions that each
-  re-check the head version, then one transaction advances the head together with every non-row item.
-  Readers read only orders ``<= tail``, so nobody ever sees a partial commit.
+  re-check the head version, then one transaction advances the head together with every non-row item —
+  or, when those do not fit one transaction either (1,000 released events), together with a journal of
+  them that is applied next and that every later reader of the head completes first
+  (:mod:`~stepagent.stores.dynamodb_journal`). Readers read only orders ``<= tail`` and roll a named
+  journal forward before using the head, so nobody ever sees a partial commit, whatever its size.
 - **Debris past the tail is safe.** Rows past the tail are leftovers of aborted writers. Each row carries
   ``cv``, the head version its commit produces, and row puts are conditioned on
   ``attribute_not_exists(sk) OR cv <= expected``: older debris is overwritten, a row of a newer commit
@@ -47,7 +50,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from stepagent.errors import ConcurrentWriteError, PayloadTooLargeError, StoreError
+from stepagent.errors import ConcurrentWriteError, StoreError
 from stepagent.history_items import CorruptRowError, Summary, decode_item, encode_item
 from stepagent.stores.base import (
     Commit,
@@ -74,6 +77,8 @@ from stepagent.stores.dynamodb_io import (
     transaction_chunks,
     update,
 )
+from stepagent.stores.dynamodb_journal import JOURNAL_ATTR, roll_forward
+from stepagent.stores.dynamodb_journal import flip as journal_flip
 from stepagent.stores.dynamodb_layout import (
     CHILD_PREFIX,
     HEAD_SK,
@@ -129,6 +134,14 @@ class DynamoConversationStore:
         return info_from_item(item) if item else None
 
     async def _read_head(self, thread_id: str) -> Item | None:
+        """The head, after completing any journal it names (see :mod:`~stepagent.stores.dynamodb_journal`),
+        so whoever reads a thread sees all of its last commit or none of it."""
+        item = await self._get_head(thread_id)
+        if item is not None and JOURNAL_ATTR in item:
+            item = await roll_forward(self, item, HEAD_SK)
+        return item
+
+    async def _get_head(self, thread_id: str) -> Item | None:
         response = await self._io.call(
             "GetItem", self.table, TableName=self.table, Key=item_key(thread_id, HEAD_SK), ConsistentRead=True
         )
@@ -410,16 +423,12 @@ class DynamoConversationStore:
         if fits([head, *rows, *others]):
             await self._transact(thread_id, [head, *rows, *others])
         else:
-            if not fits([head, *others]):
-                raise PayloadTooLargeError(
-                    f"thread {thread_id}: the commit's {len(others)} non-row items "
-                    f"({sum(w.size for w in others)} bytes) do not fit one DynamoDB transaction"
-                )
             # Write-then-flip: stage rows past the tail (invisible to readers), each chunk re-checking the
-            # head so staging stops as soon as another writer wins; then flip the head with everything else.
+            # head so staging stops as soon as another writer wins; then flip the head with everything else
+            # (through a journal when that does not fit one transaction either).
             for chunk in transaction_chunks(rows, reserve=1):
                 await self._transact(thread_id, [self._head_check(info), *chunk])
-            await self._transact(thread_id, [head, *others])
+            await journal_flip(self, thread_id, HEAD_SK, [head], others)
         return replace(
             info, version=info.version + 1, tail=info.tail + len(rows), turn_complete=commit.turn_complete
         )

@@ -13,6 +13,7 @@ Item layout (``pk`` = thread id in both tables)::
                                     [turn_complete] [inbox]              last commit's turn flag; ids of
                                                                          messages sent here by other threads,
                                                                          not yet processed (string set)
+                                    [journal journal_n]                  a flipped commit's pending journal
                   R#{order:012d}    message_id cv (body | blob)          one history row, encoded item JSON
                   R#g{gen}#{order:012d}  (same)                          a row of a replaced history
                   S#{up_to:012d}    (body | blob)                        compaction summary text
@@ -30,9 +31,10 @@ Item layout (``pk`` = thread id in both tables)::
                   COMPACTION        claim_id lease_expires               compaction in progress
                   LIVE              version [text phase tool] [notices notice_seq] expires_at
                                                                          what a step is doing now, for clients
+                  J#{token}#{n:06d} (body | blob) expires_at             journal entry: one chunk of actions
 
 The state-table items are written by :mod:`~stepagent.stores.dynamodb_state`, except ``LIVE``
-(:mod:`~stepagent.stores.dynamodb_live`). ``inbox`` is added to by
+(:mod:`~stepagent.stores.dynamodb_live`); ``J#`` entries by :mod:`~stepagent.stores.dynamodb_journal`. ``inbox`` is added to by
 :meth:`~stepagent.stores.dynamodb.DynamoConversationStore.note_inbound` before a step sends another thread
 a message, and its processed ids are deleted by the commit that records them, so a non-empty ``inbox``
 means a message is on its way to (or waiting in) that thread.

@@ -5,7 +5,8 @@ What it guarantees:
 - **Rewind** is one ``TransactWriteItems``: the head update (``tail`` = the cut, ``version`` + 1,
   conditioned on the expected version), the deletion of summaries past the cut and the state cleanup
   (intents, subscriptions, deferred events, choices, the compaction claim; call-index entries and child
-  closes when they fit — otherwise they follow the head, idempotently). Answered/processed markers are
+  closes when they fit — otherwise they follow the head, idempotently; a cleanup too big for one
+  transaction goes through the head's journal, :mod:`~stepagent.stores.dynamodb_journal`). Answered/processed markers are
   removed just before (harmless if the rewind then loses its race). Rows past the cut stay as debris that
   the row condition (``cv <= expected``) lets the next commit overwrite.
 - **Replacement** never exposes a partial history. ``stage_history`` reads the head and, if it exists,
@@ -31,7 +32,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Protocol
 
-from stepagent.errors import ConcurrentWriteError, PayloadTooLargeError
+from stepagent.errors import ConcurrentWriteError
 from stepagent.history_items import Summary, encode_item
 from stepagent.stores.base import HistoryEntry, Replacement, Rewind, StateCleanup, ThreadInfo, iterate_entries
 from stepagent.stores.dynamodb_io import (
@@ -48,6 +49,7 @@ from stepagent.stores.dynamodb_io import (
     s_attr,
     update,
 )
+from stepagent.stores.dynamodb_journal import flip as journal_flip
 from stepagent.stores.dynamodb_layout import (
     CHILD_PREFIX,
     HEAD_SK,
@@ -74,6 +76,8 @@ class ConversationTable(Protocol):
     _io: DynamoIo
 
     async def _read_head(self, thread_id: str) -> Item | None: ...
+
+    async def _get_head(self, thread_id: str) -> Item | None: ...
 
     async def _transact(self, thread_id: str, writes: list[Write]) -> None: ...
 
@@ -118,17 +122,21 @@ def _cleanup_writes(
     return markers, core, late
 
 
-async def _apply(store: ConversationTable, thread_id: str, core: list[Write], late: list[Write]) -> None:
-    """``core`` (head action first) as one transaction, with ``late`` in it too when it fits, else after."""
+async def _apply(
+    store: ConversationTable,
+    thread_id: str,
+    core: list[Write],
+    late: list[Write],
+    *,
+    with_head: int = 1,
+) -> None:
+    """``core`` (head action first) as one transaction, with ``late`` in it too when it fits, else after.
+    When ``core`` itself does not fit, its first ``with_head`` writes flip the head and the rest follow
+    through the head's journal (:mod:`~stepagent.stores.dynamodb_journal`)."""
     if fits([*core, *late]):
         await store._transact(thread_id, [*core, *late])
         return
-    if not fits(core):
-        raise PayloadTooLargeError(
-            f"thread {thread_id}: {len(core)} head-bound changes ({sum(w.size for w in core)} bytes) do not "
-            "fit one DynamoDB transaction"
-        )
-    await store._transact(thread_id, core)
+    await journal_flip(store, thread_id, HEAD_SK, core[:with_head], core[with_head:])
     for write in late:  # idempotent: deleting an index entry, closing a thread
         with contextlib.suppress(ConditionFailed):
             await store._io.write(write)
@@ -253,10 +261,12 @@ class DynamoStaging:
         markers, cleanup, late = _cleanup_writes(store, thread_id, replacement.cleanup, added)
         await store._io.batch_delete(store.state_table, markers)
         writes = [self._head_write(new), *await self._summary_writes(), *others, *cleanup]
+        with_head = 1
         if head is None and new.parent_id is not None:
             entry = {**item_key(new.parent_id, f"{CHILD_PREFIX}{thread_id}"), "seq": n_attr(insertion_seq())}
             writes.insert(1, put(store.table, entry))
-        await _apply(store, thread_id, writes, late)
+            with_head = 2  # a new child's index entry lands with its head, whatever else is journaled
+        await _apply(store, thread_id, writes, late, with_head=with_head)
         self._flipped = True
         return new
 
