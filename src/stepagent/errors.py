@@ -10,6 +10,7 @@ Every error the runtime raises on purpose derives from :class:`StepagentError` a
     │   ├── GroupMismatchError             body ``group_id`` disagrees with the SQS ``MessageGroupId``
     │   ├── PayloadTooLargeError           a payload or row over the configured limits
     │   └── UnknownProfileError            the root's metadata selects an agent profile that is not configured
+    ├── RetriesExhaustedError     reject   a record failed transiently on its last allowed attempt
     ├── TransientError            retry    the record fails, SQS redelivers it (DLQ after maxReceiveCount)
     │   ├── StoreError                     a store call failed
     │   ├── ConcurrentWriteError           another writer advanced the thread's head first
@@ -69,6 +70,18 @@ class PayloadTooLargeError(InputError):
 
 class UnknownProfileError(InputError):
     """The root thread's metadata names an agent profile (``{"profile": ...}``) the configuration lacks."""
+
+
+class RetriesExhaustedError(StepagentError):
+    """A record kept failing transiently and has used its last allowed attempt (the queue's
+    maxReceiveCount). The worker gives up on it itself — DLQ copy, ``error`` event with ``retrying:
+    false`` naming the attempts — so the thread's later records are not dragged into the DLQ with it."""
+
+    disposition = "reject"
+
+    def __init__(self, message: str, *, attempts: int) -> None:
+        super().__init__(message)
+        self.attempts = attempts
 
 
 class TransientError(StepagentError):

@@ -19,11 +19,11 @@ import uuid
 from typing import Any
 
 import pytest
-from stepagent.senders.claim_check import wrap_body
 
 from stepagent.core.completion import MAX_ROUNDS_PER_STEP
 from stepagent.history_items import AssistantText, EventItem, ToolCallItem
 from stepagent.messages import InputMessage, SubscriptionEvent, ToolResult
+from stepagent.senders.claim_check import wrap_body
 from stepagent.stores.base import ThreadKind
 from stepagent.tools.base import Tool, ToolContext
 from tests.integration.aws_helpers import SCRIPT, TOOLS, Stack, aws_stack, failed_ids

@@ -268,28 +268,79 @@ async def test_input_the_step_refuses_is_isolated_and_rejected_alone() -> None:
         assert error["retrying"] is False and error["event_id"] == event_id(thread, "m2", "error")
 
 
-async def test_a_poison_message_reaches_the_dlq_after_max_receive_count() -> None:
+async def _until_drained(stack: Stack, rounds: int = 10) -> list[list[str]]:
+    """Hand the input queue to the worker until it is empty; the failed ids of each invocation."""
+    failures = []
+    for _ in range(rounds):
+        event = await stack.receive_event(stack.input_url)
+        if not event["Records"]:
+            return failures
+        result = await stack.runtime.handle_sqs_batch(event)
+        failures.append(failed_ids(result))
+        await stack.ack(stack.input_url, event, result)
+    raise AssertionError("the input queue never drained")
+
+
+async def test_a_poison_message_is_given_up_on_its_last_attempt() -> None:
     async with aws_stack() as stack:
         thread = tid("poison")
         stack.runtime.system.conversation = FailingCommits(
             stack.runtime.system.conversation, thread, times=99
         )
         await stack.send_user(thread, "never works", "p1")
-        attempts = 0
-        for _ in range(10):
-            event = await stack.receive_event(stack.input_url)
-            if not event["Records"]:
-                break
-            attempts += 1
-            result = await stack.runtime.handle_sqs_batch(event)
-            assert len(failed_ids(result)) == 1
-            await stack.ack(stack.input_url, event, result)
-        assert attempts == 5
+        failures = await _until_drained(stack)
+        # Four failed attempts; the fifth (maxReceiveCount) is the worker's: it gives up and acknowledges.
+        assert [len(f) for f in failures] == [1, 1, 1, 1, 0]
         [dead] = await stack.receive(stack.resources.input_dlq_url)
         assert json.loads(dead["Body"])["id"] == "p1"
+        attributes = dead["MessageAttributes"]
+        assert attributes["stepagent_attempts"]["StringValue"] == "5"
+        assert "after 5 attempts" in attributes["stepagent_error"]["StringValue"]
         errors = of_type(await stack.outputs(), "error", thread)
-        assert len(errors) == 1  # the same event id every attempt: the output queue dedups it
-        assert errors[0]["retrying"] is True
+        assert [e["retrying"] for e in errors] == [True, True, True, True, False]
+        assert [f"attempt {n} of 5" in e["message"] for n, e in enumerate(errors[:4], 1)] == [True] * 4
+        final = errors[-1]
+        assert final["attempts"] == 5 and "after 5 attempts" in final["message"]
+        assert "retry" not in final["message"].lower().replace("injected commit failure", "")
+        assert final["event_id"] == event_id(thread, "p1", "error")
+        assert stack.runtime.metrics.counts["GaveUp"] == 1  # type: ignore[attr-defined]
+
+
+class PoisonMessage:
+    """Wraps the conversation store: every commit that holds message ``message_id`` fails (transient)."""
+
+    def __init__(self, inner: Any, message_id: str) -> None:
+        self.inner, self.message_id, self.failures = inner, message_id, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def commit(self, thread_id: str, commit: Any) -> Any:
+        if self.message_id in commit.processed_message_ids:
+            self.failures += 1
+            raise StoreError(f"injected: message {self.message_id} always fails")
+        return await self.inner.commit(thread_id, commit)
+
+
+async def test_a_poison_message_does_not_drag_its_threads_follow_ups_into_the_dlq() -> None:
+    """FIFO makes the follow-up fail with the poison on every attempt, so its receive count climbs with
+    the poison's; on the last attempt the worker isolates them: only the poison is dead-lettered."""
+    async with aws_stack() as stack:
+        thread, other = tid("poison"), tid("other")
+        stack.runtime.system.conversation = PoisonMessage(stack.runtime.system.conversation, "p1")
+        await stack.send_user(thread, "never works", "p1")
+        await stack.send_user(thread, "but this is fine", "f1")
+        await stack.send_user(other, "unrelated", "o1")
+        failures = await _until_drained(stack)
+        assert [len(f) for f in failures[:4]] == [2, 2, 2, 2] and failures[4:] == [[]]
+        assert await stack.texts(thread) == ["but this is fine", "ok"]
+        assert await stack.texts(other) == ["unrelated", "ok"]
+        dead = await stack.receive(stack.resources.input_dlq_url)
+        assert [json.loads(m["Body"])["id"] for m in dead] == ["p1"]
+        events = [e for e in await stack.outputs() if e["thread_id"] == thread]
+        final = [e for e in events if e["type"] == "error" and not e["retrying"]]
+        assert len(final) == 1 and final[0]["attempts"] == 5 and "p1" in final[0]["message"]
+        assert [e["text"] for e in of_type(events, "text")] == ["ok"]
 
 
 async def test_a_5mb_tool_result_round_trips_through_the_claim_check() -> None:

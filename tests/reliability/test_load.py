@@ -12,8 +12,9 @@ What is shown:
 - **A poison thread does not delay the others.** Its commits always fail. As on Lambda, a failed record
   stays invisible until its visibility timeout expires, which blocks only its own message group: every
   healthy thread finishes while the poison message has been tried once; then, letting the timeouts
-  expire, each poison message reaches the DLQ after maxReceiveCount attempts, each attempt announced
-  with the same ``error`` event (``retrying: true``).
+  expire, the worker gives up on each poison message on its maxReceiveCount-th attempt (DLQ copy, an
+  ``error`` event with ``retrying: false`` and the attempts), each earlier attempt announced with its own
+  ``error`` event (``retrying: true``, "attempt n of 5").
 - **Two workers on one thread never corrupt it:** the same batch handled by two runtimes at once (both
   load the same head before either commits), and a visibility timeout expiring while the first worker
   is still inside the model, so a second worker processes the redelivered message first.
@@ -298,8 +299,12 @@ async def test_a_poison_thread_does_not_delay_the_others() -> None:
         assert sorted(json.loads(m["Body"])["id"] for m in dead) == [f"{poison}-m{n}" for n in range(3)]
         assert [row async for row in stack.runtime.conversation.load_rows(poison)] == []
         errors = [e for e in await stack.outputs() if e["type"] == "error"]
-        assert errors and all(e["thread_id"] == poison and e["retrying"] for e in errors)
-        assert len({e["event_id"] for e in errors}) == len(errors)  # one event per input, not per attempt
+        assert errors and all(e["thread_id"] == poison for e in errors)
+        assert len({e["event_id"] for e in errors}) == len(errors)  # one event per input and attempt
+        # The worker gave up on each on its last attempt (maxReceiveCount) and said so, once per input.
+        final = [e for e in errors if not e["retrying"]]
+        assert sorted(e["message"].split()[5] for e in final) == [f"{poison}-m{n}" for n in range(3)]
+        assert all(e["attempts"] == 5 for e in final)
 
 
 # ---- two workers on one thread --------------------------------------------------------------------------

@@ -212,15 +212,28 @@ def _usage(record: UsageRecord) -> Usage:
     )
 
 
-def error_event(thread_id: str, message: str, retrying: bool, source_id: str) -> dict[str, Any]:
-    """An ``error`` event caused by the input ``source_id``."""
+def error_event(
+    thread_id: str,
+    message: str,
+    retrying: bool,
+    source_id: str,
+    *,
+    attempt: int | None = None,
+    attempts: int | None = None,
+) -> dict[str, Any]:
+    """An ``error`` event caused by the input ``source_id``: ``attempt`` is the failed attempt of a
+    retried input (each attempt's event has its own id), ``attempts`` how many were made before giving up."""
     kind = "error-retrying" if retrying else "error"
-    return {
+    parts = (source_id, kind) if attempt is None or attempt <= 1 else (source_id, kind, str(attempt))
+    event: dict[str, Any] = {
         "type": "error",
-        "event_id": event_id(thread_id, source_id, kind),
+        "event_id": event_id(thread_id, *parts),
         "message": message,
         "retrying": retrying,
     }
+    if attempts is not None:
+        event["attempts"] = attempts
+    return event
 
 
 async def replay_rows(

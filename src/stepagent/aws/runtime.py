@@ -232,7 +232,13 @@ class AwsRuntime:
             self.queues, str(settings.output_queue_url), conversation, state, self.live
         )
         self._worker = Worker(
-            self._system, self.queues, publisher, self.input_dlq_url, self.metrics, live=self.live
+            self._system,
+            self.queues,
+            publisher,
+            self.input_dlq_url,
+            self.metrics,
+            live=self.live,
+            max_receive_count=settings.max_receive_count,
         )
 
     @classmethod

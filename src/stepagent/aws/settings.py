@@ -65,6 +65,9 @@ KNOWN_NAMES = frozenset(
     }
 )
 
+#: The input queue's ``maxReceiveCount`` when ``STEPAGENT_MAX_RECEIVE_COUNT`` is not set (template.yaml's).
+DEFAULT_MAX_RECEIVE_COUNT = 5
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -93,6 +96,9 @@ class Settings:
     agent_settings: Mapping[str, str] = field(default_factory=dict)
     #: Write the partial text of running completions for clients (``STEPAGENT_LIVE_TEXT``, default on).
     live_text: bool = True
+    #: The input queue's maxReceiveCount: on a record's last allowed attempt the worker gives up on it
+    #: itself (DLQ copy, ``error`` event with ``retrying: false``), so the thread's later records proceed.
+    max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -123,6 +129,8 @@ class Settings:
                     f"STEPAGENT_RAP_SERVERS contains {url!r}, which is not an http(s) URL"
                 )
         return cls(
+            max_receive_count=_positive_int("STEPAGENT_MAX_RECEIVE_COUNT", get("STEPAGENT_MAX_RECEIVE_COUNT"))
+            or DEFAULT_MAX_RECEIVE_COUNT,
             conversation_table=get("STEPAGENT_CONVERSATION_TABLE"),
             state_table=get("STEPAGENT_STATE_TABLE"),
             input_queue_url=get("STEPAGENT_INPUT_QUEUE_URL"),
@@ -199,6 +207,18 @@ def _switch(name: str, raw: str | None, *, default: bool) -> bool:
 
 def _attribute(name: str) -> str:
     return name.removeprefix("STEPAGENT_").lower()
+
+
+def _positive_int(name: str, raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigurationError(f"{name}={raw!r} is invalid: expected a whole number of at least 1")
+    return value
 
 
 def _mcp_servers(raw: str | None) -> tuple[McpServer, ...]:

@@ -12,7 +12,14 @@ Guarantees (DESIGN §1 "Handlers", "Bad input"; §3 invariants 5 and 6):
   thread's later records proceed. If that disposal itself fails, the record fails like a transient one.
 - A transient failure fails the record and every later record of the same thread in the batch (they are
   all in ``batchItemFailures``, so SQS redelivers them in order), with an ``error`` event
-  (``retrying: true``); other threads proceed. ``handle`` never raises for a partial failure.
+  (``retrying: true``, "attempt n of max"); other threads proceed. ``handle`` never raises for a partial
+  failure.
+- On a record's last allowed attempt (``ApproximateReceiveCount`` >= ``max_receive_count``, the input
+  queue's maxReceiveCount) a transient failure is not passed on to SQS, whose redrive would also take the
+  thread's valid later records (FIFO makes them fail with it, so their receive counts climb with it).
+  The worker re-runs the thread's records one at a time, gives up on exactly the ones that still fail —
+  DLQ copy with the reason in ``stepagent_error``, an ``error`` event with ``retrying: false`` and the
+  attempts made — and lets the others proceed.
 - A lost conditional write (:class:`~stepagent.errors.ConcurrentWriteError`: another worker advanced the
   thread) is retried at once from a fresh load; the dedup by logical id makes that re-run absorb whatever
   the other writer already did, so nothing is lost or doubled.
@@ -44,7 +51,14 @@ from stepagent.aws.outputs import (
     step_events,
 )
 from stepagent.core.step import StepInput
-from stepagent.errors import ConcurrentWriteError, GroupMismatchError, InputError, MalformedMessageError
+from stepagent.errors import (
+    ConcurrentWriteError,
+    GroupMismatchError,
+    InputError,
+    MalformedMessageError,
+    RetriesExhaustedError,
+    StepagentError,
+)
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.senders.sqs import SqsQueues
@@ -100,7 +114,7 @@ class Record:
     receive_count: int
     logical_id: str
     message: InputMessage | None = None
-    rejected: InputError | None = None  # deterministic bad input
+    rejected: InputError | RetriesExhaustedError | None = None  # never retried: DLQ copy + error event
     failed: Exception | None = None  # transient (e.g. the claim check's S3 read)
 
 
@@ -116,6 +130,7 @@ class Worker:
         metrics: MetricsSink,
         *,
         live: LiveText | None = None,
+        max_receive_count: int = 5,
     ) -> None:
         self.system = system
         self.queues = queues
@@ -123,6 +138,7 @@ class Worker:
         self.input_dlq_url = input_dlq_url
         self.metrics = metrics
         self.live = live if live is not None else LiveText.disabled()
+        self.max_receive_count = max_receive_count
 
     async def handle(self, event: dict[str, Any]) -> dict[str, Any]:
         records = list(await asyncio.gather(*(self._parse(raw) for raw in event.get("Records", []))))
@@ -155,7 +171,15 @@ class Worker:
         try:
             if not isinstance(body, str):
                 raise MalformedMessageError("the SQS record has no body")
-            message = parse_input_message(await self.queues.resolve(body))
+            resolved = await self.queues.resolve(body)
+        except InputError as error:
+            record.rejected = error
+            return record
+        except Exception as error:  # transient: the record (and its thread's later ones) will be retried
+            record.failed = error
+            return record
+        try:
+            message = parse_input_message(resolved)
             if record.group_id is not None and message.group_id != record.group_id:
                 raise GroupMismatchError(
                     f"body group_id {message.group_id!r} disagrees with MessageGroupId {record.group_id!r}"
@@ -163,8 +187,11 @@ class Worker:
         except InputError as error:
             record.rejected = error
             return record
-        except Exception as error:  # transient: the record (and its thread's later ones) will be retried
-            record.failed = error
+        except Exception as error:
+            # Parsing is a pure function of the body: whatever it raises, retrying cannot help.
+            record.rejected = MalformedMessageError(
+                f"the message body cannot be parsed: {type(error).__name__}: {error}"
+            )
             return record
         record.message = message
         record.group_id = record.group_id or message.group_id
@@ -177,6 +204,9 @@ class Worker:
         """Process one thread's records in order; return the ids of those that must be retried."""
         # Each thread runs in its own task (gather), so these log keys stay with it.
         logger.thread_safe_append_keys(thread_id=None if thread_id.startswith("\x00") else thread_id)
+        for record in records:
+            if record.failed is not None and self._last_attempt(record):
+                record.rejected, record.failed = self._give_up(record, record.failed), None
         cut = next((i for i, r in enumerate(records) if r.failed is not None), len(records))
         active, doomed = records[:cut], records[cut:]
         for record in doomed[:1]:
@@ -200,6 +230,17 @@ class Worker:
                 break
         return [r.record_id for r in rest[failed_at:] + doomed]
 
+    def _last_attempt(self, record: Record) -> bool:
+        return record.receive_count >= self.max_receive_count
+
+    def _give_up(self, record: Record, error: BaseException) -> RetriesExhaustedError:
+        self.metrics.add_metric("GaveUp", "Count", 1)
+        return RetriesExhaustedError(
+            f"gave up on input message {record.logical_id} after {record.receive_count} attempts: "
+            f"{type(error).__name__}: {error}",
+            attempts=record.receive_count,
+        )
+
     async def _step_records(self, thread_id: str, good: list[Record]) -> int | None:
         """Step ``good`` records; the index of the first that must be retried, or ``None``."""
         try:
@@ -209,19 +250,26 @@ class Worker:
             if len(good) == 1:
                 good[0].rejected = error
                 return None
-            first_error: InputError | None = error
+            logger.warning("isolating rejected input", extra={"error": str(error)})
         except Exception as error:
-            await self._report_failure(thread_id, good[0], error)
-            return 0
-        # Some input is unacceptable (e.g. too large to store). Steps are atomic and idempotent, so the
-        # records are re-run one at a time to reject only the culprit.
-        logger.warning("isolating rejected input", extra={"error": str(first_error)})
+            if not any(self._last_attempt(r) for r in good):
+                await self._report_failure(thread_id, good[0], error)
+                return 0
+            if len(good) == 1:
+                good[0].rejected = self._give_up(good[0], error)
+                return None
+            logger.warning("last attempt failed; isolating the failing input", extra={"error": str(error)})
+        # Some input is unacceptable (e.g. too large to store), or a record on its last attempt keeps failing.
+        # Steps are atomic and idempotent, so the records are re-run one at a time to single out the culprit.
         for index, record in enumerate(good):
             try:
                 await self._step_and_publish(thread_id, [record])
             except InputError as error:
                 record.rejected = error
             except Exception as error:
+                if self._last_attempt(record):
+                    record.rejected = self._give_up(record, error)
+                    continue
                 await self._report_failure(thread_id, record, error)
                 return index
         return None
@@ -272,24 +320,32 @@ class Worker:
         self.metrics.add_metric("StepFailures", "Count", 1)
         if record.group_id is None:
             return  # unroutable: no thread to tell
-        message = f"Processing failed and will be retried: {type(error).__name__}: {error}"[
+        attempt = f"attempt {record.receive_count} of {self.max_receive_count}"
+        message = f"Processing failed ({attempt}) and will be retried: {type(error).__name__}: {error}"[
             :_MAX_ATTRIBUTE_CHARS
         ]
+        # One event per attempt (the text names it), each with its own stable id.
+        event = error_event(thread_id, message, True, record.logical_id, attempt=record.receive_count)
         try:
-            await self.publisher.publish(
-                thread_id, [error_event(thread_id, message, True, record.logical_id)]
-            )
+            await self.publisher.publish(thread_id, [event])
         except Exception:  # the record is retried anyway; the event is a courtesy
             logger.exception("could not publish the retrying error event")
 
     async def _reject(self, record: Record) -> bool:
         """Copy a bad record to the input DLQ and tell its thread. ``False`` if that failed."""
-        reason = str(record.rejected)
-        logger.warning("rejected bad input", extra={"message_id": record.logical_id, "reason": reason})
+        error: StepagentError | None = record.rejected
+        reason = str(error)
+        gave_up = isinstance(error, RetriesExhaustedError)
+        logger.warning(
+            "gave up on input" if gave_up else "rejected bad input",
+            extra={"message_id": record.logical_id, "reason": reason},
+        )
         attributes = {
             "stepagent_error": reason[:_MAX_ATTRIBUTE_CHARS],
             "stepagent_message_id": record.record_id,
         }
+        if isinstance(error, RetriesExhaustedError):
+            attributes["stepagent_attempts"] = str(error.attempts)
         if record.group_id is not None:
             attributes["stepagent_message_group_id"] = record.group_id
         try:
@@ -303,10 +359,15 @@ class Worker:
                 claim_check=False,
             )
             if record.group_id is not None:
-                text = f"Rejected input message {record.logical_id}: {reason}"
-                await self.publisher.publish(
-                    record.group_id, [error_event(record.group_id, text, False, record.logical_id)]
-                )
+                if isinstance(error, RetriesExhaustedError):
+                    text = reason[0].upper() + reason[1:]
+                    event = error_event(
+                        record.group_id, text, False, record.logical_id, attempts=error.attempts
+                    )
+                else:
+                    text = f"Rejected input message {record.logical_id}: {reason}"
+                    event = error_event(record.group_id, text, False, record.logical_id)
+                await self.publisher.publish(record.group_id, [event])
         except Exception:
             logger.exception("could not dispose of bad input; it will be retried")
             return False
