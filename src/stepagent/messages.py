@@ -6,7 +6,8 @@ runtime in both directions: its own examples parse, and what we emit parses ther
 ``user_choice_required``); ``synthetic`` is a tagged object or the legacy bare string (a non-associative
 subscription event). The optional ``id`` is our extension: the logical message id used for dedup.
 
-:func:`parse_input_message` is the only entry point for untrusted bodies; it raises
+:func:`parse_input_message` is the only entry point for untrusted bodies; it checks every rule of
+:mod:`stepagent.input_rules` (JSON, depth, characters, sizes, ids) and raises
 :class:`~stepagent.errors.MalformedMessageError` naming the field and the reason.
 """
 
@@ -28,6 +29,7 @@ from pydantic import (
 )
 
 from stepagent.errors import MalformedMessageError
+from stepagent.input_rules import check_id, check_json, check_metadata, check_size, load_json
 
 
 class _Model(BaseModel):
@@ -359,19 +361,37 @@ def _describe(error: ValidationError) -> tuple[str, str]:
     return ".".join(parts) or "(message)", str(first["msg"])
 
 
+def check_input_fields(message: InputMessage) -> None:
+    """The id and metadata rules of :mod:`stepagent.input_rules` for a message built from untrusted data."""
+    check_id(message.id, "id")
+    check_id(message.group_id, "group_id")
+    content = message.content
+    if isinstance(content, ToolResult | OAuthRequired | UserChoiceRequired):
+        check_id(content.id, "content.id")
+        check_id(content.call_id, "content.call_id")
+    synthetic = message.synthetic
+    if isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage):
+        check_id(synthetic.tool_call_id, "synthetic.tool_call_id")
+    if isinstance(synthetic, ThreadReport):
+        check_id(synthetic.child_thread_id, "synthetic.child_thread_id")
+    check_metadata(message.metadata)
+
+
 def parse_input_message(body: str | bytes | dict[str, Any]) -> InputMessage:
-    """Parse an untrusted message body; raise ``MalformedMessageError`` naming the field and the reason."""
+    """Parse an untrusted message body; raise ``MalformedMessageError`` (or ``PayloadTooLargeError``)
+    naming the field and the reason. Every rule of :mod:`stepagent.input_rules` is checked here."""
     if isinstance(body, bytes | str):
-        try:
-            raw = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise MalformedMessageError(f"message body is not valid JSON: {exc}") from None
+        check_size(body)
+        raw = load_json(body)
     else:
         raw = body
     if not isinstance(raw, dict):
         raise MalformedMessageError(f"message body must be a JSON object, got {type(raw).__name__}")
+    check_json(raw, "input message")
     try:
-        return _INPUT_ADAPTER.validate_python(raw)
+        message = _INPUT_ADAPTER.validate_python(raw)
     except ValidationError as exc:
         field, reason = _describe(exc)
         raise MalformedMessageError(f"invalid input message: {field}: {reason}", field=field) from None
+    check_input_fields(message)
+    return message

@@ -452,3 +452,62 @@ async def test_output_event_ids_are_stable_when_a_step_is_re_run() -> None:
     assert [e["event_id"] for e in texts] == [e["event_id"] for e in second]
     assert [e["type"] for e in texts] == ["text", "tool_call", "tool_result", "text", "turn_complete"]
     assert texts[0]["event_id"] == event_id(thread, "2", "text")
+
+
+def _deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+async def test_deterministic_bad_input_is_rejected_at_the_boundary_not_retried() -> None:
+    """Deep nesting, a lone surrogate, a noncharacter, NaN, an id too long for a DynamoDB key: each is
+    copied to the DLQ with the reason and announced (``retrying: false``); the thread's next message runs."""
+    bad = {
+        "deep-metadata": '{"content":{"type":"text","text":"hi"},"group_id":"%s","metadata":'
+        + '{"a":' * 40_000
+        + "1"
+        + "}" * 40_000
+        + "}",
+        "deep-content": '{"content":{"type":"text","text":"hi","x":' + _deep(40_000) + '},"group_id":"%s"}',
+        "shallow-but-too-deep": '{"content":{"type":"text","text":"hi"},"group_id":"%s","metadata":'
+        + _deep(70)
+        + "}",
+        "surrogate": '{"content":{"type":"text","text":"bad \\ud800 text"},"group_id":"%s"}',
+        "noncharacter": '{"content":{"type":"text","text":"bad \\uffff"},"group_id":"%s"}',
+        "nan": '{"content":{"type":"text","text":"hi"},"group_id":"%s","metadata":{"x":NaN}}',
+        "long-id": '{"content":{"type":"text","text":"hi"},"group_id":"%s","id":"' + "i" * 2000 + '"}',
+    }
+    reasons = {
+        "deep-metadata": "nested deeper",
+        "deep-content": "nested deeper",
+        "shallow-but-too-deep": "nested deeper than 64",
+        "surrogate": "lone surrogate (U+D800)",
+        "noncharacter": "noncharacter (U+FFFF)",
+        "nan": "NaN",
+        "long-id": "longer than 512 bytes",
+    }
+    async with aws_stack() as stack:
+        threads = {name: tid(name) for name in bad}
+        for name, body in bad.items():
+            await stack.send_raw(body % threads[name], threads[name], f"raw-{name}")
+        await stack.send_user(threads["surrogate"], "after the bad one", "next")
+        event = await _batch(stack, len(bad) + 1)
+        result = await stack.runtime.handle_sqs_batch(event)
+        assert failed_ids(result) == []
+        assert await stack.texts(threads["surrogate"]) == ["after the bad one", "ok"]
+        for name in bad:
+            if name != "surrogate":
+                assert await stack.texts(threads[name]) == [], name
+        dlq = [m for _ in range(3) for m in await stack.receive(stack.resources.input_dlq_url)]
+        by_group = {
+            m["MessageAttributes"]["stepagent_message_group_id"]["StringValue"]: m["MessageAttributes"][
+                "stepagent_error"
+            ]["StringValue"]
+            for m in dlq
+        }
+        assert sorted(by_group) == sorted(threads.values())
+        for name, reason in reasons.items():
+            assert reason in by_group[threads[name]], (name, by_group[threads[name]])
+        events = await stack.outputs()
+        for name, thread in threads.items():
+            [error] = of_type(events, "error", thread)
+            assert error["retrying"] is False, name

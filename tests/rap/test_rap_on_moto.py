@@ -187,3 +187,50 @@ async def test_the_lambda_handler_module(monkeypatch: pytest.MonkeyPatch) -> Non
         assert refused["statusCode"] == 403 and "error" in json.loads(refused["body"])
         [queued] = await stack.receive(stack.input_url)
         assert parse_input_message(queued["Body"]).content.first_text() == "42"  # type: ignore[union-attr]
+
+
+async def test_a_genuine_callback_the_worker_would_reject_is_a_4xx_and_nothing_is_enqueued() -> None:
+    """A lone surrogate in the text (valid JSON, not encodable as UTF-8) used to be a 500 — the tool server
+    retries that forever — and a 50,000-deep body made the handler raise (a 502 from Lambda)."""
+    async with aws_stack() as stack:
+        settings = Settings.from_env(
+            {
+                "STEPAGENT_INPUT_QUEUE_URL": stack.input_url,
+                "STEPAGENT_CALLBACK_SECRET": SECRET,
+                "STEPAGENT_BLOB_BUCKET": stack.resources.bucket,
+                "AWS_ENDPOINT_URL": moto_endpoint(),
+                "AWS_REGION": "us-east-1",
+            }
+        )
+        receiver = await RapReceiverRuntime.create(settings)
+
+        def request(body: str, call: str = "call-1") -> dict[str, Any]:
+            return {
+                "requestContext": {"http": {"method": "POST"}},
+                "queryStringParameters": {"token": callback_token(SECRET, "conv-bad", call)},
+                "body": body,
+                "isBase64Encoded": False,
+            }
+
+        try:
+            surrogate = '{"type":"tool_result","group_id":"conv-bad","id":"call-1","text":"bad \\ud800"}'
+            deep = '{"type":"tool_result","group_id":"conv-bad","id":"call-1","text":"x","content":'
+            deep += "[" * 50_000 + "]" * 50_000 + "}"
+            long_id = json.dumps(
+                {"type": "tool_result", "group_id": "conv-bad", "id": "c" * 600, "text": "x"}
+            )
+            cases = [
+                (surrogate, "call-1", "lone surrogate"),
+                (deep, "call-1", "nested deeper"),
+                (long_id, "c" * 600, "longer than 512 bytes"),  # a DynamoDB key part: never enqueued
+            ]
+            for body, call, reason in cases:
+                response = await receiver.handle(request(body, call))
+                assert response["statusCode"] == 400, response
+                assert reason in json.loads(response["body"])["error"]
+            fine = '{"type":"tool_result","group_id":"conv-bad","id":"call-1","text":"fine \\u00e9"}'
+            assert (await receiver.handle(request(fine)))["statusCode"] == 200
+        finally:
+            await receiver.aclose()
+        [queued] = await stack.receive(stack.input_url)  # only the good one
+        assert parse_input_message(queued["Body"]).content.first_text() == "fine é"  # type: ignore[union-attr]

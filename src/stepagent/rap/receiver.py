@@ -16,7 +16,10 @@ Guarantees:
   anything is converted.
 - Rejections are 4xx with a JSON ``{"error": "..."}`` built by ``json.dumps`` (never string formatting):
   405 for a method other than POST, 413 for a body over :data:`MAX_BODY_BYTES` (Lambda's 6 MB request
-  limit), 400 for a missing, undecodable, non-JSON or schema-violating body (naming the field).
+  limit), 400 for a missing, undecodable, non-JSON or schema-violating body (naming the field), and for
+  one that breaks a rule of :mod:`stepagent.input_rules` (nesting, lone surrogates, ids): a body the worker
+  would reject is never enqueued, and a deterministic problem is never a 5xx (which tells the tool to
+  retry forever) or an exception (a 502 from Lambda).
 - Conversion is the reference's ``prepare_callback``: a ``tool_result`` keeps its ``content`` items when
   there are any, else one text item from ``text`` (empty when both are absent); ``display_as`` and
   ``subscription`` pass through; an image keeps its data, and a ``mediaType`` the models do not know is
@@ -44,7 +47,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from stepagent.errors import InputError
 from stepagent.ids import derived_id
+from stepagent.input_rules import check_json, load_json
 from stepagent.messages import (
     ImageBlock,
     InputMessage,
@@ -53,6 +58,7 @@ from stepagent.messages import (
     TextBlock,
     ToolResult,
     UserChoiceRequired,
+    check_input_fields,
 )
 from stepagent.rap.protocol import (
     CALLBACK_ADAPTER,
@@ -219,11 +225,15 @@ def receive_callback(
     if not raw:
         return reject(400, "the request has no body")
     try:
-        data = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         return reject(400, "the body is not valid UTF-8")
-    except json.JSONDecodeError as exc:
-        return reject(400, f"the body is not valid JSON: {exc}")
+    try:
+        data = load_json(text, "callback body")
+        if isinstance(data, dict):
+            check_json(data, "callback")
+    except InputError as exc:
+        return reject(400, str(exc))
     if not isinstance(data, dict):
         return reject(400, "the body must be a JSON object")
     try:
@@ -247,6 +257,10 @@ def receive_callback(
     converted = convert_callback(callback)
     if isinstance(converted, ViewUpdate):
         return ReceiverResult(200, OK_BODY, views=(converted,))
+    try:
+        check_input_fields(converted.message)  # the worker's rules: what is enqueued will be accepted
+    except InputError as exc:
+        return reject(400, str(exc))
     return ReceiverResult(200, OK_BODY, messages=(converted,))
 
 
