@@ -25,3 +25,11 @@ def child_thread_id(parent_id: str, spawn_tool_call_id: str) -> str:
 def completion_id(thread_id: str, message_id: str, counter: int) -> str:
     """The row id of the ``counter``-th streamed item of a step whose last ready input is ``message_id``."""
     return f"{thread_id}-{message_id}-completion-{counter}"
+
+
+def fresh_tool_call_id(thread_id: str, row_id: str, attempt: int = 0) -> str:
+    """The id given to a model's tool call whose own id is empty or already used in the thread: derived
+    from the call's row id, so a re-run of the step names it the same. ``call_`` and hex only, which
+    every provider accepts back."""
+    digest = derived_id("tool-call", thread_id, row_id, str(attempt)).replace("-", "")
+    return f"call_{digest[:24]}"

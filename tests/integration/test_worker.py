@@ -14,7 +14,7 @@ import pytest
 from stepagent.aws.outputs import event_id
 from stepagent.errors import PayloadTooLargeError, QueueError, StoreError
 from stepagent.messages import InputMessage
-from stepagent.providers.base import ModelInfo, ModelRequest, StreamEvent
+from stepagent.providers.base import ModelInfo, ModelRequest, StreamEvent, ToolCallComplete
 from stepagent.providers.scripted import ScriptedProvider
 from tests.integration.aws_helpers import SCRIPT, Stack, aws_stack, failed_ids
 
@@ -511,3 +511,49 @@ async def test_deterministic_bad_input_is_rejected_at_the_boundary_not_retried()
         for name, thread in threads.items():
             [error] = of_type(events, "error", thread)
             assert error["retrying"] is False, name
+
+
+class FixedToolCallIds:
+    """The scripted model, except that every tool call it makes carries the id ``tool_call_id`` (an
+    OpenAI-compatible server that repeats ids, or ``""`` for one that omits them)."""
+
+    def __init__(self, tool_call_id: str) -> None:
+        self.inner = ScriptedProvider(SCRIPT)
+        self.tool_call_id = tool_call_id
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.inner.info
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        async for event in self.inner.stream(request):
+            if isinstance(event, ToolCallComplete):
+                event = ToolCallComplete(event.call.model_copy(update={"id": self.tool_call_id}))
+            yield event
+
+
+@pytest.mark.parametrize("reused", ["call_1", ""], ids=["repeated-id", "empty-id"])
+async def test_a_model_that_reuses_or_omits_tool_call_ids_loses_no_work(reused: str) -> None:
+    async with aws_stack(provider=FixedToolCallIds(reused)) as stack:
+        thread = tid()
+        for n in (1, 2):
+            await stack.send_user(thread, f"what is the weather? ({n})", f"w{n}")
+            await stack.pump()
+        texts = await stack.texts(thread)
+        assert texts.count("It is sunny in Paris.") == 2, texts  # the second result was not absorbed
+        assert texts[-1] == "It is sunny in Paris."
+        calls = [e for e in await stack.outputs() if e["type"] == "tool_call"]
+        ids = [c["tool_call_id"] for c in calls]
+        assert len(set(ids)) == 2 and all(ids)
+
+
+@pytest.mark.parametrize("reused", ["call_1", ""], ids=["repeated-id", "empty-id"])
+async def test_two_spawns_with_one_provider_tool_call_id_are_two_children(reused: str) -> None:
+    async with aws_stack(provider=FixedToolCallIds(reused)) as stack:
+        parent = tid("parent")
+        for n in (1, 2):
+            await stack.send_user(parent, f"please delegate ({n})", f"d{n}")
+            await stack.pump()
+        children = await stack.runtime.conversation.children(parent)
+        assert len(children) == 2 and len({c.spawn_tool_call_id for c in children}) == 2
+        assert (await stack.texts(parent)).count("Got the report.") == 2

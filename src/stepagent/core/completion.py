@@ -9,6 +9,8 @@ Guarantees:
   history) and a later stream failure ends the round instead of retrying it.
 - A synchronous tool runs only after the history holding its call — and a dispatch intent for it — is
   committed, so a crash mid-tool is re-driven by the next step instead of wedging the thread.
+- Every tool call gets a thread-unique id: a provider id that is empty or already used is replaced by
+  one derived from the call's row id (so a re-run is byte-identical).
 - Loop-backs are capped per step, so a model that keeps calling unknown tools cannot spin forever.
 - Cancellation (the ``cancel`` event, set by local mode when user text interrupts or the system shuts
   down) takes effect at once, even while the provider waits for its next chunk or a retry backs off: the
@@ -48,7 +50,7 @@ from stepagent.history_items import (
     ToolCallItem,
     ToolResultItem,
 )
-from stepagent.ids import completion_id
+from stepagent.ids import completion_id, fresh_tool_call_id
 from stepagent.messages import ImageBlock, TextBlock, ToolCall, ToolResult
 from stepagent.providers.base import (
     Final,
@@ -276,6 +278,7 @@ class CompletionRunner:
                 case ToolCallComplete(call=call):
                     self._end_thinking()
                     state.emitted_call = True
+                    call = await self._thread_unique(call, chunk_id)
                     await self._on_tool_call(call, chunk_id, state, outcome)
                 case Final(usage=usage):
                     self._end_thinking()
@@ -293,6 +296,20 @@ class CompletionRunner:
             history.flush_turn_trimming_reasoning()
             outcome.cancelled = True
         return False
+
+    async def _thread_unique(self, call: ToolCall, chunk_id: str) -> ToolCall:
+        """``call``, renamed when its id is empty or already used in this thread (OpenAI-compatible servers
+        and open models repeat or omit ids): a result for a reused id would be absorbed as a duplicate,
+        and a second spawn with it would find the first child. The new id is derived from the call's
+        row id, so a re-run of this step is byte-identical."""
+        if not await self.history.tool_call_id_taken(call.id):
+            return call
+        attempt = 0
+        while await self.history.tool_call_id_taken(
+            new := fresh_tool_call_id(self.history.thread_id, chunk_id, attempt)
+        ):
+            attempt += 1
+        return call.model_copy(update={"id": new})
 
     async def _on_tool_call(
         self, call: ToolCall, chunk_id: str, state: _RoundState, outcome: CompletionOutcome

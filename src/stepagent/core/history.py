@@ -8,7 +8,9 @@ What it guarantees:
 - **Tail matching.** A tool result is accepted only as the answer to the trailing, unanswered tool call.
   Anything else appended after an unanswered call first injects ``Tool call interrupted by user``.
 - **Dedup.** An input whose logical message id was already folded in is ignored; a result for an
-  already-answered call is absorbed (its id recorded so a redelivery is cheap).
+  already-answered call is absorbed (its id recorded so a redelivery is cheap). That is only sound
+  because call ids are unique in a thread: :meth:`tool_call_id_taken` lets the completion rename a
+  model's call whose id is empty or reused.
 - **Atomic sync.** :meth:`sync` persists new rows, processed ids, answered calls, dispatch intents,
   subscription, deferral and metadata changes and the step's usage record as one :class:`~stepagent.stores.base.Commit`,
   conditioned on the head version the manager loaded (a concurrent writer makes it fail, never
@@ -173,6 +175,24 @@ class HistoryManager:
         return self._processed[message_id]
 
     def is_answered(self, tool_call_id: str) -> bool:
+        return tool_call_id in self._answered
+
+    async def tool_call_id_taken(self, tool_call_id: str) -> bool:
+        """Whether a call of this thread (or of the prefix it inherited) already has ``tool_call_id``.
+        The visible history holds every call unless a summary hides some; then the durable answered
+        markers are asked too (every call that was ever answered has one)."""
+        if not tool_call_id or tool_call_id in self._answered:
+            return True
+        if self.find_tool_call(tool_call_id) is not None:
+            return True
+        if any(
+            isinstance(item, EventItem) and item.invocation is not None and item.invocation.id == tool_call_id
+            for item in self.history
+        ):
+            return True
+        if self.compacted_up_to is None:
+            return False
+        await self.prefetch(tool_call_ids=[tool_call_id])
         return tool_call_id in self._answered
 
     # ---- folding inputs ---------------------------------------------------------------------------------
