@@ -82,6 +82,27 @@ async def test_rewind_cuts_the_tail_and_the_next_commit_overwrites_the_rest(stor
     assert await texts(conv, thread) == ["old 0", "old 1", "new 0"]
 
 
+async def epochs(conv: ConversationStore, thread: str) -> list[tuple[int, int]]:
+    return [(row.order, row.epoch) async for row in conv.load_rows(thread)]
+
+
+async def test_rewinds_and_replacements_start_a_new_epoch_that_new_rows_carry(stores: StorePair) -> None:
+    """Orders are reused after a rewind; (order, epoch) never is (output event ids depend on it)."""
+    conv, _ = stores
+    thread = uid("t")
+    first = await seeded(conv, thread, 3)
+    assert first.epoch == 0 and await epochs(conv, thread) == [(1, 0), (2, 0), (3, 0)]
+    info = await conv.rewind(thread, Rewind(expected_version=1, to_order=1))
+    assert info.epoch == 1 and (await conv.get_thread(thread)) == info
+    after = await conv.commit(thread, Commit(expected_version=2, rows=rows("new", 2)))
+    assert after.epoch == 1 and await epochs(conv, thread) == [(1, 0), (2, 1), (3, 1)]
+    replaced = await replace_history(conv, thread, after.version, rows("swap", 2))
+    assert replaced.epoch == 2 and await epochs(conv, thread) == [(1, 2), (2, 2)]
+    fresh = uid("fresh")  # a new thread's history was never published: it starts at epoch 0
+    assert (await replace_history(conv, fresh, 0, rows("imported", 1))).epoch == 0
+    assert await epochs(conv, fresh) == [(1, 0)]
+
+
 async def test_rewind_to_zero_and_bounds(stores: StorePair) -> None:
     conv, _ = stores
     thread = uid("t")

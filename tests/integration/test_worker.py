@@ -557,3 +557,34 @@ async def test_two_spawns_with_one_provider_tool_call_id_are_two_children(reused
         children = await stack.runtime.conversation.children(parent)
         assert len(children) == 2 and len({c.spawn_tool_call_id for c in children}) == 2
         assert (await stack.texts(parent)).count("Got the report.") == 2
+
+
+async def test_the_answer_after_a_rewind_gets_a_new_event_id_and_reaches_the_output_queue() -> None:
+    """After ``stepagent rewind``, new rows take the dropped rows' orders. Their events must not reuse the
+    dropped rows' ids: consumers dedup by ``event_id``, and so does the output FIFO queue (5 minutes)."""
+    from stepagent.lifecycle.rewind import rewind_thread
+
+    again = {"when": "again", "on": ["user"], "reply": [{"text": "Welcome back."}]}
+    async with aws_stack(script={**SCRIPT, "rules": [again, *SCRIPT["rules"]]}) as stack:
+        thread = tid()
+        for n in (1, 2):
+            await stack.send_user(thread, f"hello {n}", f"m{n}")
+            await stack.pump()
+        dropped = [e for e in await stack.outputs() if e["type"] == "text"]
+        assert [e["event_id"] for e in dropped] == [
+            event_id(thread, "2", "text"),
+            event_id(thread, "4", "text"),
+        ]
+        result = await rewind_thread(stack.runtime.conversation, stack.runtime.state, thread, 2)
+        assert result.dropped_rows == 2
+        await stack.send_user(thread, "hello again", "m3")
+        await stack.pump()
+        assert await stack.texts(thread) == ["hello 1", "ok", "hello again", "Welcome back."]
+        [answer] = [e for e in await stack.outputs() if e["type"] == "text"]  # delivered, with a new id
+        assert answer["text"] == "Welcome back." and answer["event_id"] != dropped[1]["event_id"]
+        # Stable across redelivery: re-publishing the same rows gives the same id.
+        rows = [row async for row in stack.runtime.conversation.load_rows(thread)]
+        from stepagent.aws.outputs import row_events
+
+        assert row_events(thread, rows[3:])[0]["event_id"] == answer["event_id"]
+        assert row_events(thread, rows[1:2])[0]["event_id"] == dropped[0]["event_id"]  # kept rows keep theirs

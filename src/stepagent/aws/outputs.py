@@ -14,8 +14,9 @@ Guarantees (DESIGN §1 "Output queue"):
   of the step's model calls; prompt-cache tokens are not in ``input_tokens``) and ``model``
   (``<provider>:<model id>``), exactly as the step's committed :class:`~stepagent.stores.base.UsageRecord`
   holds them.
-- ``event_id`` is stable: row events derive it from (thread, order, kind); ``turn_complete`` from
-  (thread, the head version of the commit that stored its usage); the others from the input's logical
+- ``event_id`` is stable and unique per content for the life of a thread: row events derive it from
+  (thread, order, kind) and, after a rewind or a history replacement, the row's epoch; ``turn_complete``
+  from (thread, the head version of the commit that stored its usage); the others from the input's logical
   message id (``error``, ``oauth_required``, ``user_choice_required``) or the choice id
   (``user_choice_complete``). A redelivered or re-run step re-emits the same ids, so consumers (and the
   queue's own dedup) see each event once. :func:`replay_rows` and :func:`replay_turn_complete` re-report
@@ -79,6 +80,15 @@ class StepEvents:
         return [row for event in self.events if isinstance(event, TurnCommitted) for row in event.rows]
 
 
+def row_event_id(thread_id: str, row: StoredRow, kind: str) -> str:
+    """The id of the ``kind`` event of ``row``: from (thread, order, kind), plus the row's epoch once the
+    thread was rewound or replaced — orders are reused then, and the new content must not share an id with
+    what was dropped (consumers, and the FIFO queue's own dedup, would discard it)."""
+    if row.epoch == 0:
+        return event_id(thread_id, str(row.order), kind)
+    return event_id(thread_id, str(row.order), kind, f"epoch-{row.epoch}")
+
+
 def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[dict[str, Any]]:
     """``text``, ``tool_call``, ``tool_result`` and ``event`` (a report or subscription event folded into
     the thread) events, without the thread context, for committed rows."""
@@ -86,14 +96,12 @@ def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[dict[str, Any]
     for row in rows:
         item = row.item
         if isinstance(item, AssistantText) and item.text:
-            out.append(
-                {"type": "text", "event_id": event_id(thread_id, str(row.order), "text"), "text": item.text}
-            )
+            out.append({"type": "text", "event_id": row_event_id(thread_id, row, "text"), "text": item.text})
         elif isinstance(item, ToolCallItem):
             out.append(
                 {
                     "type": "tool_call",
-                    "event_id": event_id(thread_id, str(row.order), "tool_call"),
+                    "event_id": row_event_id(thread_id, row, "tool_call"),
                     "name": item.call.name,
                     "args": item.call.arguments,
                     "tool_call_id": item.call.id,
@@ -105,7 +113,7 @@ def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[dict[str, Any]
             out.append(
                 {
                     "type": kind,
-                    "event_id": event_id(thread_id, str(row.order), kind),
+                    "event_id": row_event_id(thread_id, row, kind),
                     "tool_call_id": original,
                     "text": item.result.joined_text(),
                 }

@@ -356,7 +356,7 @@ class HistoryManager:
         self.version = self.info.version
         first_order = self.info.tail - len(commit.rows) + 1
         self.committed_rows.extend(
-            StoredRow(order=first_order + index, message_id=message_id, item=item)
+            StoredRow(order=first_order + index, message_id=message_id, item=item, epoch=self.info.epoch)
             for index, (item, message_id) in enumerate(commit.rows)
         )
         self._pending = _PendingCommit()

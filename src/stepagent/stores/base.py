@@ -14,7 +14,8 @@ Guarantees every implementation must give (the contract suite in ``tests/contrac
 - Dedup reads touch only the ids asked for (``filter_processed``), never a thread-sized set.
 - Compaction summaries are keyed by the order they cover; rows are never deleted by compaction.
 - History changes other than appends (``tests/contract/test_store_contract_replace.py``): a
-  :class:`Rewind` is one conditional head update; a whole-history replacement is staged under a new
+  :class:`Rewind` is one conditional head update (it also moves the thread to a new epoch, and rows carry
+  the epoch they were committed in, so content at a reused order is never mistaken for the old); a whole-history replacement is staged under a new
   generation (:meth:`ConversationStore.stage_history`) and made visible by one conditional head flip, so
   every reader sees exactly the old or the new history; abandoned generations are invisible and removed by
   :meth:`ConversationStore.sweep_generations`.
@@ -51,6 +52,9 @@ class ThreadInfo:
     closed: bool = False
     version: int = 0
     tail: int = 0
+    #: The history epoch: 0 for a history that was only ever appended to, + 1 on every rewind and whole
+    #: history replacement. Orders are reused after those; (order, epoch) never is.
+    epoch: int = 0
     #: What the thread's last commit said about its turn (:attr:`Commit.turn_complete`); ``None`` when no
     #: commit has recorded it (a spawned child before its first step, an imported or older thread). A
     #: liveness flag, not part of the record: equality ignores it.
@@ -62,6 +66,8 @@ class StoredRow:
     order: int
     message_id: str
     item: HistoryItem
+    #: The thread's epoch when the row was committed (see :attr:`ThreadInfo.epoch`).
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)

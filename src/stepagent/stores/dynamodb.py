@@ -272,7 +272,8 @@ class DynamoConversationStore:
                 data = await self._io.read_payload(raw, f"thread {thread_id} row {order}")
                 self.metrics.rows_read += 1
                 expected += 1
-                yield StoredRow(order=order, message_id=str(raw["message_id"]["S"]), item=decode_item(data))
+                epoch = int(raw["ep"]["N"]) if "ep" in raw else 0
+                yield StoredRow(order, str(raw["message_id"]["S"]), decode_item(data), epoch)
             start = page.get("LastEvaluatedKey")
             if not start:
                 break
@@ -398,6 +399,8 @@ class DynamoConversationStore:
             "message_id": s_attr(message_id),
             "cv": n_attr(cv),
         }
+        if info.epoch:
+            item["ep"] = n_attr(info.epoch)
         return put(
             self.table,
             item | payload,

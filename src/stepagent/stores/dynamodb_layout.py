@@ -8,13 +8,13 @@ or a head lives. Numbers are zero-padded so ``sk`` sorts numerically; :func:`row
 
 Item layout (``pk`` = thread id in both tables)::
 
-    conversation  HEAD              root_id kind closed version tail [parent_id spawn_order spawn_tool_call_id]
+    conversation  HEAD              root_id kind closed version tail [epoch] [parent_id spawn_order spawn_tool_call_id]
                                     [gen] [pending_gen pending_at]       generation pointer, replacement mark
                                     [turn_complete] [inbox]              last commit's turn flag; ids of
                                                                          messages sent here by other threads,
                                                                          not yet processed (string set)
                                     [journal journal_n]                  a flipped commit's pending journal
-                  R#{order:012d}    message_id cv (body | blob)          one history row, encoded item JSON
+                  R#{order:012d}    message_id cv [ep] (body | blob)       one history row, encoded item JSON
                   R#g{gen}#{order:012d}  (same)                          a row of a replaced history
                   S#{up_to:012d}    (body | blob)                        compaction summary text
                   C#{child_id}      seq                                  child index entry (spawn order)
@@ -118,6 +118,7 @@ def info_from_item(item: Item) -> ThreadInfo:
         closed=bool(item.get("closed", {}).get("BOOL", False)),
         version=number("version") or 0,
         tail=number("tail") or 0,
+        epoch=number("epoch") or 0,
         turn_complete=bool(turn) if turn is not None else None,
     )
 
@@ -138,6 +139,8 @@ def head_item(info: ThreadInfo) -> Item:
         item["spawn_order"] = n_attr(info.spawn_order)
     if info.spawn_tool_call_id is not None:
         item["spawn_tool_call_id"] = s_attr(info.spawn_tool_call_id)
+    if info.epoch:
+        item["epoch"] = n_attr(info.epoch)
     if info.turn_complete is not None:
         item[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": info.turn_complete}
     return item

@@ -155,12 +155,18 @@ async def rewind_thread(store: ConversationTable, thread_id: str, rewind: Rewind
         raise ValueError(f"thread {thread_id}: cannot rewind to {rewind.to_order} (tail {info.tail})")
     markers, cleanup, late = _cleanup_writes(store, thread_id, rewind.cleanup, set())
     await store._io.batch_delete(store.state_table, markers)
+    # A new epoch: the orders past the cut will be reused, and (order, epoch) tells their rows apart.
     head_update = update(
         store.table,
         item_key(thread_id, HEAD_SK),
-        "SET #v = :nv, #t = :nt",
-        {"#v": "version", "#t": "tail"},
-        {":nv": n_attr(info.version + 1), ":nt": n_attr(rewind.to_order), ":e": n_attr(info.version)},
+        "SET #v = :nv, #t = :nt, #ep = :ep",
+        {"#v": "version", "#t": "tail", "#ep": "epoch"},
+        {
+            ":nv": n_attr(info.version + 1),
+            ":nt": n_attr(rewind.to_order),
+            ":e": n_attr(info.version),
+            ":ep": n_attr(info.epoch + 1),
+        },
         ConditionExpression="#v = :e",
     )
     summaries = [
@@ -168,7 +174,7 @@ async def rewind_thread(store: ConversationTable, thread_id: str, rewind: Rewind
         for order in dict.fromkeys(rewind.summaries_removed)
     ]
     await _apply(store, thread_id, [head_update, *summaries, *cleanup], late)
-    return replace(info, version=info.version + 1, tail=rewind.to_order)
+    return replace(info, version=info.version + 1, tail=rewind.to_order, epoch=info.epoch + 1)
 
 
 # ---- replacement -----------------------------------------------------------------------------------------
@@ -218,6 +224,8 @@ class DynamoStaging:
         self._summaries: dict[int, Item] = {}
         self._blobs: list[str] = []
         self._flipped = False
+        # A replaced history starts a new epoch (a brand-new thread never published anything: epoch 0).
+        self._epoch = info_from_item(head).epoch + 1 if head is not None else 0
 
     async def add(self, entries: AsyncIterable[HistoryEntry] | Iterable[HistoryEntry]) -> None:
         store, thread_id = self._store, self.thread_id
@@ -239,6 +247,8 @@ class DynamoStaging:
                 self._blobs.append(str(payload["blob"]["S"]))
             row = item_key(thread_id, row_sk(order, self.generation))
             row |= {"message_id": s_attr(message_id), "cv": n_attr(cv)} | payload
+            if self._epoch:
+                row["ep"] = n_attr(self._epoch)
             batch.append(row)
             size += len(str(payload.get("body", {}).get("S", "")))
             # Only this batch is held: memory stays bounded whatever the history's length.
@@ -252,7 +262,9 @@ class DynamoStaging:
         store, thread_id, head = self._store, self.thread_id, self._head
         current = info_from_item(head) if head is not None else None
         base = replacement.record or current or ThreadInfo(thread_id=thread_id, root_id=thread_id)
-        new = replace(base, thread_id=thread_id, version=self._expected + 1, tail=self._count)
+        new = replace(
+            base, thread_id=thread_id, version=self._expected + 1, tail=self._count, epoch=self._epoch
+        )
         state = replacement.state
         others = (
             await state_writes(store._io, store.state_table, thread_id, state, new.version) if state else []
@@ -285,7 +297,7 @@ class DynamoStaging:
         sets = ["#v = :nv", "#t = :nt", "#g = :g"]
         removes = ["#pg", "#pa"]
         fields = head_item(new)
-        for name in ("root_id", "kind", "closed", "parent_id", "spawn_order", "spawn_tool_call_id"):
+        for name in ("root_id", "kind", "closed", "parent_id", "spawn_order", "spawn_tool_call_id", "epoch"):
             names[f"#{name}"] = name
             if name in fields:
                 sets.append(f"#{name} = :{name}")

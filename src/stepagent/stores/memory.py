@@ -66,7 +66,7 @@ class _Staged:
 @dataclass(slots=True)
 class MemoryBackend:
     threads: dict[str, ThreadInfo] = field(default_factory=dict)
-    rows: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # thread -> [(message_id, json)]
+    rows: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)  # [(message_id, json, epoch)]
     summaries: dict[str, dict[int, str]] = field(default_factory=dict)
     state: dict[str, _ThreadState] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -173,8 +173,8 @@ class InMemoryConversationStore:
         last = info.tail if up_to is None else min(up_to, info.tail)
         rows = self.backend.rows.get(thread_id, [])
         for order in range(after + 1, last + 1):
-            message_id, data = rows[order - 1]
-            yield StoredRow(order=order, message_id=message_id, item=decode_item(data))
+            message_id, data, epoch = rows[order - 1]
+            yield StoredRow(order=order, message_id=message_id, item=decode_item(data), epoch=epoch)
 
     async def commit(self, thread_id: str, commit: Commit) -> ThreadInfo:
         backend = self.backend
@@ -186,7 +186,7 @@ class InMemoryConversationStore:
         encoded = [(message_id, encode_item(item)) for item, message_id in commit.rows]
         log = backend.rows.setdefault(thread_id, [])
         del log[info.tail :]  # rows past the tail are invisible leftovers; a commit overwrites them
-        log.extend(encoded)
+        log.extend((message_id, data, info.epoch) for message_id, data in encoded)
         backend.apply_state(thread_id, commit)
         new = replace(
             info,
@@ -240,7 +240,7 @@ class InMemoryConversationStore:
             summaries.pop(order, None)
         backend.apply_cleanup(thread_id, rewind.cleanup)
         # Rows past the new tail stay as invisible leftovers; the next commit overwrites them.
-        new = replace(info, version=info.version + 1, tail=rewind.to_order)
+        new = replace(info, version=info.version + 1, tail=rewind.to_order, epoch=info.epoch + 1)
         backend.threads[thread_id] = new
         return new
 
@@ -317,11 +317,14 @@ class _MemoryStaging:
             raise ConcurrentWriteError(f"thread {thread_id} changed while its history was being replaced")
         staged = backend.staged.pop((thread_id, self.generation), _Staged())
         base = replacement.record or info or ThreadInfo(thread_id=thread_id, root_id=thread_id)
-        new = replace(base, thread_id=thread_id, version=self._expected + 1, tail=len(staged.rows))
+        epoch = info.epoch + 1 if info is not None else 0
+        new = replace(
+            base, thread_id=thread_id, version=self._expected + 1, tail=len(staged.rows), epoch=epoch
+        )
         # The old generation's rows are retired, not dropped: a sweep deletes them, as on DynamoDB.
-        retired = _Staged(rows=backend.rows.get(thread_id, []))
+        retired = _Staged(rows=[(m, d) for m, d, _ in backend.rows.get(thread_id, [])])
         backend.staged[(thread_id, backend.generation.get(thread_id, ""))] = retired
-        backend.rows[thread_id] = staged.rows
+        backend.rows[thread_id] = [(m, d, epoch) for m, d in staged.rows]
         backend.summaries[thread_id] = staged.summaries
         backend.generation[thread_id] = self.generation
         backend.pending.pop(thread_id, None)
