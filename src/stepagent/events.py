@@ -125,6 +125,16 @@ class Info:
 
 
 @dataclass(frozen=True, slots=True)
+class InputRejected:
+    """An input was refused and had no effect (a report from a thread that is not a child, an event for a
+    subscription the thread does not have, a ``compaction_complete`` with nothing to apply, ...). It is
+    recorded as processed; the outside world is told why (an ``error`` output event), never only a log."""
+
+    message_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class StepFailed:
     """The step failed with a (transient) error; the input will be retried."""
 
@@ -149,6 +159,7 @@ AgentEvent = (
     | UserChoiceRequiredEvent
     | UserChoiceDismissed
     | Info
+    | InputRejected
     | StepFailed
     | TurnComplete
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from stepagent.events import (
     CompletionStarted,
-    Info,
+    InputRejected,
     ToolResultReceived,
     UserChoiceDismissed,
     UserChoiceRequiredEvent,
@@ -309,7 +309,7 @@ async def test_user_text_for_an_unknown_thread_creates_it() -> None:
     assert info is not None and info.parent_id is None and info.root_id == "brand-new"
 
 
-async def test_event_for_a_call_not_in_the_thread_is_dropped_with_an_info() -> None:
+async def test_event_for_a_call_not_in_the_thread_is_refused_with_a_reason() -> None:
     h = Harness(ReplayProvider().then(*text("hi")))
     await h.say("t1", "hello", "m1")
     report = InputMessage.tool_result(
@@ -317,7 +317,7 @@ async def test_event_for_a_call_not_in_the_thread_is_dropped_with_an_info() -> N
     )
     results = await h.step((report, "r1"))
     assert results[0].outcome is not None and not results[0].outcome.completed
-    assert any(isinstance(e, Info) and "nope" in e.text for e in h.observer.of("t1"))
+    assert any(isinstance(e, InputRejected) and "nope" in e.reason for e in h.observer.of("t1"))
     assert len(await h.history("t1")) == 2
 
 
@@ -406,14 +406,14 @@ async def test_final_non_associative_event_is_routed_to_a_child_and_ends_the_sub
     child = derived_id("event-child", "t1", "e1")
     assert [q.message.group_id for q in h.sender.queue] == [child]
 
-    # A later event for the ended subscription is dropped.
+    # A later event for the ended subscription is refused, with the reason.
     late = InputMessage.tool_result(
         "t1", ToolResult.text("sub-1", "after the end"), synthetic=SubscriptionEvent(tool_call_id="sub-1")
     )
     h.sender.drain()
     await h.step((late, "e2"))
     assert h.sender.queue == []
-    assert any(isinstance(e, Info) and "sub-1" in e.text for e in h.observer.of("t1"))
+    assert any(isinstance(e, InputRejected) and "sub-1" in e.reason for e in h.observer.of("t1"))
 
 
 async def test_event_for_an_untracked_call_is_dropped_even_if_the_call_is_in_history() -> None:

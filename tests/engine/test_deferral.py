@@ -19,6 +19,7 @@ from stepagent.history_items import (
 from stepagent.ids import child_thread_id, derived_id
 from stepagent.messages import InputMessage, ParentMessage, SubscriptionEvent, ThreadReport, ToolResult
 from stepagent.providers.base import Final, ModelRequest
+from stepagent.stores.base import ThreadKind
 from tests.engine.harness import (
     Harness,
     RecordingNotifier,
@@ -68,6 +69,11 @@ async def waiting_harness(*, subscribed: bool = False) -> tuple[Harness, ReplayP
         await h.step((start, "r0"))
     provider.then(call("async_tool", "tc-async"), Final())
     await h.say("t1", "run the tool", "m1")
+    # The reports below come from ``c-1``, which must really be a child spawned with that call (a report
+    # from anyone else is refused).
+    await h.conversation.spawn_thread(
+        "t1", child_id="c-1", spawn_tool_call_id="tc-async", kind=ThreadKind.CHILD
+    )
     return h, provider
 
 

@@ -49,6 +49,7 @@ from stepagent.messages import (
     SubscriptionEvent,
     TextContent,
     ThreadReport,
+    ToolCall,
     ToolResult,
     UserChoiceRequired,
 )
@@ -71,7 +72,7 @@ from stepagent.providers.base import (
 )
 from stepagent.providers.scripted import ScriptedProvider
 from stepagent.senders.inprocess import InProcessSender
-from stepagent.stores.base import ThreadKind
+from stepagent.stores.base import Commit, ThreadKind
 from stepagent.tools.base import Tool, ToolContext, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import tool
@@ -814,6 +815,43 @@ async def test_sleep_keeps_the_driver_resident_until_user_text_interrupts_it() -
     assert users(history)[-1] == "what's 2+2?"  # nothing was streaming: no <interrupt> marker
     assert history[-1] == AssistantText("4")
     assert lifecycle(system) == [Live("t1"), Idle("t1")]
+
+
+async def test_sleep_until_event_or_input_leaves_no_driver_and_the_next_input_starts_one() -> None:
+    """Nothing runs while a thread sleeps until an event: its driver exits (Idle, ``wait_idle`` returns),
+    and the event that wakes it gets a fresh driver."""
+    provider = (
+        GatedProvider()
+        .then(call("sleep_until_event_or_input", "s1"), Final())
+        .then(*text("an event, at last"))
+    )
+    collector = EventCollector()
+    async with running(make(provider, [RecordingTool(tool_name="subscribe")], collector=collector)) as system:
+        await subscribed_to(system, collector)
+        await system.send_user_text("t1", "wait for news")
+        await system.wait_idle(TIMEOUT)
+        assert system.live_threads == [] and lifecycle(system)[-2:] == [Live("t1"), Idle("t1")]
+        await system.send(sub_event("t1", "tc-sub", "news!"), "e1")
+        await system.wait_idle(TIMEOUT)
+        history = await system.thread("t1").history()
+    assert lifecycle(system) == [Live("t1"), Idle("t1")]
+    assert history[-1] == AssistantText("an event, at last")
+
+
+async def subscribed_to(system: LocalAgentSystem, collector: EventCollector) -> None:
+    """``t1`` has an active subscription ``tc-sub`` (committed directly, as a started one would be)."""
+    await system.state.add_subscription("t1", "tc-sub")
+    await system.conversation.commit(
+        "t1",
+        Commit(
+            expected_version=0,
+            rows=[
+                (ToolCallItem(ToolCall(id="tc-sub", name="subscribe")), "seed-call"),
+                (ToolResultItem(ToolResult.text("tc-sub", "subscribed")), "seed-result"),
+            ],
+            answered_tool_calls=["tc-sub"],
+        ),
+    )
 
 
 async def test_short_sleep_wakes_the_thread() -> None:

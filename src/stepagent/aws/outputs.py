@@ -34,6 +34,7 @@ from stepagent.core.step import StepInput
 from stepagent.events import (
     AgentEvent,
     CompletionFinished,
+    InputRejected,
     OAuthRequiredEvent,
     StepFailed,
     TurnCommitted,
@@ -67,6 +68,7 @@ class StepEvents:
             event,
             TurnCommitted
             | StepFailed
+            | InputRejected
             | OAuthRequiredEvent
             | UserChoiceRequiredEvent
             | UserChoiceDismissed
@@ -141,6 +143,9 @@ def step_events(
             out.extend(row_events(thread_id, event.rows))
         elif isinstance(event, StepFailed):
             out.append(error_event(thread_id, event.message, event.retrying, last_id))
+        elif isinstance(event, InputRejected):
+            text = f"Ignored input message {event.message_id}: {event.reason}"
+            out.append(error_event(thread_id, text, False, event.message_id))
         elif isinstance(event, OAuthRequiredEvent):
             source = _source_id(inputs, OAuthRequired, event.tool_call_id)
             out.append(

@@ -342,12 +342,14 @@ class CompletionRunner:
             history.index_call(call)
         await history.sync()
         annotations = {"thread_id": history.thread_id, "tool_call_id": call.id, "tool": call.name}
+        context = self.make_context(call.id, call.call_id)
         async with traced(self.tracer, "tool", annotations):
-            result = await run_inline_tool(tool, call, self.make_context(call.id, call.call_id))
+            result = await run_inline_tool(tool, call, context)
         first = result.first_text()
         if first is not None:
             self.emit(ToolResultReceived(segments=[{"type": "text", "content": first}]))
         history.append_generated(ToolResultItem(result=result), sync_result_id(call.id))
+        apply_tool_effects(history, context)
         outcome.executed_sync_calls.append(call.id)
         state.loop_back = True
 
@@ -380,6 +382,13 @@ def model_view(history: Sequence[HistoryItem], supports_image_input: bool) -> li
 
 async def _next_or_none(events: AsyncIterator[StreamEvent]) -> StreamEvent | None:
     return await anext(events, None)
+
+
+def apply_tool_effects(history: HistoryManager, context: ToolContext) -> None:
+    """Queue a synchronous tool's state changes for the commit that holds its result."""
+    if context.effects is not None:
+        for subscription in context.effects.subscriptions_removed:
+            history.remove_subscription(subscription)
 
 
 def sync_result_id(tool_call_id: str) -> str:

@@ -8,7 +8,9 @@ Rules, in order (the first that applies decides):
 3. metadata present → replaces the root's metadata (committed with the step);
 4. OAuth / user-choice notices → events (a choice is persisted first); never history;
 5. synthetic events → resolved against the original tool call (visible history, then the durable log,
-   so compaction cannot orphan them); subscription events must belong to an active subscription;
+   so compaction cannot orphan them); subscription events must belong to an active subscription, and a
+   report must come from a child this thread spawned with that call — anything else is refused with an
+   :class:`~stepagent.events.InputRejected` (an ``error`` output event), never dropped silently;
    non-associative events go to a freshly spawned event child; the rest are inlined as a
    ``receive_event__injected`` call/result pair;
 6. everything else → a ``user`` or ``tool_result`` item through ``HistoryManager.handle_content``.
@@ -32,6 +34,7 @@ from stepagent.events import (
     AgentEvent,
     CompactionApplied,
     Info,
+    InputRejected,
     OAuthRequiredEvent,
     SubscriptionEventReceived,
     ToolResultReceived,
@@ -94,10 +97,15 @@ class Preparer:
             return False
         synthetic = message.synthetic
         if isinstance(synthetic, CompactionComplete):
-            await history.apply_compaction()
+            applied = await history.apply_compaction()
             await self.state.release_compaction(self.thread_id)
             history.record_processed(message_id)
-            self.emit(CompactionApplied())
+            if applied:
+                self.emit(CompactionApplied())
+            else:
+                self.emit(
+                    InputRejected(message_id, "compaction_complete, but this thread has no summary to apply")
+                )
             return False
         if isinstance(synthetic, Compaction):
             # The durable claim makes compactions of one thread exclusive, across steps and processes;
@@ -163,14 +171,27 @@ class Preparer:
         history = self.history
         original_id = synthetic.tool_call_id
         if isinstance(synthetic, SubscriptionEvent) and original_id not in await self._active_subscriptions():
-            self.emit(Info(f"Dropped an event for unknown or cancelled subscription {original_id}"))
-            history.record_processed(message_id)
-            return False
+            reason = (
+                f"a subscription event for {original_id}, which is not an active subscription of this thread"
+            )
+            return self._reject(message_id, reason)
         original = await self._find_call(original_id)
         if original is None:
-            self.emit(Info(f"Dropped an event for tool call {original_id}, which is not in this thread"))
-            history.record_processed(message_id)
-            return False
+            return self._reject(
+                message_id, f"a {synthetic.type} for tool call {original_id}, which is not in this thread"
+            )
+        if isinstance(synthetic, ThreadReport):
+            reporter = await self.conversation.get_thread(synthetic.child_thread_id)
+            if (
+                reporter is None
+                or reporter.parent_id != self.thread_id
+                or reporter.spawn_tool_call_id != original_id
+            ):
+                reason = (
+                    f"a thread_report from {synthetic.child_thread_id}, which is not a child this thread "
+                    f"spawned with tool call {original_id}"
+                )
+                return self._reject(message_id, reason)
         if isinstance(synthetic, SubscriptionEvent) and not synthetic.associative:
             await self._route_to_event_child(original, content, message_id)
             if synthetic.final:
@@ -186,6 +207,13 @@ class Preparer:
             history.remove_subscription(original_id)
             (await self._active_subscriptions()).discard(original_id)
         return True
+
+    def _reject(self, message_id: str, reason: str) -> bool:
+        """Refuse an input that refers to something this thread does not have: recorded as processed (a
+        redelivery is refused again cheaply), reported with the reason."""
+        self.history.record_processed(message_id)
+        self.emit(InputRejected(message_id, reason))
+        return False
 
     async def _inline(
         self, original: ToolCallItem, content: ToolResult, message_id: str, *, child: str | None

@@ -10,7 +10,8 @@ Durability (DESIGN §3):
 - Resume: a redelivered input that is already processed, on a thread whose history still ends with
   something the model has not answered, makes the step run the completion it owes.
 - Deferral: while a non-passive tool call is pending, reports/events/parent messages are stored durably
-  and delivered after the call's result (user text still interrupts).
+  and delivered after the call's result (user text still interrupts); so is a non-associative
+  subscription event that arrives before its own subscription's start result.
 - Agent: the thread runs as the agent its root's metadata selects (``core/agents.py``); an unknown
   profile rejects the step's inputs before anything is written.
 - Usage: a step that runs the model commits one :class:`~stepagent.stores.base.UsageRecord` (tokens summed
@@ -34,7 +35,13 @@ from dataclasses import dataclass, field
 from stepagent import texts
 from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
 from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, system_prompt
-from stepagent.core.completion import CompletionRunner, RetryPolicy, run_inline_tool, sync_result_id
+from stepagent.core.completion import (
+    CompletionRunner,
+    RetryPolicy,
+    apply_tool_effects,
+    run_inline_tool,
+    sync_result_id,
+)
 from stepagent.core.history import HistoryManager
 from stepagent.core.prepare import Preparer
 from stepagent.core.turn import turn_is_complete
@@ -55,6 +62,7 @@ from stepagent.ids import derived_id
 from stepagent.messages import (
     Compaction,
     InputMessage,
+    SubscriptionEvent,
     TextContent,
     ToolCall,
     ToolResult,
@@ -71,7 +79,14 @@ from stepagent.stores.base import (
     ThreadKind,
     UsageRecord,
 )
-from stepagent.tools.base import FunctionRunner, LifecycleNotifier, TimerBackend, ToolContext, Toolset
+from stepagent.tools.base import (
+    FunctionRunner,
+    LifecycleNotifier,
+    TimerBackend,
+    ToolContext,
+    ToolEffects,
+    Toolset,
+)
 from stepagent.tracing import Tracer, traced
 
 log = logging.getLogger(__name__)
@@ -355,8 +370,10 @@ class ThreadStep:
                     arguments=intent.arguments,
                     call_id=intent.call_id,
                 )
-                result = await run_inline_tool(tool, call, self._context(history, call.id, call.call_id))
+                context = self._context(history, call.id, call.call_id)
+                result = await run_inline_tool(tool, call, context)
                 history.append_generated(ToolResultItem(result=result), sync_result_id(call.id))
+                apply_tool_effects(history, context)
                 await self._commit_and_report(history)
                 await self.state.mark_intent_done(self.thread_id, intent.tool_call_id)
                 owes_completion = True
@@ -397,6 +414,16 @@ class ThreadStep:
         tool = self.config.toolset.get(pending.call.name) if pending is not None else None
         active = pending is not None and (tool is None or not tool.passive)
         if active and pending is not None:
+            pending_id = pending.call.id
+
+            def waits(item: StepInput) -> bool:
+                synthetic = item.message.synthetic
+                # Inline events wait for the call's result; so does any event of the pending call itself —
+                # a subscription's event that overtook its start result cannot be handled before it.
+                return is_deferrable_synthetic(synthetic) or (
+                    isinstance(synthetic, SubscriptionEvent) and synthetic.tool_call_id == pending_id
+                )
+
             answer = next(
                 (
                     n
@@ -411,15 +438,13 @@ class ThreadStep:
             if answer is not None:
                 # Events that reached this batch before the call's result still wait for it.
                 early = batch[:answer]
-                waiting = [i for i in early if is_deferrable_synthetic(i.message.synthetic)]
-                rest = [i for i in early if not is_deferrable_synthetic(i.message.synthetic)]
+                waiting = [i for i in early if waits(i)]
+                rest = [i for i in early if not waits(i)]
                 batch = [*rest, batch[answer], *waiting, *batch[answer + 1 :]]
             if not settled:
                 kept = []
                 for item in batch:
-                    if is_deferrable_synthetic(item.message.synthetic) and not await history.is_processed(
-                        item.message_id
-                    ):
+                    if waits(item) and not await history.is_processed(item.message_id):
                         history.defer(DeferredInput(item.message_id, item.message))
                         self._held = True
                     else:
@@ -473,4 +498,5 @@ class ThreadStep:
             timers=self.config.timers,
             runner=self.config.runner,
             notifier=self.config.notifier,
+            effects=ToolEffects(),
         )

@@ -14,7 +14,8 @@ adds is scheduling. Guarantees:
   inputs that arrived with them run in the step after that. Non-user inputs never interrupt: they wait
   for the next step.
 - **Residency.** After a step the driver stays only while the thread awaits a tool result (a trailing
-  unanswered call other than ``close_thread`` — passive sleeps included). Otherwise it exits, deciding
+  unanswered call other than ``close_thread`` — timed sleeps included, but not a call that is never
+  answered, such as ``sleep_until_event_or_input``: the next event or input starts a fresh driver). Otherwise it exits, deciding
   synchronously (no await between the last queue check and leaving the registry), so an input either
   lands in this driver's queue or finds it gone and gets a new one.
 - **No silent loss.** A step that raises is retried with the same batch (redelivery is harmless: message
@@ -55,6 +56,7 @@ from stepagent.events import (
 from stepagent.history_items import HistoryItem
 from stepagent.messages import InputMessage, TextContent, UserChoiceRequired
 from stepagent.modes.step_mode import AgentSystem
+from stepagent.tools.base import Toolset
 
 log = logging.getLogger(__name__)
 
@@ -211,13 +213,17 @@ def interrupting(message: InputMessage) -> InputMessage:
     )
 
 
-def awaiting_tool_result(history: HistoryManager | None) -> bool:
+def awaiting_tool_result(history: HistoryManager | None, toolset: Toolset | None = None) -> bool:
     """Whether the thread waits for a tool result: its history ends with an unanswered call that is not
-    ``close_thread`` (passive sleeps count: their wake-up is a result)."""
+    ``close_thread`` and whose tool answers at all (timed sleeps count: their wake-up is a result;
+    ``sleep_until_event_or_input`` does not: only the next input ends it)."""
     if history is None or (history.info is not None and history.info.closed):
         return False
     pending = history.pending_tool_call()
-    return pending is not None and pending.call.name != CLOSE_TOOL
+    if pending is None or pending.call.name == CLOSE_TOOL:
+        return False
+    tool = toolset.get(pending.call.name) if toolset is not None else None
+    return tool is None or tool.answered
 
 
 def _retryable(error: BaseException) -> bool:
@@ -367,7 +373,7 @@ class ThreadDriver:
                 self._observer.on_event(self.thread_id, StepFailed(message=message, retrying=retry))
                 if not retry:
                     self._on_dead_letter(DeadLetter(list(batch), message))
-                    return awaiting_tool_result(started[0].history if started else None)
+                    return self._awaiting(started)
                 # An interruption or shutdown cuts the wait short: the re-run then stops its completion
                 # at once but still commits the batch.
                 with contextlib.suppress(TimeoutError):
@@ -375,4 +381,7 @@ class ThreadDriver:
                 attempt += 1
                 continue
             self._observer.step_ended(self.thread_id)
-            return awaiting_tool_result(started[0].history if started else None)
+            return self._awaiting(started)
+
+    def _awaiting(self, started: list[ThreadStep]) -> bool:
+        return awaiting_tool_result(started[0].history if started else None, self._agent.config.toolset)

@@ -49,6 +49,14 @@ class LifecycleNotifier(Protocol):
 
 
 @dataclass(slots=True)
+class ToolEffects:
+    """Thread state a synchronous tool changes. The step commits it together with the tool's result, so a
+    re-run after a crash in between finds the state as the first run did (and answers the same)."""
+
+    subscriptions_removed: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class ToolContext:
     """What a running tool can see and use."""
 
@@ -64,6 +72,8 @@ class ToolContext:
     timers: TimerBackend | None = None
     runner: FunctionRunner | None = None
     notifier: LifecycleNotifier | None = None
+    #: Where a synchronous tool records its state changes for the step's commit (``None``: apply them now).
+    effects: ToolEffects | None = None
 
     @property
     def root_thread_id(self) -> str:
@@ -94,6 +104,9 @@ class Tool:
     #: One of stepagent's built-in tools (offered as ``STEPAGENT_BUILTIN_TOOLS`` selects); a user tool
     #: that happens to share a built-in's name is not one.
     builtin: ClassVar[bool] = False
+    #: Whether a call of this tool is ever answered by a result. ``False`` for a call that only waits for
+    #: the next input (``sleep_until_event_or_input``): nothing runs for it, so it keeps nothing resident.
+    answered: ClassVar[bool] = True
 
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)

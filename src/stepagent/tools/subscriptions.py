@@ -45,7 +45,12 @@ class CancelSubscription(Tool):
                 await context.notifier.cancel_tool_call(context.thread_id, subscription)
             except Exception:  # best effort: the subscription is dropped from tracking regardless
                 log.warning("could not notify the tool server of cancelled subscription %s", subscription)
-        await context.state.remove_subscription(context.thread_id, subscription)
+        # Removed with the result's commit: a re-run after a crash still finds the subscription active and
+        # answers as the first run did (removing it here would make the re-run say "no active subscription").
+        if context.effects is not None:
+            context.effects.subscriptions_removed.append(subscription)
+        else:
+            await context.state.remove_subscription(context.thread_id, subscription)
         text = texts.SUBSCRIPTION_CANCELLED.format(id=subscription)
         return ToolResult.text(context.tool_call_id, text, call_id=context.call_id)
 
@@ -59,6 +64,7 @@ class SleepUntilEventOrInput(Tool):
         "user input). The agent will pause and automatically resume when new input is received."
     )
     passive = True
+    answered = False  # the next input interrupts it; no result ever comes
 
     def display(self, arguments: dict[str, Any]) -> str:
         return "Sleeping until event or input"

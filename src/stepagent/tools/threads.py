@@ -1,7 +1,8 @@
 """Built-in threading tools: ``spawn_thread`` (synchronous), ``report_to_parent``, ``close_thread`` and
 ``send_message_to_child`` (asynchronous).
 
-Every message they send uses the calling tool call id as its dedup id; senders scope dedup ids to the
+Closing a thread also ends its subscriptions (tool servers told, best effort). Every message they send
+uses the calling tool call id as its dedup id; senders scope dedup ids to the
 target thread, so the report to the parent and the acknowledgement to the caller (same id, different
 threads) never collide, and a re-run of the dispatch after a crash is absorbed. Child ids are derived from
 (parent, spawn call id), so re-running a spawn finds the same child.
@@ -168,6 +169,7 @@ class CloseThread(Tool):
         report = _string(arguments, "report_to_parent")
         # Close first: from here on every input to this thread is dropped, so nothing races the report.
         await context.conversation.close_thread(thread_id)
+        await _end_subscriptions(context, thread_id)
         if info.kind == ThreadKind.COMPACTION:
             if report:
                 summary = Summary(text=report, up_to_order=info.spawn_order or 0)
@@ -199,6 +201,19 @@ class CloseThread(Tool):
         if report:
             return texts.CLOSED_WITH_REPORT.format(thread=info.thread_id, report=report)
         return texts.CLOSED.format(thread=info.thread_id)
+
+
+async def _end_subscriptions(context: ToolContext, thread_id: str) -> None:
+    """A closed thread has no subscriptions: "a thread is active while it has subscriptions" must not keep
+    it alive. Tool servers are told, best effort, as for an interrupted call. Idempotent (a re-dispatch
+    after a crash finds fewer or none)."""
+    for subscription in sorted(await context.state.active_subscriptions(thread_id)):
+        if context.notifier is not None:
+            try:
+                await context.notifier.cancel_tool_call(thread_id, subscription)
+            except Exception:  # best effort by contract: the subscription ends here regardless
+                log.warning("could not tell the tool server that subscription %s ended", subscription)
+        await context.state.remove_subscription(thread_id, subscription)
 
 
 class SendMessageToChild(Tool):
