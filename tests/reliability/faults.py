@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepagent.messages import InputMessage
+from stepagent.messages import CompactionComplete, InputMessage, ToolResult
 
 
 class InjectedCrash(BaseException):
@@ -180,13 +180,44 @@ class MixedFifoQueue(FifoQueue):
 
     bodies: dict[tuple[str, str], str] = field(default_factory=dict)
     conflicting_bodies: list[tuple[str, str]] = field(default_factory=list)
+    sent: SendLog = field(default_factory=lambda: SendLog())
 
     async def send(self, message: InputMessage, dedup_id: str) -> None:
         key = (message.group_id, dedup_id)
         body = message.model_dump_json()
         if self.bodies.setdefault(key, body) != body:
             self.conflicting_bodies.append(key)
+        self.sent.record(message, dedup_id)
         await super().send(message, dedup_id)
 
     def receive_any(self, limit: int = 10) -> list[Received]:
         return list(self.messages[:limit])
+
+
+@dataclass
+class SendLog:
+    """What was sent to the threads, for two invariant checks:
+
+    - ``rekeyed_bodies``: a tool result (or report, or event) sent again with the same content under
+      another dedup id — a dedup id that is not derived from what it identifies (a random one), which
+      only the thread's own dedup would then absorb;
+    - ``delivered``: every logical id sent to each thread, which must all end up recorded as processed
+      (folded in, or absorbed as a duplicate or a late answer to an answered call)."""
+
+    ids_by_body: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    delivered: dict[str, set[str]] = field(default_factory=dict)
+
+    def record(self, message: InputMessage, dedup_id: str) -> None:
+        self.delivered.setdefault(message.group_id, set()).add(message.id or dedup_id)
+        # Compaction requests and completions legitimately repeat one body for distinct compactions.
+        if isinstance(message.content, ToolResult) and not isinstance(message.synthetic, CompactionComplete):
+            body = message.model_copy(update={"id": None}).model_dump_json()
+            self.ids_by_body.setdefault((message.group_id, body), set()).add(dedup_id)
+
+    @property
+    def rekeyed_bodies(self) -> list[str]:
+        return sorted(
+            f"{group}: one body under dedup ids {sorted(ids)}"
+            for (group, _), ids in self.ids_by_body.items()
+            if len(ids) > 1
+        )

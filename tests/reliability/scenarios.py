@@ -45,7 +45,7 @@ from stepagent.history_items import (
 )
 from stepagent.messages import InputMessage, SubscriptionEvent, ToolResult
 from stepagent.modes.step_mode import AgentSystem
-from stepagent.providers.base import ModelInfo, ModelRequest
+from stepagent.providers.base import ModelInfo, ModelRequest, ToolCallComplete
 from stepagent.providers.scripted import ScriptedProvider, request_chars
 from stepagent.stores.base import ConversationStore, StateStore, StoredRow, ThreadInfo, ThreadKind
 from stepagent.stores.memory import memory_stores
@@ -60,6 +60,7 @@ from tests.reliability.faults import (
     FaultyProvider,
     InjectedCrash,
     MixedFifoQueue,
+    SendLog,
     in_invocation,
 )
 
@@ -147,6 +148,25 @@ RULES: list[dict[str, Any]] = [
         ],
     },
     {"when": "deploy ok", "on": ["event"], "reply": [{"text": "Noted."}]},
+    # storm: a ticker's events pile up behind a pending call and are all released by its result
+    {
+        "when": "watch the ticker",
+        "on": ["user"],
+        "reply": [{"tool_call": {"name": "ticker", "arguments": {}}}],
+    },
+    {
+        "when": "^subscribed to the ticker",
+        "on": ["tool_result"],
+        "reply": [{"tool_call": {"name": "get_time", "arguments": {"zone": "UTC"}}}],
+    },
+    {"when": "^tick ", "on": ["event"], "reply": [{"text": "Ticks noted."}]},
+    # reused: a model that gives every lookup call the same id; the lookup server answers twice
+    {
+        "when": "look it up",
+        "on": ["user"],
+        "reply": [{"tool_call": {"name": "lookup", "arguments": {"key": "k"}}}],
+    },
+    {"when": "^found$", "on": ["tool_result"], "reply": [{"text": "Found it."}]},
     # timer
     {
         "when": "take a nap",
@@ -180,6 +200,70 @@ class Subscribe(Tool):
             await context.sender.send(event, f"{call}-event-{index}")
 
 
+STORM_TICKS = 34  # 3 x 34 + 2 state changes: more than one DynamoDB transaction holds (100 actions)
+
+
+class Ticker(Tool):
+    """A subscription whose start result is followed at once by :data:`STORM_TICKS` associative events:
+    the model answers the start with a call, so the events are held behind it, then released together."""
+
+    name = "ticker"
+    description = "Subscribe to the ticker."
+    parameters = {"type": "object", "properties": {}}
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> None:
+        call = context.tool_call_id
+        started = ToolResult.text(call, "subscribed to the ticker")
+        await context.sender.send(
+            InputMessage.tool_result(context.thread_id, started, subscription=True), call
+        )
+        for index in range(STORM_TICKS):
+            event = InputMessage.tool_result(
+                context.thread_id,
+                ToolResult.text(call, f"tick {index}"),
+                synthetic=SubscriptionEvent(tool_call_id=call, associative=True),
+            )
+            await context.sender.send(event, f"{call}-tick-{index}")
+
+
+class Lookup(Tool):
+    """A tool server that answers, then sends a second, late answer for the same call under another id
+    (a retrying server): the late one must be absorbed as an answer to an already-answered call."""
+
+    name = "lookup"
+    description = "Look a key up."
+    parameters = {"type": "object", "properties": {"key": {"type": "string"}}}
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> None:
+        await context.send_result("found")
+        late = ToolResult.text(context.tool_call_id, "found (a late second answer)", call_id=context.call_id)
+        await context.sender.send(
+            InputMessage.tool_result(context.thread_id, late), f"{context.tool_call_id}-late"
+        )
+
+
+REUSED_CALL_ID = "call_reused"
+
+
+class ReusedCallIds:
+    """Wraps a provider: every ``lookup`` call carries :data:`REUSED_CALL_ID` (OpenAI-compatible servers
+    and open models repeat ids); the runtime must give each call a thread-unique id."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    @property
+    def info(self) -> ModelInfo:
+        info: ModelInfo = self.inner.info
+        return info
+
+    async def stream(self, request: ModelRequest) -> Any:
+        async for event in self.inner.stream(request):
+            if isinstance(event, ToolCallComplete) and event.call.name == "lookup":
+                event = ToolCallComplete(event.call.model_copy(update={"id": REUSED_CALL_ID}))
+            yield event
+
+
 def make_get_time(runs: list[str]) -> Tool:
     @tool
     async def get_time(zone: str) -> str:
@@ -191,7 +275,7 @@ def make_get_time(runs: list[str]) -> Tool:
 
 
 def base_tools(runs: list[str]) -> list[Tool]:
-    return [make_get_time(runs), Subscribe(), Sleep(), *builtin_tools()]
+    return [make_get_time(runs), Subscribe(), Ticker(), Lookup(), Sleep(), *builtin_tools()]
 
 
 def context_window(tools: Sequence[Tool]) -> int:
@@ -241,9 +325,14 @@ _BASIC: dict[str, tuple[tuple[str, str, int], ...]] = {
     "sub": (("sub", "watch the builds", 0),),
     "compact": tuple(("compact", text, n // 2) for n, text in enumerate(COMPACT_TEXTS)),
     "timer": (("timer", "take a nap", 0),),
+    "storm": (("storm", "watch the ticker", 0),),
+    "reused": (("reused", "look it up", 0), ("reused", "look it up again", 1)),
 }
 SCENARIOS: dict[str, Scenario] = {name: Scenario(name, inputs) for name, inputs in _BASIC.items()}
-SCENARIOS["mixed"] = Scenario("mixed", tuple(i for inputs in _BASIC.values() for i in inputs))
+# The storm stays out of "mixed": its 40 held events would multiply the I/O points of every mixed run.
+SCENARIOS["mixed"] = Scenario(
+    "mixed", tuple(i for name, inputs in _BASIC.items() if name != "storm" for i in inputs)
+)
 
 
 # ---- recorders ------------------------------------------------------------------------------------------
@@ -352,7 +441,7 @@ def memory_world(
 
     timers = InProcessTimers(queue, clock=lambda: datetime(2026, 1, 1, tzinfo=UTC), manual=True)
     config = StepConfig(
-        provider=FaultyProvider(ScriptedProvider(script(context_window(tools))), plan),
+        provider=FaultyProvider(ReusedCallIds(ScriptedProvider(script(context_window(tools)))), plan),
         toolset=probed(tools, plan, dispatches, is_committed),
         sender=Faulty(queue, plan, "queue"),
         timers=Faulty(timers, plan, "timers"),
@@ -587,6 +676,25 @@ def _expect_basic(name: str, snap: Snapshot, prefix: str) -> list[str]:
         compactions = _children(snap, root, ThreadKind.COMPACTION)
         facts["compacted at least once"] = bool(compactions) and view.has_summary
         facts["every compaction child closed"] = all(c.info.closed for c in compactions)
+    elif name == "storm":
+        ticks = [_text(i) for i in items if isinstance(i, EventItem) and _text(i).startswith("tick ")]
+        facts["every tick once, in order"] = ticks == [f"tick {n}" for n in range(STORM_TICKS)]
+        calls = len(_calls(items, "get_time"))
+        facts["get_time answered by its result"] = (
+            calls <= 1 and _count(items, ToolResultItem, "12:00") == calls
+        )
+        facts["no call interrupted"] = _count(items, ToolResultItem, INTERRUPTED_TEXT) == 0
+    elif name == "reused":
+        lookups = _calls(items, "lookup")
+        facts["two lookup calls with distinct ids"] = len({c.call.id for c in lookups}) == len(lookups) == 2
+        answers = [i for i in items if isinstance(i, ToolResultItem) and _text(i) == "found"]
+        facts["each answered by its own result"] = [a.result.id for a in answers] == [
+            c.call.id for c in lookups
+        ]
+        facts["no late second answer in history"] = _count(items, ToolResultItem, "late second answer") == 0
+        facts["both answered"] = [i for i in items if i == AssistantText("Found it.")] == [
+            AssistantText("Found it.")
+        ] * 2
     elif name == "timer":
         facts["one sleep"] = len(_calls(items, "sleep")) == 1
         facts["one wake-up"] = _count(items, ToolResultItem, "Slept for 60 seconds") == 1
@@ -600,6 +708,7 @@ def check_snapshot(
     *,
     dispatches: DispatchLog,
     conflicting_bodies: Sequence[tuple[str, str]] = (),
+    rekeyed_bodies: Sequence[str] = (),
     failures: Sequence[str] = (),
     prefix: str = "",
 ) -> list[str]:
@@ -608,7 +717,22 @@ def check_snapshot(
     problems += expect_scenario(scenario, snap, prefix)
     problems += dispatches.conflicts + dispatches.not_durable
     problems += [f"dedup id {key} was sent with two different bodies" for key in conflicting_bodies]
+    problems += [f"not a derived dedup id — {found}" for found in rekeyed_bodies]
     problems += [f"step failed: {failure}" for failure in failures]
+    return problems
+
+
+async def unprocessed_inputs(state: StateStore, snap: Snapshot, delivered: dict[str, set[str]]) -> list[str]:
+    """Every input delivered to a thread that is still open must be recorded as processed: folded in, or
+    absorbed (a duplicate, a late answer to an answered call). An input left unrecorded was neither."""
+    problems = []
+    for thread, ids in sorted(delivered.items()):
+        view = snap.get(thread)
+        if view is None or view.info.closed:
+            continue  # inputs to a closed thread are dropped by design
+        missing = set(ids) - await state.filter_processed(thread, sorted(ids))
+        if missing:
+            problems.append(f"{thread}: inputs never recorded as processed {sorted(missing)}")
     return problems
 
 
@@ -619,8 +743,10 @@ async def check_memory_world(world: MemoryWorld) -> tuple[Snapshot, list[str]]:
         snap,
         dispatches=world.dispatches,
         conflicting_bodies=world.queue.conflicting_bodies,
+        rekeyed_bodies=world.queue.sent.rekeyed_bodies,
         failures=world.failures,
     )
+    problems += await unprocessed_inputs(world.state, snap, world.queue.sent.delivered)
     if world.queue.messages:
         problems.append(f"{len(world.queue.messages)} messages never acknowledged")
     return snap, problems
@@ -638,6 +764,7 @@ class RecordingSender:
         self.inner, self.dedupe = inner, dedupe
         self.bodies: dict[tuple[str, str], str] = {}
         self.conflicting_bodies: list[tuple[str, str]] = []
+        self.sent = SendLog()
         self._sends = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -648,6 +775,7 @@ class RecordingSender:
         body = message.model_dump_json()
         if self.bodies.setdefault(key, body) != body:
             self.conflicting_bodies.append(key)
+        self.sent.record(message, dedup_id)
         if self.dedupe:
             await self.inner.send(message, dedup_id)
             return
@@ -658,7 +786,7 @@ class RecordingSender:
 
 def aws_tools(runs: list[str]) -> list[Tool]:
     """The scenario tools the AWS runtime does not already have (it adds the built-ins and sleep tools)."""
-    return [make_get_time(runs), Subscribe()]
+    return [make_get_time(runs), Subscribe(), Ticker(), Lookup()]
 
 
 def aws_context_window(runs: list[str]) -> int:

@@ -307,6 +307,47 @@ async def test_a_poison_thread_does_not_delay_the_others() -> None:
         assert all(e["attempts"] == 5 for e in final)
 
 
+class PoisonMessage:
+    """Wraps a conversation store: every commit holding the message ``message_id`` fails (transient)."""
+
+    def __init__(self, inner: Any, message_id: str) -> None:
+        self.inner, self.message_id = inner, message_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def commit(self, thread_id: str, commit: Any) -> Any:
+        if self.message_id in commit.processed_message_ids:
+            raise StoreError(f"injected: message {self.message_id} always fails")
+        return await self.inner.commit(thread_id, commit)
+
+
+async def test_a_poison_message_with_follow_ups_on_concurrent_pollers() -> None:
+    """One message of a thread always fails; its thread's later messages fail with it on every attempt
+    (FIFO), so their receive counts climb with its own. On the last allowed attempt the worker gives up on
+    the poison alone: the follow-ups are answered, in order, and only the poison is dead-lettered."""
+    async with aws_stack() as stack:
+        thread = f"poisoned-{uuid.uuid4().hex[:6]}"
+        healthy = [f"healthy-{n:02d}-{uuid.uuid4().hex[:6]}" for n in range(LOAD_THREADS)]
+        poison = f"{thread}-m0"
+        for step in range(4):
+            await stack.send_user(thread, f"message {step}", f"{thread}-m{step}")
+        await send_interleaved(stack, healthy, 2)
+        wrap = lambda inner: PoisonMessage(inner, poison)  # noqa: E731
+        async with fleet(stack, wrap=wrap) as running:
+            await wait_until(lambda: drained(stack), "the queues never drained")
+        gave_up = sum(p.runtime.metrics.counts.get("GaveUp", 0) for p in running.pollers)  # type: ignore[attr-defined]
+        assert gave_up == 1
+        dead = await stack.receive(stack.resources.input_dlq_url)
+        assert [json.loads(m["Body"])["id"] for m in dead] == [poison]
+        snap = await snapshot(stack.runtime.conversation, stack.runtime.state, [thread, *healthy])
+        assert user_texts(snap[thread].items) == [f"message {step}" for step in (1, 2, 3)]
+        problems = [p for name, view in snap.items() for p in check_thread(name, view)]
+        assert not problems, problems
+        final = [e for e in await stack.outputs() if e["type"] == "error" and not e["retrying"]]
+        assert [(e["thread_id"], e["attempts"]) for e in final] == [(thread, 5)]
+
+
 # ---- two workers on one thread --------------------------------------------------------------------------
 
 
