@@ -194,6 +194,19 @@ async def test_an_event_in_the_same_batch_as_the_result_lands_after_it() -> None
     assert INTERRUPTED not in request_text(provider.requests[-1])
 
 
+async def test_held_events_precede_events_that_arrive_with_or_after_the_result() -> None:
+    """Released events keep arrival order: those held earlier come before an event that arrived in the
+    result's batch (before or after the result), whatever the batch's shape."""
+    h, provider = await waiting_harness(subscribed=True)
+    await h.step((sub_event("held 1"), "a"), (sub_event("held 2"), "b"))
+    provider.then(*text("ok"))
+    await h.step((sub_event("early"), "c"), (tool_done(), "res-1"), (sub_event("late"), "d"))
+    history = await h.history("t1")
+    assert inline_texts(history) == ["held 1", "held 2", "early", "late"]
+    result = next(i for i in history if isinstance(i, ToolResultItem) and i.result.first_text() == "tool done")
+    assert isinstance(history[history.index(result) + 1], EventItem)
+
+
 async def test_a_redelivered_deferred_event_is_held_once_and_delivered_once() -> None:
     h, provider = await waiting_harness(subscribed=True)
     await h.step((sub_event("sub event data"), "ev-1"))

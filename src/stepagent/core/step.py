@@ -410,6 +410,10 @@ class ThreadStep:
     # ---- deferral -----------------------------------------------------------------------------------------------
 
     async def _apply_deferral(self, history: HistoryManager, batch: list[StepInput]) -> list[StepInput]:
+        """The batch in fold-in order: events that must wait for the pending call are held (returned
+        without them); once the call is answered, held events follow its result in arrival order, ahead of
+        anything that arrived after them."""
+        release_at = len(batch)  # where released inputs go: they arrived before everything in this batch
         pending = history.pending_tool_call()
         tool = self.config.toolset.get(pending.call.name) if pending is not None else None
         active = pending is not None and (tool is None or not tool.passive)
@@ -441,6 +445,7 @@ class ThreadStep:
                 waiting = [i for i in early if waits(i)]
                 rest = [i for i in early if not waits(i)]
                 batch = [*rest, batch[answer], *waiting, *batch[answer + 1 :]]
+                release_at = len(rest) + 1
             if not settled:
                 kept = []
                 for item in batch:
@@ -455,7 +460,8 @@ class ThreadStep:
         await history.prefetch([d.message_id for d in deferred])
         for held in deferred:
             history.undefer(held.message_id)
-        return batch + [StepInput(d.message, d.message_id) for d in deferred]
+        released = [StepInput(d.message, d.message_id) for d in deferred]
+        return [*batch[:release_at], *released, *batch[release_at:]]
 
     # ---- helpers --------------------------------------------------------------------------------------------------
 
