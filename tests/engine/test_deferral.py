@@ -203,7 +203,9 @@ async def test_held_events_precede_events_that_arrive_with_or_after_the_result()
     await h.step((sub_event("early"), "c"), (tool_done(), "res-1"), (sub_event("late"), "d"))
     history = await h.history("t1")
     assert inline_texts(history) == ["held 1", "held 2", "early", "late"]
-    result = next(i for i in history if isinstance(i, ToolResultItem) and i.result.first_text() == "tool done")
+    result = next(
+        i for i in history if isinstance(i, ToolResultItem) and i.result.first_text() == "tool done"
+    )
     assert isinstance(history[history.index(result) + 1], EventItem)
 
 
