@@ -9,18 +9,28 @@ Every error the runtime raises on purpose derives from :class:`StepagentError` a
     │   ├── MalformedMessageError          body is not JSON / violates the schema (says which field, why)
     │   ├── GroupMismatchError             body ``group_id`` disagrees with the SQS ``MessageGroupId``
     │   ├── PayloadTooLargeError           a payload or row over the configured limits
-    │   └── UnknownProfileError            the root's metadata selects an agent profile that is not configured
+    │   ├── UnknownProfileError            the root's metadata selects an agent profile that is not configured
+    │   ├── InvalidRewindError             a rewind to an order the thread does not have
+    │   └── ChoiceAnswerError              a user-choice answer that cannot be delivered (bad index, refused)
     ├── RetriesExhaustedError     reject   a record failed transiently on its last allowed attempt
     ├── TransientError            retry    the record fails, SQS redelivers it (DLQ after maxReceiveCount)
     │   ├── StoreError                     a store call failed
     │   ├── ConcurrentWriteError           another writer advanced the thread's head first
     │   └── QueueError                     sending to a queue failed
+    │   └── CallbackError                  a RAP callback could not be delivered (the tool-server SDK)
     ├── ProviderError             retry or reject, by ``retryable``: the model provider failed
     ├── ToolError                 result   becomes an ``Error: ...`` tool result for the model
     └── InvariantViolation        retry    a bug: a runtime rule was broken (never silently ignored)
+        └── CorruptDataError               stored data this version cannot read (a thread tree, ...)
+            └── CorruptRowError            a stored history row this version cannot read
 
 ``disposition`` values: ``"fatal"`` (stop the process), ``"reject"`` (drop the input with a clear error
 event), ``"retry"`` (fail the record so the queue redelivers it), ``"result"`` (report to the model).
+
+:func:`classify` is the one rule that turns *any* exception into a disposition; the worker and the RAP
+receiver decide through it. Exceptions outside the tree are ``"retry"`` (a transient failure of a library
+or the network, or a bug that a fix and a redrive will get past), except the two that only bad input
+raises: ``RecursionError`` (nesting too deep) and ``UnicodeError`` (text that is not encodable).
 """
 
 from __future__ import annotations
@@ -33,7 +43,12 @@ Disposition = Literal["fatal", "reject", "retry", "result"]
 class StepagentError(Exception):
     """Base of every deliberate stepagent error."""
 
-    disposition: ClassVar[Disposition] = "retry"
+    #: What happens to the input that caused an error of this class (see the module docstring).
+    default_disposition: ClassVar[Disposition] = "retry"
+
+    @property
+    def disposition(self) -> Disposition:
+        return self.default_disposition
 
     @property
     def retryable(self) -> bool:
@@ -43,13 +58,13 @@ class StepagentError(Exception):
 class ConfigurationError(StepagentError):
     """A setting is missing or invalid. The message names the variable and what is expected."""
 
-    disposition = "fatal"
+    default_disposition = "fatal"
 
 
 class InputError(StepagentError):
     """Deterministic bad input: retrying cannot help, so it is rejected with a clear message."""
 
-    disposition = "reject"
+    default_disposition = "reject"
 
 
 class MalformedMessageError(InputError):
@@ -72,12 +87,20 @@ class UnknownProfileError(InputError):
     """The root thread's metadata names an agent profile (``{"profile": ...}``) the configuration lacks."""
 
 
+class InvalidRewindError(InputError):
+    """A rewind to an order outside ``0..tail`` of the thread."""
+
+
+class ChoiceAnswerError(InputError):
+    """A user-choice answer could not be delivered (bad index, network error, or the tool refused it)."""
+
+
 class RetriesExhaustedError(StepagentError):
     """A record kept failing transiently and has used its last allowed attempt (the queue's
     maxReceiveCount). The worker gives up on it itself — DLQ copy, ``error`` event with ``retrying:
     false`` naming the attempts — so the thread's later records are not dragged into the DLQ with it."""
 
-    disposition = "reject"
+    default_disposition = "reject"
 
     def __init__(self, message: str, *, attempts: int) -> None:
         super().__init__(message)
@@ -87,7 +110,7 @@ class RetriesExhaustedError(StepagentError):
 class TransientError(StepagentError):
     """A failure that may succeed on retry (store, queue, network)."""
 
-    disposition = "retry"
+    default_disposition = "retry"
 
 
 class StoreError(TransientError):
@@ -105,6 +128,10 @@ class QueueError(TransientError):
     """Sending a message to a queue failed."""
 
 
+class CallbackError(TransientError):
+    """A RAP callback could not be delivered to the receiver (raised by the tool-server SDK)."""
+
+
 class ProviderError(StepagentError):
     """The model provider failed. ``retryable`` says whether the same request may succeed later."""
 
@@ -120,14 +147,40 @@ class ProviderError(StepagentError):
     def retryable(self) -> bool:
         return self._retryable
 
+    @property
+    def disposition(self) -> Disposition:
+        # A request the provider refused (bad request, authentication) fails the same way every time.
+        return "retry" if self._retryable else "reject"
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return text if self._retryable else f"{text} (not retryable)"
+
 
 class ToolError(StepagentError):
     """A tool failed; the model receives ``Error: <message>`` as the call's result."""
 
-    disposition = "result"
+    default_disposition = "result"
 
 
 class InvariantViolation(StepagentError):
     """A runtime invariant was broken (a bug). Fails the step loudly instead of corrupting history."""
 
-    disposition = "retry"
+    default_disposition = "retry"
+
+
+class CorruptDataError(InvariantViolation):
+    """Stored data that this version cannot read (a row, a cyclic thread tree). Never skipped silently."""
+
+
+class CorruptRowError(CorruptDataError):
+    """A stored history row that this version cannot read."""
+
+
+def classify(error: BaseException) -> Disposition:
+    """What to do with the input whose processing raised ``error`` (the module docstring's rule)."""
+    if isinstance(error, StepagentError):
+        return error.disposition
+    if isinstance(error, RecursionError | UnicodeError):
+        return "reject"
+    return "retry"

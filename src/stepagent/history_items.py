@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from stepagent.errors import InvariantViolation
+from stepagent.errors import CorruptRowError, InvariantViolation
 from stepagent.messages import (
     ImageContent,
     MediaContent,
@@ -151,10 +151,6 @@ def item_to_dict(item: HistoryItem) -> dict[str, Any]:
 def encode_item(item: HistoryItem) -> str:
     """Deterministic compact JSON for storage (same item → same bytes)."""
     return json.dumps(item_to_dict(item), ensure_ascii=False, separators=(",", ":"), sort_keys=False)
-
-
-class CorruptRowError(InvariantViolation):
-    """A stored row that this version cannot read. Never skipped silently."""
 
 
 def item_from_dict(raw: dict[str, Any]) -> HistoryItem:

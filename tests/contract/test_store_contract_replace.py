@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from stepagent.core.ancestors import load_history_with_ancestors
-from stepagent.errors import ConcurrentWriteError
+from stepagent.errors import ConcurrentWriteError, InvalidRewindError
 from stepagent.history_items import HistoryItem, Summary, ToolCallItem, ToolResultItem, UserItem
 from stepagent.messages import InputMessage, TextContent, ToolCall, ToolResult, UserChoiceRequired
 from stepagent.stores.base import (
@@ -107,9 +107,9 @@ async def test_rewind_to_zero_and_bounds(stores: StorePair) -> None:
     conv, _ = stores
     thread = uid("t")
     await seeded(conv, thread, 3)
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidRewindError):
         await conv.rewind(thread, Rewind(expected_version=1, to_order=4))
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidRewindError):
         await conv.rewind(thread, Rewind(expected_version=1, to_order=-1))
     info = await conv.rewind(thread, Rewind(expected_version=1, to_order=0))
     assert info.tail == 0 and await texts(conv, thread) == []

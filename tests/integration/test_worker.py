@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from stepagent.aws.outputs import event_id
-from stepagent.errors import PayloadTooLargeError, QueueError, StoreError
+from stepagent.errors import PayloadTooLargeError, ProviderError, QueueError, StoreError
 from stepagent.messages import InputMessage
 from stepagent.providers.base import ModelInfo, ModelRequest, StreamEvent, ToolCallComplete
 from stepagent.providers.scripted import ScriptedProvider
@@ -341,6 +341,55 @@ async def test_a_poison_message_does_not_drag_its_threads_follow_ups_into_the_dl
         final = [e for e in events if e["type"] == "error" and not e["retrying"]]
         assert len(final) == 1 and final[0]["attempts"] == 5 and "p1" in final[0]["message"]
         assert [e["text"] for e in of_type(events, "text")] == ["ok"]
+
+
+class RaisingCommit(PoisonMessage):
+    """Every commit that holds message ``message_id`` raises ``error`` (an exception outside the tree)."""
+
+    def __init__(self, inner: Any, message_id: str, error: BaseException) -> None:
+        super().__init__(inner, message_id)
+        self.error = error
+
+    async def commit(self, thread_id: str, commit: Any) -> Any:
+        if self.message_id in commit.processed_message_ids:
+            self.failures += 1
+            raise self.error
+        return await self.inner.commit(thread_id, commit)
+
+
+@pytest.mark.parametrize(
+    ("error", "rejected"),
+    [
+        (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed"), True),
+        (RecursionError("maximum recursion depth exceeded"), True),
+        (ProviderError("the request was refused", retryable=False), True),
+        (RuntimeError("something flaky"), False),
+        (ProviderError("overloaded", retryable=True), False),
+    ],
+    ids=["unicode", "recursion", "provider-refused", "unknown", "provider-overloaded"],
+)
+async def test_the_worker_classifies_every_failure_through_the_error_tree(
+    error: BaseException, rejected: bool
+) -> None:
+    """One rule (``errors.classify``): what only bad input raises is dead-lettered on its first attempt,
+    with a final error event; anything else fails the record for a retry and says so."""
+    async with aws_stack() as stack:
+        thread = tid("classify")
+        stack.runtime.system.conversation = RaisingCommit(stack.runtime.system.conversation, "x1", error)
+        await stack.send_user(thread, "this one fails", "x1")
+        await stack.send_user(thread, "this one is fine", "x2")
+        url = stack.resources.input_queue_url
+        event = await stack.receive_event(url)  # one invocation, on the records' first attempt
+        result = await stack.runtime.handle_sqs_batch(event)
+        await stack.ack(url, event, result)
+        failed = [f["itemIdentifier"] for f in result.get("batchItemFailures", [])]
+        assert len(failed) == (0 if rejected else 2)
+        events = [e for e in await stack.outputs() if e["type"] == "error"]
+        assert len(events) == 1 and events[0]["retrying"] is (not rejected), events
+        dead = await stack.receive(stack.resources.input_dlq_url)
+        assert [json.loads(m["Body"])["id"] for m in dead] == (["x1"] if rejected else [])
+        if rejected:
+            assert await stack.texts(thread) == ["this one is fine", "ok"]
 
 
 async def test_a_5mb_tool_result_round_trips_through_the_claim_check() -> None:

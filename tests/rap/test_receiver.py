@@ -311,3 +311,27 @@ def test_function_url_event_rejections() -> None:
     assert receive_function_url_event(no_token, SECRET).status == 401
     huge = url_event("x" * 5000, b64=True)
     assert receive_function_url_event(huge, SECRET, max_bytes=1000).status == 413
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (RecursionError("too deep"), 400),
+        (UnicodeEncodeError("utf-8", "\ud800", 0, 1, "bad"), 400),
+        (RuntimeError("a bug"), 500),
+        (OSError("disk"), 500),
+    ],
+)
+def test_the_receiver_classifies_unexpected_errors_through_the_tree(
+    monkeypatch: pytest.MonkeyPatch, error: BaseException, status: int
+) -> None:
+    """Whatever goes wrong inside, the receiver answers: 4xx for what only bad input raises (the tool
+    server stops), 500 for anything else (it retries) — never an exception (a 502 from Lambda)."""
+    from stepagent.rap import receiver
+
+    def explode(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(receiver, "convert_callback", explode)
+    result = post(tool_result(text="x"))
+    assert result.status == status and "error" in result.body and not result.messages

@@ -7,13 +7,12 @@ from typing import Any
 
 import pytest
 
-from stepagent.errors import InvariantViolation
+from stepagent.errors import CorruptRowError, InvariantViolation
 from stepagent.history_items import (
     CODEC_VERSION,
     INJECTED_TOOL_NAME,
     SUMMARY_PREFIX,
     AssistantText,
-    CorruptRowError,
     EventItem,
     HistoryItem,
     Reasoning,

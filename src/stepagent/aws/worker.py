@@ -54,16 +54,27 @@ from stepagent.core.step import StepInput
 from stepagent.errors import (
     ConcurrentWriteError,
     GroupMismatchError,
-    InputError,
     MalformedMessageError,
     RetriesExhaustedError,
     StepagentError,
+    classify,
 )
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.senders.sqs import SqsQueues
 
 logger = Logger(service="stepagent")
+
+
+def rejection(error: BaseException) -> StepagentError | None:
+    """``error`` as the reason to reject its input (:func:`~stepagent.errors.classify` says "reject"), or
+    ``None`` when the input must be retried."""
+    if classify(error) != "reject":
+        return None
+    if isinstance(error, StepagentError):
+        return error
+    return MalformedMessageError(f"the input cannot be processed: {type(error).__name__}: {error}")
+
 
 #: Attempts per thread when another writer keeps winning the head-version race.
 MAX_STEP_ATTEMPTS = 3
@@ -114,7 +125,7 @@ class Record:
     receive_count: int
     logical_id: str
     message: InputMessage | None = None
-    rejected: InputError | RetriesExhaustedError | None = None  # never retried: DLQ copy + error event
+    rejected: StepagentError | None = None  # never retried: DLQ copy + error event
     failed: Exception | None = None  # transient (e.g. the claim check's S3 read)
 
 
@@ -172,11 +183,11 @@ class Worker:
             if not isinstance(body, str):
                 raise MalformedMessageError("the SQS record has no body")
             resolved = await self.queues.resolve(body)
-        except InputError as error:
-            record.rejected = error
-            return record
-        except Exception as error:  # transient: the record (and its thread's later ones) will be retried
-            record.failed = error
+        except Exception as error:
+            # Bad input is rejected; anything else (S3 unreachable, ...) fails the record for a retry.
+            record.rejected = rejection(error)
+            if record.rejected is None:
+                record.failed = error
             return record
         try:
             message = parse_input_message(resolved)
@@ -184,12 +195,9 @@ class Worker:
                 raise GroupMismatchError(
                     f"body group_id {message.group_id!r} disagrees with MessageGroupId {record.group_id!r}"
                 )
-        except InputError as error:
-            record.rejected = error
-            return record
         except Exception as error:
             # Parsing is a pure function of the body: whatever it raises, retrying cannot help.
-            record.rejected = MalformedMessageError(
+            record.rejected = rejection(error) or MalformedMessageError(
                 f"the message body cannot be parsed: {type(error).__name__}: {error}"
             )
             return record
@@ -246,27 +254,32 @@ class Worker:
         try:
             await self._step_and_publish(thread_id, good)
             return None
-        except InputError as error:
-            if len(good) == 1:
-                good[0].rejected = error
-                return None
-            logger.warning("isolating rejected input", extra={"error": str(error)})
         except Exception as error:
-            if not any(self._last_attempt(r) for r in good):
+            reason = rejection(error)
+            if reason is not None:
+                if len(good) == 1:
+                    good[0].rejected = reason
+                    return None
+                logger.warning("isolating rejected input", extra={"error": str(reason)})
+            elif not any(self._last_attempt(r) for r in good):
                 await self._report_failure(thread_id, good[0], error)
                 return 0
-            if len(good) == 1:
+            elif len(good) == 1:
                 good[0].rejected = self._give_up(good[0], error)
                 return None
-            logger.warning("last attempt failed; isolating the failing input", extra={"error": str(error)})
+            else:
+                logger.warning(
+                    "last attempt failed; isolating the failing input", extra={"error": str(error)}
+                )
         # Some input is unacceptable (e.g. too large to store), or a record on its last attempt keeps failing.
         # Steps are atomic and idempotent, so the records are re-run one at a time to single out the culprit.
         for index, record in enumerate(good):
             try:
                 await self._step_and_publish(thread_id, [record])
-            except InputError as error:
-                record.rejected = error
             except Exception as error:
+                record.rejected = rejection(error)
+                if record.rejected is not None:
+                    continue
                 if self._last_attempt(record):
                     record.rejected = self._give_up(record, error)
                     continue

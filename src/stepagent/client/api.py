@@ -12,9 +12,9 @@ from typing import Any
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.settings import Settings
 from stepagent.client.watch import Cursor, StoreReader, TreeWatch
-from stepagent.errors import ConfigurationError, StepagentError
+from stepagent.errors import ChoiceAnswerError, ConfigurationError, StepagentError
 from stepagent.messages import InputMessage, UserChoiceRequired
-from stepagent.rap.choices import ChoiceAnswerError, answer_user_choice
+from stepagent.rap.choices import answer_user_choice
 from stepagent.senders.sqs import SqsSender
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
 from stepagent.stores.dynamodb_io import DynamoIo
@@ -31,7 +31,7 @@ REQUIRED_SETTINGS = ("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE", "S
 class ClientError(StepagentError):
     """The client could not do what was asked (no such choice, an answer the tool refused, ...)."""
 
-    disposition = "fatal"
+    default_disposition = "fatal"
 
 
 class Client:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from stepagent.errors import CorruptDataError
 from stepagent.history_items import HistoryItem
 from stepagent.stores.base import ConversationStore
 
@@ -49,7 +50,7 @@ async def ancestor_chain(store: ConversationStore, thread_id: str) -> list[Ances
     seen = {thread_id}
     while info is not None and info.parent_id is not None:
         if info.parent_id in seen:
-            raise ValueError(f"thread tree has a cycle at {info.parent_id}")
+            raise CorruptDataError(f"thread tree has a cycle at {info.parent_id}")
         seen.add(info.parent_id)
         chain.append(AncestorLink(info.parent_id, info.spawn_order or 0))
         info = await store.get_thread(info.parent_id)

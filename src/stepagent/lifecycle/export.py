@@ -38,8 +38,8 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from stepagent.errors import InputError
-from stepagent.history_items import CorruptRowError, EventItem, ToolCallItem, item_from_dict, item_to_dict
+from stepagent.errors import CorruptRowError, InputError
+from stepagent.history_items import EventItem, ToolCallItem, item_from_dict, item_to_dict
 from stepagent.history_items import answered_call_id as answers
 from stepagent.messages import InputMessage, ThreadReport, UserChoiceRequired
 from stepagent.stores.base import ConversationStore, StateStore, ThreadInfo, ThreadKind

@@ -55,10 +55,6 @@ class Subscription:
     run: Callable[[RapCall], Coroutine[Any, Any, None]]
 
 
-class CallbackError(Exception):
-    """A callback could not be delivered."""
-
-
 @dataclass(slots=True)
 class RapCall:
     """One invocation, with the means to answer it."""

@@ -13,11 +13,8 @@ from typing import Any
 
 import httpx
 
+from stepagent.errors import ChoiceAnswerError
 from stepagent.messages import UserChoiceRequired
-
-
-class ChoiceAnswerError(Exception):
-    """The answer could not be delivered (bad index, network error, or the tool refused it)."""
 
 
 def choice_from_event(event: Mapping[str, Any]) -> UserChoiceRequired:

@@ -41,13 +41,14 @@ import base64
 import binascii
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from stepagent.errors import InputError
+from stepagent.errors import InputError, classify
 from stepagent.ids import derived_id
 from stepagent.input_rules import check_json, load_json
 from stepagent.messages import (
@@ -78,6 +79,8 @@ from stepagent.rap.tokens import verify_token
 #: Lambda Function URLs accept request payloads up to 6 MB; larger bodies are refused the same way here.
 MAX_BODY_BYTES = 6 * 1024 * 1024
 OK_BODY: dict[str, Any] = {"ok": True}
+log = logging.getLogger(__name__)
+
 INTERNAL_ERROR_BODY: dict[str, Any] = {"error": "Internal error"}
 
 
@@ -214,7 +217,25 @@ def receive_callback(
     method: str = "POST",
     max_bytes: int = MAX_BODY_BYTES,
 ) -> ReceiverResult:
-    """Authenticate, validate and convert one callback request."""
+    """Authenticate, validate and convert one callback request. Never raises: an error the tree classifies
+    as bad input (:func:`~stepagent.errors.classify`) is a 400, any other a 500 (the server retries)."""
+    try:
+        return _receive_callback(body, token, secret, method=method, max_bytes=max_bytes)
+    except Exception as exc:
+        if classify(exc) == "reject":
+            return reject(400, f"the callback cannot be processed: {type(exc).__name__}: {exc}")
+        log.exception("RAP callback failed unexpectedly")
+        return ReceiverResult(500, INTERNAL_ERROR_BODY)
+
+
+def _receive_callback(
+    body: bytes | str | None,
+    token: str | None,
+    secret: str,
+    *,
+    method: str,
+    max_bytes: int,
+) -> ReceiverResult:
     if method.upper() != "POST":
         return reject(405, f"method {method.upper()} is not allowed; RAP callbacks are POSTed")
     raw = body.encode() if isinstance(body, str) else body

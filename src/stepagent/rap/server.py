@@ -49,11 +49,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from stepagent.errors import ToolError
+from stepagent.errors import CallbackError, ToolError
 from stepagent.function_schema import TypedFunction, result_text
 from stepagent.rap.call import (
     DEFERRED,
-    CallbackError,
     RapCall,
     Result,
     Subscription,

@@ -50,8 +50,8 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from stepagent.errors import ConcurrentWriteError, StoreError
-from stepagent.history_items import CorruptRowError, Summary, decode_item, encode_item
+from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError
+from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.stores.base import (
     Commit,
     HistoryStaging,

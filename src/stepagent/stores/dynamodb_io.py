@@ -27,8 +27,7 @@ from typing import Any, Literal, TypeAlias
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-from stepagent.errors import PayloadTooLargeError, StoreError
-from stepagent.history_items import CorruptRowError
+from stepagent.errors import CorruptRowError, PayloadTooLargeError, StoreError
 from stepagent.stores.metrics import StoreMetrics
 
 #: aioboto3 clients are untyped; this alias marks where one is expected (DynamoDB or S3, low-level).

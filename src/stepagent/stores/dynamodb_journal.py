@@ -35,8 +35,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from stepagent.errors import ConcurrentWriteError, StoreError
-from stepagent.history_items import CorruptRowError
+from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError
 from stepagent.stores.dynamodb_io import (
     ConditionFailed,
     DynamoIo,

@@ -32,7 +32,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import replace
 from typing import Protocol
 
-from stepagent.errors import ConcurrentWriteError
+from stepagent.errors import ConcurrentWriteError, InvalidRewindError
 from stepagent.history_items import Summary, encode_item
 from stepagent.stores.base import HistoryEntry, Replacement, Rewind, StateCleanup, ThreadInfo, iterate_entries
 from stepagent.stores.dynamodb_io import (
@@ -152,7 +152,7 @@ async def rewind_thread(store: ConversationTable, thread_id: str, rewind: Rewind
         raise ConcurrentWriteError(f"thread {thread_id} does not exist")
     info = info_from_item(head)
     if not 0 <= rewind.to_order <= info.tail:
-        raise ValueError(f"thread {thread_id}: cannot rewind to {rewind.to_order} (tail {info.tail})")
+        raise InvalidRewindError(f"thread {thread_id}: cannot rewind to {rewind.to_order} (tail {info.tail})")
     markers, cleanup, late = _cleanup_writes(store, thread_id, rewind.cleanup, set())
     await store._io.batch_delete(store.state_table, markers)
     # A new epoch: the orders past the cut will be reused, and (order, epoch) tells their rows apart.

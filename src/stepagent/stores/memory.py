@@ -20,7 +20,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Se
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stepagent.errors import ConcurrentWriteError
+from stepagent.errors import ConcurrentWriteError, InvalidRewindError
 from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.messages import ToolCall, UserChoiceRequired
 from stepagent.stores.base import (
@@ -234,7 +234,9 @@ class InMemoryConversationStore:
         if info is None or info.version != rewind.expected_version:
             raise ConcurrentWriteError(f"thread {thread_id} is not at version {rewind.expected_version}")
         if not 0 <= rewind.to_order <= info.tail:
-            raise ValueError(f"thread {thread_id}: cannot rewind to {rewind.to_order} (tail {info.tail})")
+            raise InvalidRewindError(
+                f"thread {thread_id}: cannot rewind to {rewind.to_order} (tail {info.tail})"
+            )
         summaries = backend.summaries.get(thread_id, {})
         for order in rewind.summaries_removed:
             summaries.pop(order, None)
