@@ -96,6 +96,26 @@ class Preparer:
         if await history.is_processed(message_id):
             return False
         synthetic = message.synthetic
+        if isinstance(synthetic, CompactionComplete | Compaction):
+            await self._prepare_compaction(synthetic, message_id)
+            return False
+        if message.metadata is not None:
+            history.update_metadata(message.metadata)
+        content = message.content
+        if isinstance(content, OAuthRequired | UserChoiceRequired):
+            await self._prepare_request_to_user(content, message_id)
+            return False
+        if isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage):
+            assert isinstance(content, ToolResult)  # guaranteed by InputMessage validation
+            return await self._prepare_event(message, synthetic, content, message_id)
+        if isinstance(content, ToolResult):
+            late = await self._interrupted_passive_call(content.id)
+            if late is not None:
+                return await self._inline(late, content, message_id, child=None)
+        return await self._prepare_content(message, message_id)
+
+    async def _prepare_compaction(self, synthetic: Compaction | CompactionComplete, message_id: str) -> None:
+        history = self.history
         if isinstance(synthetic, CompactionComplete):
             applied = await history.apply_compaction()
             await self.state.release_compaction(self.thread_id)
@@ -106,49 +126,42 @@ class Preparer:
                 self.emit(
                     InputRejected(message_id, "compaction_complete, but this thread has no summary to apply")
                 )
-            return False
-        if isinstance(synthetic, Compaction):
-            # The durable claim makes compactions of one thread exclusive, across steps and processes;
-            # the lease frees it if a compaction child never finishes.
-            lease = self.compaction_lease_seconds
-            if await self.state.claim_compaction(self.thread_id, message_id, self.clock(), lease):
-                await self._spawn_compaction_child(message_id)
-            else:
-                self.emit(Info("A compaction of this thread is already in progress"))
-            history.record_processed(message_id)
-            return False
-        if message.metadata is not None:
-            history.update_metadata(message.metadata)
-        content = message.content
+            return
+        # The durable claim makes compactions of one thread exclusive, across steps and processes;
+        # the lease frees it if a compaction child never finishes.
+        lease = self.compaction_lease_seconds
+        if await self.state.claim_compaction(self.thread_id, message_id, self.clock(), lease):
+            await self._spawn_compaction_child(message_id)
+        else:
+            self.emit(Info("A compaction of this thread is already in progress"))
+        history.record_processed(message_id)
+
+    async def _prepare_request_to_user(
+        self, content: OAuthRequired | UserChoiceRequired, message_id: str
+    ) -> None:
+        """An OAuth link or a choice for the user: an output event (a choice is also stored as pending)."""
         if isinstance(content, OAuthRequired):
-            history.record_processed(message_id)
             self.emit(OAuthRequiredEvent(auth_url=content.auth_url, tool_call_id=content.id))
-            return False
-        if isinstance(content, UserChoiceRequired):
+        else:
             await self.state.add_pending_choice(self.thread_id, content)
             self.pending_choices[:] = [c for c in self.pending_choices if c.id != content.id] + [content]
-            history.record_processed(message_id)
             self.emit(UserChoiceRequiredEvent(choice=content))
-            return False
-        if isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage):
-            assert isinstance(content, ToolResult)  # guaranteed by InputMessage validation
-            return await self._prepare_event(message, synthetic, content, message_id)
+        self.history.record_processed(message_id)
 
-        if isinstance(content, ToolResult):
-            late = await self._interrupted_passive_call(content.id)
-            if late is not None:
-                return await self._inline(late, content, message_id, child=None)
-
+    async def _prepare_content(self, message: InputMessage, message_id: str) -> bool:
+        """User content or a tool result, appended to history."""
+        content = message.content
+        assert not isinstance(content, OAuthRequired | UserChoiceRequired)  # handled by the caller
         item: HistoryItem
         if isinstance(content, ToolResult):
             item = ToolResultItem(result=content, display_segments=message.display_as)
         else:
             item = UserItem(content=content)
-        if not await history.handle_content(item, message_id):
+        if not await self.history.handle_content(item, message_id):
             return False
         if isinstance(content, ToolResult):
             if message.subscription:
-                history.track_subscription(content.id)
+                self.history.track_subscription(content.id)
                 (await self._active_subscriptions()).add(content.id)  # later inputs of this batch see it
             text = content.first_text()
             if text is not None:
