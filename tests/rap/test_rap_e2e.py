@@ -7,7 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from stepagent.events import Info, OAuthRequiredEvent, UserChoiceDismissed, UserChoiceRequiredEvent
+from stepagent.events import (
+    InputRejected,
+    OAuthRequiredEvent,
+    UserChoiceDismissed,
+    UserChoiceRequiredEvent,
+)
 from stepagent.history_items import AssistantText, EventItem, ToolResultItem
 from stepagent.messages import ToolResult
 from stepagent.providers.base import ModelRequest, StreamEvent
@@ -93,7 +98,8 @@ async def test_a_subscription_delivers_child_and_associative_events_until_final(
         await s.h.run()
         assert await s.h.history(T) == history
         assert any(
-            isinstance(e, Info) and "unknown or cancelled subscription" in e.text for e in s.h.observer.of(T)
+            isinstance(e, InputRejected) and "not an active subscription" in e.reason
+            for e in s.h.observer.of(T)
         )
 
 
