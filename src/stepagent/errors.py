@@ -152,10 +152,6 @@ class ProviderError(StepagentError):
         # A request the provider refused (bad request, authentication) fails the same way every time.
         return "retry" if self._retryable else "reject"
 
-    def __str__(self) -> str:
-        text = super().__str__()
-        return text if self._retryable else f"{text} (not retryable)"
-
 
 class ToolError(StepagentError):
     """A tool failed; the model receives ``Error: <message>`` as the call's result."""
