@@ -186,3 +186,19 @@ def test_a_conversation_survives_restarts_with_a_state_dir(tmp_path: Path) -> No
 
     empty = stepagent("history", "kept", "--state-dir", str(tmp_path / "nothing"), env=env)
     assert empty.returncode == 2 and "holds no local state" in empty.stderr
+
+
+def test_run_says_when_it_gave_up_and_exits_non_zero() -> None:
+    """An unreachable model: the last allowed attempt ends in a final error line that does not say
+    "retrying", and ``run --say`` exits 1 because an error was shown (issue: giving up silently)."""
+    env = clean_env(
+        STEPAGENT_MODEL="openai:gpt-4o",
+        OPENAI_API_KEY="unused",
+        OPENAI_BASE_URL="http://127.0.0.1:9/v1",  # nothing listens on the discard port
+        STEPAGENT_MAX_RECEIVE_COUNT="1",
+    )
+    result = stepagent("run", "--say", "hello", env=env)
+    assert result.returncode == 1, result.stderr
+    final = [line for line in result.stdout.splitlines() if " ! " in line]
+    assert final and "Gave up on input message" in final[-1] and "after 1 attempt:" in final[-1]
+    assert "retrying" not in final[-1]

@@ -244,7 +244,8 @@ class Worker:
     def _give_up(self, record: Record, error: BaseException) -> RetriesExhaustedError:
         self.metrics.add_metric("GaveUp", "Count", 1)
         return RetriesExhaustedError(
-            f"gave up on input message {record.logical_id} after {record.receive_count} attempts: "
+            f"gave up on input message {record.logical_id} after {record.receive_count} "
+            f"attempt{'' if record.receive_count == 1 else 's'}: "
             f"{type(error).__name__}: {error}",
             attempts=record.receive_count,
         )
