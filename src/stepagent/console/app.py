@@ -4,6 +4,7 @@ Routes (``{root}`` is a conversation's root thread id):
 
 ====================================  ==========================================================================
 ``GET /``                             the conversations, newest first (``q``: search id and metadata; ``offset``)
+``GET /open``                         go to the conversation ``thread`` (a new id when none is given)
 ``GET /c/{root}``                     the conversation: thread tree, histories, what it waits for, actions
 ``GET /c/{root}/fragment``            the re-rendered part of that page (the page's script fetches it)
 ``GET /c/{root}/export``              the tree as JSON lines (``stepagent export``), as a download
@@ -107,8 +108,7 @@ def build_app(console: ConsoleState) -> Starlette:
 
     async def page_of(root: str) -> Any:
         page = await conversation_page(client, root, dead_letters=await letters_by_thread())
-        if page is not None:
-            console.trees[root] = [t.thread_id for t in page.threads]
+        console.trees[root] = [t.thread_id for t in page.threads]
         return page
 
     # ---- pages ------------------------------------------------------------------------------------------
@@ -131,18 +131,19 @@ def build_app(console: ConsoleState) -> Starlette:
         root = request.path_params["root"]
         page = await page_of(root)
         if request.url.path.startswith("/api/"):
-            if page is None:
-                return json_response({"error": f"no conversation {root!r}"}, 404)
             return json_response(page.as_dict())
-        if page is None:
-            return html(pages.not_found(f"No conversation {root!r} (yet)."), "Not found", status=404)
-        return html(pages.conversation_page(page, console.csrf), root, notice=request.query_params.get("msg"))
+        notice = request.query_params.get("msg")
+        if not page.exists and notice is None:
+            notice = f"No conversation {root!r} yet: send a message to start it."
+        return html(pages.conversation_page(page, console.csrf), root, notice=notice)
+
+    async def open_conversation(request: Request) -> Response:
+        thread = request.query_params.get("thread", "").strip() or f"console-{secrets.token_hex(4)}"
+        return RedirectResponse(pages.path("c", thread), status_code=303)
 
     async def fragment(request: Request) -> Response:
         root = request.path_params["root"]
         page = await page_of(root)
-        if page is None:
-            return Response("", status_code=404, headers=_SECURITY_HEADERS)
         return HTMLResponse(
             pages.conversation_fragment(page, console.csrf),
             headers={**_SECURITY_HEADERS, "X-Signature": page.signature},
@@ -293,6 +294,7 @@ def build_app(console: ConsoleState) -> Starlette:
     routes = [
         Route("/", index),
         Route("/api/conversations", index),
+        Route("/open", open_conversation),
         Route("/c/{root:path}/fragment", fragment),
         Route("/c/{root:path}/export", export),
         Route("/c/{root:path}/rewind", rewind_page, methods=["GET"]),

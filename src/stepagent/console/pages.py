@@ -67,10 +67,10 @@ def csrf_field(csrf: str) -> str:
     return f'<input type="hidden" name="csrf" value="{e(csrf)}">'
 
 
-def _when(epoch: int | None) -> str:
-    if epoch is None:
+def _when(epoch_ms: int | None) -> str:
+    if epoch_ms is None:
         return "—"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_ms / 1000))
 
 
 # ---- the list ----------------------------------------------------------------------------------------------
@@ -111,6 +111,8 @@ def conversations_page(listing: ConversationList, query: str) -> str:
     return f"""<h1>Conversations</h1>
 <form class="search" method="get" action="/"><input type="search" name="q" value="{e(query)}"
  placeholder="search by id or metadata"><button>Search</button></form>
+<form class="open" method="get" action="/open"><input name="thread" placeholder="conversation id (empty: a new one)">
+<button>Open or start a conversation</button></form>
 {incomplete}{table}<p class="pager">{e(shown)} {" ".join(pager)}</p>
 <p class="hint">Newest first. The list scans the whole conversation table (no index of conversations).</p>"""
 
@@ -239,7 +241,9 @@ def _waiting(thread: ThreadPage, csrf: str, root: str) -> str:
                 if url
                 else f"(refused a link that is not http(s): <code>{e(notice['auth_url'])}</code>)"
             )
-            out.append(f'<p class="notice oauth">sign-in needed: a tool waits for you to authorise it — {link}</p>')
+            out.append(
+                f'<p class="notice oauth">sign-in needed: a tool waits for you to authorise it — {link}</p>'
+            )
         elif notice["kind"] == "error":
             out.append(
                 f'<p class="notice error">error: {e(notice["text"])}'

@@ -79,6 +79,8 @@ class ThreadPage:
 
 @dataclass(slots=True)
 class ConversationPage:
+    #: False for a root with no commit yet (nothing stored; perhaps its first step is running).
+    exists: bool
     root_id: str
     threads: list[ThreadPage]
     status: StatusReport
@@ -90,6 +92,7 @@ class ConversationPage:
         """The JSON API's shape of a conversation."""
         return {
             "root_id": self.root_id,
+            "exists": self.exists,
             "status": self.status.as_dict(),
             "signature": self.signature,
             "metadata": self.metadata,
@@ -180,12 +183,14 @@ async def poll(client: Client, thread_ids: list[str]) -> Item:
 
 async def conversation_page(
     client: Client, root_id: str, *, dead_letters: dict[str, int] | None = None, full: bool = True
-) -> ConversationPage | None:
+) -> ConversationPage:
     """Everything the conversation page shows (``full=False``: only what the list needs — status from
     the last rows of each thread, usage, metadata). ``dead_letters``: per thread, messages in a DLQ."""
     tree = await thread_tree(client, root_id)
+    exists = tree is not None
     if tree is None:
-        return None
+        # Not committed yet (or never): a page for it still shows its first completion as it streams.
+        tree = [(ThreadInfo(thread_id=root_id, root_id=root_id), 0)]
     letters = dead_letters or {}
     state = client.state
     ids = [info.thread_id for info, _ in tree]
@@ -205,6 +210,11 @@ async def conversation_page(
         head, live_item = heads.get(listed.thread_id, (None, None))
         info = info_from_item(head) if head else listed
         live = decode_live(live_item)
+        if head is None:
+            empty = ThreadFacts(info.thread_id, None, live=live)
+            page = ThreadPage(info, depth, empty, thread_status(empty))
+            page.partial = partial_of(None, live)
+            return page
         items, intents, choices, subscriptions, held = await asyncio.gather(
             rows(info),
             state.open_intents(info.thread_id),
@@ -263,6 +273,7 @@ async def conversation_page(
         thread_usage(client.conversation, root_id), state.get_metadata(root_id)
     )
     return ConversationPage(
+        exists=exists,
         root_id=root_id,
         threads=threads,
         status=tree_status(t.status for t in threads),
@@ -367,8 +378,7 @@ async def conversation_list(
 
     async def fill(row: ConversationRow) -> None:
         page = await conversation_page(client, row.root.thread_id, dead_letters=dead_letters, full=False)
-        if page is not None:
-            row.status, row.usage, row.metadata = page.status, page.usage, page.metadata
+        row.status, row.usage, row.metadata = page.status, page.usage, page.metadata
 
     await _bounded([lambda r=r: fill(r) for r in shown])  # type: ignore[misc]
     return ConversationList(shown, len(rows), listing.complete, offset, limit)

@@ -9,7 +9,7 @@ that applies:
 2. **choice** — a tool asked the user to choose and waits for the answer (a pending choice).
 3. closed threads: **working** while a dispatch of theirs is still in flight (the report to the parent),
    else **idle**.
-4. **working** — a completion is streaming (its ``LIVE`` partial follows the current head), a message
+4. **working** — a completion is streaming (for a thread without a head yet: its first one) (its ``LIVE`` partial follows the current head), a message
    from another thread is on its way (the head's ``inbox``), or a committed tool call is not dispatched
    yet (an open intent).
 5. **tool** — the thread's last tool call has no result yet and the tool is not passive (a function, MCP
@@ -127,7 +127,9 @@ def thread_status(facts: ThreadFacts) -> StatusReport:
         return report(Status.FAILED, str(error.get("message", "error")))
     if facts.choices:
         return report(Status.CHOICE, f"{facts.choices} question(s) to answer")
-    if info is None:
+    if info is None:  # no commit yet: working only while its first completion streams
+        if facts.live.phase is not None:
+            return report(Status.WORKING, facts.live.phase)
         return report(Status.IDLE, "not created yet")
     if info.closed:
         if facts.open_intents:

@@ -344,7 +344,7 @@ class DynamoConversationStore:
                     ":r": s_attr(info.thread_id),
                     ":k": s_attr(ThreadKind.ROOT.value),
                     ":f": {"BOOL": False},
-                    ":ca": n_attr(int(time.time())),
+                    ":ca": n_attr(int(time.time() * 1000)),
                 }
             )
             expression += (

@@ -13,7 +13,7 @@ Item layout (``pk`` = thread id in both tables)::
                                     [turn_complete] [inbox]              last commit's turn flag; ids of
                                                                          messages sent here by other threads,
                                                                          not yet processed (string set)
-                                    [created_at]                         epoch seconds of the first commit
+                                    [created_at]                         epoch milliseconds of the first commit
                                                                          (absent on heads written before it)
                   R#{order:012d}    message_id cv (body | blob)          one history row, encoded item JSON
                   R#g{gen}#{order:012d}  (same)                          a row of a replaced history

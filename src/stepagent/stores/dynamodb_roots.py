@@ -10,7 +10,7 @@ alternative to adding one — a paginated ``Scan`` of the whole conversation tab
   incomplete) or keep your own index of conversations.
 - Eventually consistent: a conversation created a moment ago may be missing from one pass.
 
-Order: newest first by ``created_at`` (epoch seconds of the thread's first commit, written by
+Order: newest first by ``created_at`` (epoch milliseconds of the thread's first commit, written by
 :class:`~stepagent.stores.dynamodb.DynamoConversationStore` since the console exists); heads without it
 (older data, imported trees) come last, by id.
 """
