@@ -343,7 +343,7 @@ def dead_letters_page(
             f'<tr data-message-id="{e(letter.message_id)}"><td>{e(letter.queue)}</td><td><code>{e(letter.message_id)}</code></td>'
             f"<td>{link}</td><td>{letter.receive_count}</td>"
             f'<td class="reason">{e(letter.reason or "failed its last allowed attempt")}</td>'
-            f'<td><code class="body">{e(body)}</code></td><td><form method="post" action="/dlq/redrive" data-ajax>'
+            f'<td><code class="body">{e(body)}</code></td><td><form method="post" action="/dlq/redrive" data-ajax data-reload>'
             f'{csrf_field(csrf)}<input type="hidden" name="message_id" value="{e(letter.message_id)}">'
             "<button>Redrive</button></form></td></tr>"
         )
@@ -351,7 +351,7 @@ def dead_letters_page(
     if not rows:
         return f'<h1>Dead letters</h1>{problem_html}<p class="empty" id="dlq-empty">The DLQs are empty.</p>'
     return f"""<h1>Dead letters</h1>{problem_html}
-<form method="post" action="/dlq/redrive" data-ajax>{csrf_field(csrf)}<input type="hidden" name="all" value="yes">
+<form method="post" action="/dlq/redrive" data-ajax data-reload>{csrf_field(csrf)}<input type="hidden" name="all" value="yes">
 <button>Redrive all ({len(rows)})</button></form>
 <table class="list dlq"><thead><tr><th>queue</th><th>message</th><th>thread</th><th>receives</th><th>reason</th>
 <th>body</th><th></th></tr></thead><tbody>{"".join(rows)}</tbody></table>
