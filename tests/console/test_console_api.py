@@ -82,6 +82,8 @@ async def test_list_tree_actions_guards_export_rewind_and_dlq() -> None:
         assert rebound.status_code == 421
         outside = await c.post("/c/conv-b/send", {"thread": "conv-a", "text": "x"})
         assert outside.status_code == 400 and "not part of conversation" in outside.json()["error"]
+        closed = await c.post("/c/conv-a/send", {"thread": child["thread_id"], "text": "x"})
+        assert closed.status_code == 400 and "is closed" in closed.json()["error"]
 
         # Send, answer a choice, then a timer: each visible in the status.
         sent = await c.post("/c/conv-b/send", {"thread": "conv-b", "text": "hello"})
@@ -98,6 +100,15 @@ async def test_list_tree_actions_guards_export_rewind_and_dlq() -> None:
         assert answered.json()["index"] == 2
         await until(
             c, "/api/c/conv-b", lambda d: "Blue it is." in texts(d) and d["status"]["status"] == "idle"
+        )
+        await c.post("/c/conv-b/send", {"text": "connect my account"})
+        signed = await until(c, "/api/c/conv-b", lambda d: d["threads"][0]["notices"])
+        assert signed["threads"][0]["notices"][-1]["auth_url"] == "https://example.com/oauth/authorize?demo=1"
+        await settle(client, "conv-b")
+        html = (await c.http.get("/c/conv-b")).text
+        assert (
+            'href="https://example.com/oauth/authorize?demo=1" target="_blank" rel="noopener noreferrer"'
+            in html
         )
         await c.post("/c/conv-b/send", {"text": "nap a while"})
         napping = await until(c, "/api/c/conv-b", lambda d: d["status"]["status"] == "timer")

@@ -209,7 +209,9 @@ def build_app(console: ConsoleState) -> Starlette:
         if not text:
             raise ActionRefused("the message is empty")
         if thread != root:
-            await _thread_of(client, root, thread)
+            info = await _thread_of(client, root, thread)
+            if info.closed:
+                raise ActionRefused(f"thread {thread} is closed: send to an open thread")
         message_id = await client.send(thread, text)
         return f"sent to {thread}", {"message_id": message_id, "thread_id": thread}
 

@@ -234,16 +234,21 @@ def _waiting(thread: ThreadPage, csrf: str, root: str) -> str:
             f'<p class="prompt">{e(choice["prompt"])}</p>{buttons}</form>'
         )
     for notice in thread.notices:
-        if notice["kind"] == "oauth" and notice["open"]:
+        if notice["kind"] == "oauth":
             url = safe_url(notice["auth_url"])
             link = (
                 f'<a class="oauth" href="{e(url)}" target="_blank" rel="noopener noreferrer">open the sign-in link</a>'
                 if url
                 else f"(refused a link that is not http(s): <code>{e(notice['auth_url'])}</code>)"
             )
-            out.append(
-                f'<p class="notice oauth">sign-in needed: a tool waits for you to authorise it — {link}</p>'
-            )
+            if notice["open"]:
+                out.append(
+                    f'<p class="notice oauth">sign-in needed: a tool waits for you to authorise it: {link}</p>'
+                )
+            else:
+                out.append(
+                    f'<p class="notice oauth done">a tool asked for a sign-in (it has answered since): {link}</p>'
+                )
         elif notice["kind"] == "error":
             out.append(
                 f'<p class="notice error">error: {e(notice["text"])}'
