@@ -1,7 +1,8 @@
 """The ``stepagent`` command line.
 
-Commands: ``run`` (chat on the embedded local stack — the main job), ``chat`` and ``tail`` (a thread of
-any deployment, through :mod:`stepagent.client`), ``send``, ``history``, ``infra create``, ``dlq``, and the
+Commands: ``run`` (chat on the embedded local stack — the main job; ``--console`` opens the web console
+instead), ``chat`` and ``tail`` (a thread of any deployment, through :mod:`stepagent.client`), ``console``
+(the web console, :mod:`stepagent.console`), ``send``, ``history``, ``infra create``, ``dlq``, and the
 conversation lifecycle: ``export``, ``import``, ``rewind``. Commands that touch the stores or queues read the same settings as the handlers.
 Errors are printed for people (one line, what to do next) with exit status 2; ``--debug`` shows the
 traceback.
@@ -71,6 +72,27 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--state-dir", default=os.environ.get("STEPAGENT_STATE_DIR"), metavar="DIR", help=state_help
     )
+
+    run.add_argument(
+        "--console",
+        action="store_true",
+        help="open the web console on the local stack instead of the terminal chat (Ctrl-C to stop)",
+    )
+    _console_options(run)
+
+    console = commands.add_parser(
+        "console",
+        help="the web console: conversations, thread trees, live text, actions, DLQs (local-only web app)",
+        description=(
+            "Serve a local web application on the client (--stack NAME, or the STEPAGENT_* settings and "
+            "AWS_ENDPOINT_URL): the conversations with their status and usage, each thread tree live, "
+            "sending, answering choices, rewinding, exporting, and the dead-letter queues with redrive. "
+            "It binds 127.0.0.1 unless --host says otherwise."
+        ),
+    )
+    console.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+    console.add_argument("--thread", default=None, help="print the URL of this conversation's page")
+    _console_options(console)
 
     send = commands.add_parser("send", help="put a user message on the input queue")
     send.add_argument("thread", help="the thread (message group) id")
@@ -161,6 +183,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _console_options(parser: argparse.ArgumentParser) -> None:
+    from stepagent.console import DEFAULT_PORT
+
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="the console's address (default 127.0.0.1: this machine only)"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"the console's port (default {DEFAULT_PORT}; 0: any free)",
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # "Run from your project directory": STEPAGENT_TOOLS=myapp.tools:toolset imports from the current
@@ -168,42 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        if args.command == "run":
-            from stepagent.devstack.chat import run_chat
-
-            return asyncio.run(
-                run_chat(
-                    say=args.say,
-                    thread_id=args.thread,
-                    idle_timeout=args.timeout,
-                    debug=args.debug,
-                    debug_sdk=args.debug_sdk,
-                    state_dir=args.state_dir,
-                )
-            )
-        if args.command in ("chat", "tail"):
-            return asyncio.run(_chat_or_tail(args))
-        if args.command == "send":
-            return asyncio.run(_send(args.thread, args.text, args.stack))
-        if args.command == "history":
-            if args.state_dir:
-                return asyncio.run(
-                    _on_local_state(args.state_dir, False, _history(args.thread, as_json=args.json))
-                )
-            return asyncio.run(_history(args.thread, as_json=args.json, stack=args.stack))
-        if args.command == "dlq":
-            return asyncio.run(_dlq(args))
-        if args.command == "infra":
-            from stepagent.devstack.stack import infra_create
-
-            return asyncio.run(infra_create(args.endpoint_url, args.prefix))
-        from stepagent.lifecycle.commands import COMMANDS, run_lifecycle_command
-
-        if args.command in COMMANDS:
-            if getattr(args, "state_dir", None):
-                saves = args.command in ("import", "rewind")
-                return asyncio.run(_on_local_state(args.state_dir, saves, run_lifecycle_command(args)))
-            return asyncio.run(run_lifecycle_command(args))
+        return asyncio.run(_command(args))
     except StepagentError as error:
         if args.debug:
             raise
@@ -215,7 +216,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`stepagent history T | head`): stop quietly, as Unix tools do.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    return 2
+
+
+def _command(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
+    """The coroutine that carries out the parsed command (``main`` runs it and turns errors into text)."""
+    if args.command == "run":
+        from stepagent.devstack.chat import run_chat
+
+        return run_chat(
+            say=args.say,
+            thread_id=args.thread,
+            idle_timeout=args.timeout,
+            debug=args.debug,
+            debug_sdk=args.debug_sdk,
+            state_dir=args.state_dir,
+            session=_local_console(args) if args.console else None,
+        )
+    if args.command == "console":
+        return _console(args)
+    if args.command in ("chat", "tail"):
+        return _chat_or_tail(args)
+    if args.command == "send":
+        return _send(args.thread, args.text, args.stack)
+    if args.command == "history":
+        if args.state_dir:
+            return _on_local_state(args.state_dir, False, _history(args.thread, as_json=args.json))
+        return _history(args.thread, as_json=args.json, stack=args.stack)
+    if args.command == "dlq":
+        return _dlq(args)
+    if args.command == "infra":
+        from stepagent.devstack.stack import infra_create
+
+        return infra_create(args.endpoint_url, args.prefix)
+    from stepagent.lifecycle.commands import run_lifecycle_command
+
+    # Every other command is a lifecycle command (the parser admits no others).
+    if getattr(args, "state_dir", None):
+        saves = args.command in ("import", "rewind")
+        return _on_local_state(args.state_dir, saves, run_lifecycle_command(args))
+    return run_lifecycle_command(args)
 
 
 async def _on_local_state(state_dir: str, save: bool, command: Coroutine[Any, Any, int]) -> int:
@@ -254,6 +293,31 @@ async def _chat_or_tail(args: argparse.Namespace) -> int:
         return await tail(
             client, args.thread, history=args.history, until_idle=args.until_idle, timeout=args.timeout
         )
+
+
+async def _console(args: argparse.Namespace) -> int:
+    from stepagent.client import Client
+    from stepagent.console.server import serve_console
+
+    async with Client(stack=args.stack) as client:
+        return await serve_console(
+            client, host=args.host, port=args.port, stack=args.stack, thread=args.thread
+        )
+
+
+def _local_console(args: argparse.Namespace) -> Any:
+    """``run --console``: what runs on the local stack once its services are up, instead of the chat."""
+
+    async def session(settings: Any, thread_id: str, say: list[str]) -> int:
+        from stepagent.client import Client
+        from stepagent.console.server import serve_console
+
+        async with Client(settings) as client:
+            for text in say:
+                await client.send(thread_id, text)
+            return await serve_console(client, host=args.host, port=args.port, thread=thread_id)
+
+    return session
 
 
 async def _send(thread_id: str, text: str, stack: str | None = None) -> int:

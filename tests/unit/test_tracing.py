@@ -144,6 +144,7 @@ def recorder(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[AWSXRayRecorder,
     monkeypatch.setenv("_X_AMZN_TRACE_ID", TRACE_HEADER)
     emitter = CapturingEmitter()
     xray = AWSXRayRecorder()
+    xray.emitter._socket.close()  # the default UDP emitter's socket: replaced below, closed here
     xray.configure(context=LambdaContext(), emitter=emitter, sampling=False, streaming_threshold=0)
     try:
         yield xray, emitter

@@ -277,6 +277,13 @@ class Client:
         self._require_open()
         return self.conversation, self.state
 
+    @property
+    def reader(self) -> StoreReader:
+        """The reads a watch makes: :meth:`StoreReader.heads_and_live` reads the heads and ``LIVE`` items
+        of many threads in one request (the web console's poll)."""
+        self._require_open()
+        return self._reader
+
 
 def _choice_item(thread: str, choice: UserChoiceRequired) -> Item:
     return {

@@ -13,6 +13,7 @@ import os
 import secrets
 import sys
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 
@@ -23,6 +24,9 @@ from stepagent.errors import ConfigurationError
 from stepagent.providers.base import ModelProvider
 
 LOCAL_PREFIX = "stepagent-local"
+
+#: What ``run`` can run on the local stack instead of the terminal chat: ``(settings, thread id, --say texts)``.
+Session = Callable[[Settings, str, list[str]], Awaitable[int]]
 
 
 def demo_script_path() -> str:
@@ -54,7 +58,10 @@ async def run_chat(
     debug: bool,
     debug_sdk: bool = False,
     state_dir: str | None = None,
+    session: Session | None = None,
 ) -> int:
+    """Start the local stack and chat on it — or, with ``session``, run that instead of the terminal chat
+    once the services are up (``run --console``: the web console)."""
     terminal_logs.configure(debug=debug, debug_sdk=debug_sdk)
     terminal_logs.adopt_powertools_loggers()
     model, demo = choose_model(os.environ)
@@ -62,7 +69,7 @@ async def run_chat(
     # Build the model provider before the local stack swaps in throwaway credentials: a bedrock: model
     # needs the real AWS credentials, while the tables and queues live on the local endpoint.
     provider = _bedrock_with_real_credentials(model) if model.startswith("bedrock:") else None
-    chat = _StartChat(model, demo, provider, say, thread_id, idle_timeout)
+    chat = _StartChat(model, demo, provider, say, thread_id, idle_timeout, session)
     if state_dir is not None:
         from stepagent.devstack.snapshot import local_state
 
@@ -108,6 +115,7 @@ class _StartChat:
     say: list[str]
     thread_id: str | None
     idle_timeout: float
+    session: Session | None = None
 
     async def start(self, env: dict[str, str]) -> int:
         os.environ.update(env)
@@ -128,6 +136,7 @@ class _StartChat:
             idle_timeout=self.idle_timeout,
             demo=self.demo,
             provider=self.provider,
+            session=self.session,
         )
 
 
@@ -199,13 +208,17 @@ async def _chat(
     idle_timeout: float,
     demo: bool,
     provider: ModelProvider | None,
+    session: Session | None = None,
 ) -> int:
-    """Run the local services and chat through :mod:`stepagent.client`, as against a deployment."""
+    """Run the local services and chat through :mod:`stepagent.client`, as against a deployment (or run
+    ``session`` on them)."""
     from stepagent.client import Client
     from stepagent.client.terminal import chat
     from stepagent.devstack.services import local_services
 
     async with local_services(settings, demo=demo, provider=provider) as services:
+        if session is not None:
+            return await session(services.settings, thread_id, say)
         print(
             f"conversation {thread_id} — " + ("type a message (Ctrl-D to quit)" if not say else "sending"),
             file=sys.stderr,

@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
@@ -81,6 +82,7 @@ from stepagent.stores.dynamodb_journal import JOURNAL_ATTR, roll_forward
 from stepagent.stores.dynamodb_journal import flip as journal_flip
 from stepagent.stores.dynamodb_layout import (
     CHILD_PREFIX,
+    CREATED_AT_ATTRIBUTE,
     HEAD_SK,
     INBOX_ATTRIBUTE,
     TURN_COMPLETE_ATTRIBUTE,
@@ -348,12 +350,20 @@ class DynamoConversationStore:
                 values[":in"] = {"SS": processed}
                 deletes = " DELETE #in :in"
         if info.version == 0:
-            names.update({"#pk": "pk", "#r": "root_id", "#k": "kind", "#c": "closed"})
+            names.update(
+                {"#pk": "pk", "#r": "root_id", "#k": "kind", "#c": "closed", "#ca": CREATED_AT_ATTRIBUTE}
+            )
             values.update(
-                {":r": s_attr(info.thread_id), ":k": s_attr(ThreadKind.ROOT.value), ":f": {"BOOL": False}}
+                {
+                    ":r": s_attr(info.thread_id),
+                    ":k": s_attr(ThreadKind.ROOT.value),
+                    ":f": {"BOOL": False},
+                    ":ca": n_attr(int(time.time() * 1000)),
+                }
             )
             expression += (
                 ", #r = if_not_exists(#r, :r), #k = if_not_exists(#k, :k), #c = if_not_exists(#c, :f)"
+                ", #ca = if_not_exists(#ca, :ca)"  # when the thread's first commit landed (console's list)
             )
             condition = "attribute_not_exists(#pk) OR #v = :e"
         return update(

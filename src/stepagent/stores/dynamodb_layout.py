@@ -14,7 +14,9 @@ Item layout (``pk`` = thread id in both tables)::
                                                                          messages sent here by other threads,
                                                                          not yet processed (string set)
                                     [journal journal_n]                  a flipped commit's pending journal
-                  R#{order:012d}    message_id cv [ep] (body | blob)       one history row, encoded item JSON
+                                    [created_at]                         epoch milliseconds of the first commit
+                                                                         (absent on heads written before it)
+                  R#{order:012d}    message_id cv [ep] (body | blob)     one history row, encoded item JSON
                   R#g{gen}#{order:012d}  (same)                          a row of a replaced history
                   S#{up_to:012d}    (body | blob)                        compaction summary text
                   C#{child_id}      seq                                  child index entry (spawn order)
@@ -47,6 +49,7 @@ from stepagent.stores.dynamodb_io import Item, item_key, n_attr, s_attr
 
 __all__ = [
     "CHILD_PREFIX",
+    "CREATED_AT_ATTRIBUTE",
     "HEAD_SK",
     "INBOX_ATTRIBUTE",
     "TURN_COMPLETE_ATTRIBUTE",
@@ -67,6 +70,7 @@ CHILD_PREFIX = "C#"
 USAGE_PREFIX = "U#"
 TURN_COMPLETE_ATTRIBUTE = "turn_complete"
 INBOX_ATTRIBUTE = "inbox"
+CREATED_AT_ATTRIBUTE = "created_at"
 
 
 def row_sk(order: int, generation: str = "") -> str:
