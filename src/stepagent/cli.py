@@ -198,6 +198,10 @@ def _console_options(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``stepagent`` command: run ``argv`` (default: the process's arguments) and return the exit status.
+
+    A :class:`~stepagent.errors.StepagentError` is printed as one line and exits 2 (raised with ``--debug``);
+    Ctrl-C exits 130."""
     args = _parser().parse_args(argv)
     # "Run from your project directory": STEPAGENT_TOOLS=myapp.tools:toolset imports from the current
     # directory, as `python -m` would (the console script's sys.path does not include it).

@@ -20,58 +20,80 @@ from stepagent.stores.base import StoredRow
 
 @dataclass(frozen=True, slots=True)
 class UserInput:
+    """A user's text input, echoed (without the interrupt marker)."""
+
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class ToolResultReceived:
+    """A tool result arrived as input: its display segments, then its text."""
+
     segments: list[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
 class SubscriptionEventReceived:
+    """An event of a subscription, or a child's report, arrived inline; ``name`` says where it came from."""
+
     name: str
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class OAuthRequiredEvent:
+    """A tool needs the user to authorise it at ``auth_url`` (the ``oauth_required`` output event)."""
+
     auth_url: str
     tool_call_id: str
 
 
 @dataclass(frozen=True, slots=True)
 class CompactionApplied:
+    """A compaction summary was applied to the thread."""
+
     pass
 
 
 @dataclass(frozen=True, slots=True)
 class CompletionStarted:
+    """The step is about to run the model."""
+
     pass
 
 
 @dataclass(frozen=True, slots=True)
 class TextChunk:
+    """A piece of the model's streamed text."""
+
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class ThinkingStarted:
+    """The model started streaming reasoning."""
+
     pass
 
 
 @dataclass(frozen=True, slots=True)
 class ThinkingChunk:
+    """A piece of the model's streamed reasoning (or of a tool call being streamed)."""
+
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class ThinkingEnded:
+    """The model's streamed reasoning ended."""
+
     pass
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCallStarted:
+    """The model called a known tool; it is about to be run or dispatched."""
+
     name: str
     arguments: dict[str, Any]
     tool_call_id: str
@@ -111,16 +133,23 @@ class TurnComplete:
 
 @dataclass(frozen=True, slots=True)
 class UserChoiceRequiredEvent:
+    """A tool asks the user to choose (the ``user_choice_required`` output event); the choice is stored as
+    pending."""
+
     choice: UserChoiceRequired
 
 
 @dataclass(frozen=True, slots=True)
 class UserChoiceDismissed:
+    """A pending choice is no longer open: answered, or its call interrupted (``user_choice_complete``)."""
+
     choice_id: str
 
 
 @dataclass(frozen=True, slots=True)
 class Info:
+    """A line of information for the user (e.g. a compaction triggered, a re-dispatch, a dispatch error)."""
+
     text: str
 
 
@@ -166,6 +195,8 @@ AgentEvent = (
 
 
 class Observer(Protocol):
+    """Receives a step's events, in the order the module docstring gives."""
+
     def on_event(self, thread_id: str, event: AgentEvent) -> None: ...
 
 

@@ -40,6 +40,8 @@ INJECTED_TOOL_NAME = "receive_event__injected"
 
 @dataclass(frozen=True, slots=True)
 class UserItem:
+    """One user content block: text, an image or other media."""
+
     content: TextContent | ImageContent | MediaContent
 
     @property
@@ -49,6 +51,8 @@ class UserItem:
 
 @dataclass(frozen=True, slots=True)
 class AssistantText:
+    """One assistant text block."""
+
     text: str
 
 
@@ -64,12 +68,16 @@ class Reasoning:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallItem:
+    """One tool call of the model, with how to display it."""
+
     call: ToolCall
     display_as: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ToolResultItem:
+    """One tool result, with its display segments."""
+
     result: ToolResult
     display_segments: list[dict[str, Any]] | None = None
 
@@ -154,6 +162,10 @@ def encode_item(item: HistoryItem) -> str:
 
 
 def item_from_dict(raw: dict[str, Any]) -> HistoryItem:
+    """The item of a row already parsed from JSON.
+
+    Raises :class:`~stepagent.errors.CorruptRowError` for an unknown codec version or kind, or a malformed
+    row."""
     version = raw.get("v", 0)
     if version not in (0, CODEC_VERSION):
         raise CorruptRowError(
@@ -198,6 +210,10 @@ def item_from_dict(raw: dict[str, Any]) -> HistoryItem:
 
 
 def decode_item(data: str | bytes) -> HistoryItem:
+    """The item a stored row holds (its JSON text or bytes).
+
+    Raises :class:`~stepagent.errors.CorruptRowError` when the row is not a JSON object or not a valid
+    item."""
     try:
         raw = json.loads(data)
     except json.JSONDecodeError as exc:

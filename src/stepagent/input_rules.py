@@ -105,12 +105,16 @@ def check_json(value: Any, what: str = "message") -> None:
 
 
 def check_size(body: str | bytes, what: str = "message") -> None:
+    """Raise :class:`~stepagent.errors.PayloadTooLargeError` if ``body`` is over :data:`MAX_MESSAGE_BYTES`
+    (UTF-8)."""
     size = len(body) if isinstance(body, bytes) else len(body.encode("utf-8", "surrogatepass"))
     if size > MAX_MESSAGE_BYTES:
         raise PayloadTooLargeError(f"the {what} is {size} bytes, over the {MAX_MESSAGE_BYTES}-byte limit")
 
 
 def check_id(value: str | None, field: str) -> None:
+    """Raise :class:`~stepagent.errors.MalformedMessageError` if id ``field`` is over :data:`MAX_ID_BYTES`
+    (UTF-8)."""
     if value is not None and len(value.encode("utf-8")) > MAX_ID_BYTES:
         raise MalformedMessageError(
             f"invalid input message: {field}: longer than {MAX_ID_BYTES} bytes", field=field
@@ -118,6 +122,8 @@ def check_id(value: str | None, field: str) -> None:
 
 
 def check_metadata(metadata: Any) -> None:
+    """Raise :class:`~stepagent.errors.PayloadTooLargeError` if ``metadata`` is over
+    :data:`MAX_METADATA_BYTES` as JSON."""
     if metadata is None:
         return
     size = len(json.dumps(metadata, ensure_ascii=False).encode("utf-8"))

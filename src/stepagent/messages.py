@@ -41,6 +41,8 @@ class _Model(BaseModel):
 
 
 class TextBlock(_Model):
+    """A text block of a tool result (wire ``type`` ``text``)."""
+
     type: Literal["text"] = "text"
     text: str
 
@@ -142,11 +144,15 @@ class ToolCall(_Model):
 
 
 class TextContent(_Model):
+    """User text (wire ``type`` ``text``)."""
+
     type: Literal["text"] = "text"
     text: str
 
 
 class ImageContent(ImageBlock):
+    """A user image (wire ``type`` ``image``): an :class:`ImageBlock` as user content."""
+
     pass
 
 
@@ -196,6 +202,11 @@ Content = Annotated[
 
 
 class SubscriptionEvent(_Model):
+    """An event of the subscription started by tool call ``tool_call_id`` (``subscription_event``).
+
+    An ``associative`` event is inlined into the subscribing thread, the others go to an event child thread;
+    ``final`` ends the subscription."""
+
     type: Literal["subscription_event"] = "subscription_event"
     tool_call_id: str
     associative: bool = False
@@ -203,21 +214,30 @@ class SubscriptionEvent(_Model):
 
 
 class ThreadReport(_Model):
+    """A child thread's report to its parent (``thread_report``); ``tool_call_id`` is the spawning call."""
+
     type: Literal["thread_report"] = "thread_report"
     tool_call_id: str
     child_thread_id: str
 
 
 class ParentMessage(_Model):
+    """A message from a thread's parent (``parent_message``); ``tool_call_id`` is the call that spawned
+    the child."""
+
     type: Literal["parent_message"] = "parent_message"
     tool_call_id: str
 
 
 class Compaction(_Model):
+    """A request to compact the receiving thread (``compaction``)."""
+
     type: Literal["compaction"] = "compaction"
 
 
 class CompactionComplete(_Model):
+    """The thread's compaction child has finished (``compaction_complete``): apply its summary."""
+
     type: Literal["compaction_complete"] = "compaction_complete"
 
 

@@ -25,12 +25,16 @@ log = logging.getLogger(__name__)
 
 
 class Span(Protocol):
+    """An open span: record an error on it, then end it."""
+
     def record_error(self, error: BaseException) -> None: ...
 
     def end(self) -> None: ...
 
 
 class Tracer(Protocol):
+    """Opens spans; ``None`` in place of a tracer turns tracing off."""
+
     def start_span(self, name: str, annotations: Mapping[str, str]) -> Span: ...
 
 

@@ -27,6 +27,9 @@ from stepagent.stores.base import ConversationStore, UsageRecord
 
 @dataclass(frozen=True, slots=True)
 class TokenTotals:
+    """Summed usage records: tokens (cache reads and writes apart from ``input_tokens``), model calls and
+    steps."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0

@@ -1,0 +1,1 @@
+"""The AWS side of stepagent: settings, clients, the Lambda handlers and the resources they use."""

@@ -20,6 +20,7 @@ _CONFIG = Config(retries={"max_attempts": 4, "mode": "standard"}, connect_timeou
 
 
 def aws_session(settings: Settings) -> aioboto3.Session:
+    """The aioboto3 session for the settings' region (``us-east-1`` when none is set)."""
     return aioboto3.Session(region_name=settings.region or "us-east-1")
 
 

@@ -52,6 +52,8 @@ def event_loop() -> asyncio.AbstractEventLoop:
 
 
 def metrics() -> EmfMetrics:
+    """The process's one EMF metrics sink, created on first use (namespace ``POWERTOOLS_METRICS_NAMESPACE``,
+    else ``stepagent``)."""
     global _metrics
     if _metrics is None:
         namespace = os.environ.get("POWERTOOLS_METRICS_NAMESPACE") or "stepagent"

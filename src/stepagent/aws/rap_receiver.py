@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 
 class UnknownThread(Exception):
+    """A view update for a thread the stores do not know (answered with 404)."""
+
     pass
 
 

@@ -71,6 +71,8 @@ DEFAULT_MAX_RECEIVE_COUNT = 5
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """Every setting of a process, as :meth:`from_env` reads them from the ``STEPAGENT_*`` environment."""
+
     conversation_table: str | None = None
     state_table: str | None = None
     input_queue_url: str | None = None

@@ -57,6 +57,8 @@ def schedule_name(group_id: str, dedup_id: str) -> str:
 
 
 def relay_body(message: InputMessage, dedup_id: str) -> str:
+    """A delay-queue message body: the message (with its logical id), its thread and its dedup id, as
+    compact JSON."""
     return json.dumps(
         {"message": message.model_dump(), "group_id": message.group_id, "dedup_id": dedup_id},
         ensure_ascii=False,

@@ -60,6 +60,8 @@ class SqsFunctionRunner:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallMessage:
+    """A function tool call on the tool queue (wire version ``v`` = :data:`TOOL_MESSAGE_VERSION`)."""
+
     thread_id: str
     tool_call_id: str
     call_id: str | None

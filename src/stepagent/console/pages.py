@@ -45,6 +45,8 @@ def path(*segments: str, **query: object) -> str:
 
 
 def layout(title: str, body: str, *, header: str, csrf: str, notice: str | None = None) -> str:
+    """A whole HTML page: ``body`` in the console's frame. ``header`` is trusted markup and is not escaped;
+    ``notice`` is shown as a flash message."""
     flash = f'<p class="flash">{e(notice)}</p>' if notice else ""
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{e(title)} · stepagent console</title>
@@ -57,6 +59,7 @@ def layout(title: str, body: str, *, header: str, csrf: str, notice: str | None 
 
 
 def badge(status: StatusReport | None) -> str:
+    """A status as a badge (its label, its detail as the tooltip); ``?`` when the status is unknown."""
     if status is None:
         return '<span class="status">?</span>'
     detail = f' title="{e(status.detail)}"' if status.detail else ""
@@ -64,6 +67,7 @@ def badge(status: StatusReport | None) -> str:
 
 
 def csrf_field(csrf: str) -> str:
+    """The hidden form field that carries the CSRF token."""
     return f'<input type="hidden" name="csrf" value="{e(csrf)}">'
 
 
@@ -77,6 +81,8 @@ def _when(epoch_ms: int | None) -> str:
 
 
 def conversations_page(listing: ConversationList, query: str) -> str:
+    """The conversation list: one table row per conversation, with pager links and a warning when the scan
+    stopped early."""
     rows = []
     for row in listing.rows:
         usage = row.usage.total if row.usage else None
@@ -121,6 +127,7 @@ def conversations_page(listing: ConversationList, query: str) -> str:
 
 
 def conversation_page(page: ConversationPage, csrf: str) -> str:
+    """A conversation's page: its live fragment (re-rendered on change), export links and the send form."""
     root = page.root_id
     threads = [t for t in page.threads if not t.info.closed]
     options = "".join(
@@ -313,6 +320,8 @@ def _item(item: Item, root: str) -> str:
 def rewind_confirm(
     root: str, thread: str, requested: int, effective: int, dropped: Iterable[Item], version: int, csrf: str
 ) -> str:
+    """The confirmation page of a rewind: the rows it drops, where the cut moved and why, and the form that
+    does it (conditioned on ``version``)."""
     rows = list(dropped)
     listing = "".join(
         f"<li>{e(i.get('order'))} {e(i.get('kind'))}: {e(_short(str(i.get('text') or i.get('name') or ''), 120))}</li>"
@@ -338,6 +347,7 @@ the cut are closed. Inputs whose turns are dropped stay processed.</p><ol class=
 def dead_letters_page(
     letters: list[DeadLetter], roots: dict[str, str], problem: str | None, csrf: str
 ) -> str:
+    """The dead letters: one row per message with its reason, a link to its thread and a redrive form."""
     rows = []
     for letter in letters:
         thread = letter.thread_id or ""
@@ -364,4 +374,5 @@ def dead_letters_page(
 
 
 def not_found(what: str) -> str:
+    """The not-found page; ``what`` says what was not found."""
     return f'<h1>Not found</h1><p>{e(what)}</p><p><a href="/">all conversations</a></p>'

@@ -79,6 +79,8 @@ class ThreadPage:
 
 @dataclass(slots=True)
 class ConversationPage:
+    """Everything a conversation's page shows: the thread tree, its status, usage and metadata."""
+
     #: False for a root with no commit yet (nothing stored; perhaps its first step is running).
     exists: bool
     root_id: str
@@ -330,6 +332,9 @@ class ConversationRow:
 
 @dataclass(slots=True)
 class ConversationList:
+    """One page of the conversation list; ``total`` counts every match, ``complete`` is false when the scan
+    stopped before the end of the table."""
+
     rows: list[ConversationRow]
     total: int
     complete: bool

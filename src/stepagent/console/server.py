@@ -28,6 +28,8 @@ __all__ = ["DEFAULT_PORT", "describe_target", "is_loopback", "open_console", "se
 
 
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an IP address, IPv6 optionally in brackets) is ``localhost`` or a loopback
+    address."""
     if host == "localhost":
         return True
     try:

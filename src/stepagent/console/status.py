@@ -42,6 +42,8 @@ INPUT_KINDS = frozenset({"user", "tool_result", "event"})
 
 
 class Status(StrEnum):
+    """What a thread or a conversation is doing; ``urgency`` 0 is the most urgent."""
+
     FAILED = "failed"
     CHOICE = "choice"
     WORKING = "working"
@@ -89,6 +91,8 @@ class ThreadFacts:
 
 @dataclass(frozen=True, slots=True)
 class StatusReport:
+    """A status with its detail, and the thread it was read from."""
+
     status: Status
     detail: str
     thread_id: str

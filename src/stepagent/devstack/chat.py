@@ -30,6 +30,7 @@ Session = Callable[[Settings, str, list[str]], Awaitable[int]]
 
 
 def demo_script_path() -> str:
+    """The path of the demo model's script, shipped in the package."""
     return str(resources.files("stepagent") / "demo" / "demo_script.json")
 
 

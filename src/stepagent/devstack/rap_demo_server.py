@@ -91,6 +91,7 @@ def build_server(public_url: str | None = None) -> RapToolServer:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Serve the demo tools on ``--host`` (default 127.0.0.1) and ``--port`` (default 8765) until stopped."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)

@@ -52,6 +52,8 @@ _QUEUES = {
 
 @dataclass(frozen=True, slots=True)
 class SnapshotCounts:
+    """How much a snapshot saved or loaded."""
+
     items: int = 0
     blobs: int = 0
     messages: int = 0
@@ -165,6 +167,7 @@ async def save_snapshot(directory: Path, env: dict[str, str]) -> SnapshotCounts:
 
 
 def has_snapshot(directory: Path) -> bool:
+    """Whether ``directory`` holds a snapshot (its ``snapshot.json`` manifest)."""
     return (directory / "snapshot.json").is_file()
 
 

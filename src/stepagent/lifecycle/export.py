@@ -228,6 +228,8 @@ def count_field(number: int, record: dict[str, Any], key: str, *, optional: bool
 
 @dataclass(frozen=True, slots=True)
 class ImportLimits:
+    """The limits an import file must keep: bytes per line (newline not counted), rows, threads."""
+
     max_line_bytes: int = 64 * 1024 * 1024
     max_rows: int = 1_000_000
     max_threads: int = 10_000

@@ -58,6 +58,8 @@ SWEEP_LEASE_SECONDS = 900.0
 
 @dataclass(frozen=True, slots=True)
 class ImportResult:
+    """What an import did: the root thread written, how many threads and rows, what it replaced or closed."""
+
     root_thread_id: str
     threads: int
     rows: int

@@ -39,6 +39,9 @@ from stepagent.stores.base import ConversationStore, Rewind, StateCleanup, State
 
 @dataclass(frozen=True, slots=True)
 class RewindResult:
+    """What a rewind did: the order asked for and the one the thread now ends at, what it dropped and closed,
+    and the head's new version."""
+
     thread_id: str
     requested: int
     effective: int  # the order the thread now ends at (requested, or moved back to a pair's start)

@@ -110,6 +110,8 @@ def _block(part: Part) -> dict[str, Any]:
 
 
 def anthropic_messages(turns: list[Turn]) -> list[dict[str, Any]]:
+    """The Messages API ``messages`` for ``turns``; the last cacheable block of the last message carries
+    ``cache_control``, so the whole prefix is cached."""
     messages: list[dict[str, Any]] = [
         {"role": turn.role, "content": [_block(part) for part in turn.parts]} for turn in turns
     ]
@@ -123,6 +125,7 @@ def anthropic_messages(turns: list[Turn]) -> list[dict[str, Any]]:
 
 
 def anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    """The Messages API ``tools``; the last one carries ``cache_control``."""
     out = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools]
     if out:
         out[-1]["cache_control"] = dict(_EPHEMERAL)

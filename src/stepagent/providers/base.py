@@ -26,6 +26,8 @@ class ToolSpec:
 
 @dataclass(frozen=True, slots=True)
 class ModelInfo:
+    """What the runtime knows about a model: id, window and output limit (tokens), image input, provider."""
+
     model_id: str
     context_window: int = 0  # tokens; 0 = none (no automatic compaction, no truncation)
     max_output_tokens: int = 4096
@@ -43,6 +45,8 @@ class ModelInfo:
 
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
+    """One completion request: the system prompt, committed history, the tools and the model to ask."""
+
     system: str
     history: list[HistoryItem]
     tools: list[ToolSpec]
@@ -63,6 +67,9 @@ class ModelRequest:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Token counts of one or more model calls (they add up with ``+``); cache reads and writes are not
+    included in ``input_tokens``."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read_tokens: int = 0
@@ -83,6 +90,8 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
+    """A piece of assistant text, streamed."""
+
     text: str
 
 
@@ -112,6 +121,8 @@ class ToolCallDelta:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallComplete:
+    """A complete tool call of the model."""
+
     call: ToolCall
 
 
@@ -128,6 +139,8 @@ StreamEvent = TextDelta | ReasoningDelta | ReasoningComplete | ToolCallDelta | T
 
 
 class ModelProvider(Protocol):
+    """A model: what it is (:attr:`info`) and how to stream one completion from it."""
+
     @property
     def info(self) -> ModelInfo: ...
 

@@ -143,6 +143,7 @@ def _block(part: Part) -> dict[str, Any]:
 
 
 def converse_messages(turns: list[Turn], *, cache: bool) -> list[dict[str, Any]]:
+    """The Converse API ``messages`` for ``turns``; with ``cache``, a ``cachePoint`` block ends the last."""
     messages: list[dict[str, Any]] = [
         {"role": turn.role, "content": [_block(part) for part in turn.parts]} for turn in turns
     ]
@@ -152,6 +153,7 @@ def converse_messages(turns: list[Turn], *, cache: bool) -> list[dict[str, Any]]
 
 
 def converse_tools(tools: list[ToolSpec], *, cache: bool) -> list[dict[str, Any]]:
+    """The Converse API ``toolConfig`` tools; with ``cache``, a ``cachePoint`` follows the last one."""
     out: list[dict[str, Any]] = [
         {"toolSpec": {"name": t.name, "description": t.description, "inputSchema": {"json": t.parameters}}}
         for t in tools
@@ -194,6 +196,10 @@ def converse_params(
 def error_from_code(
     code: str, message: str, *, status: int | None = None, retry_after: float | None = None
 ) -> ProviderError:
+    """The :class:`~stepagent.errors.ProviderError` for a Bedrock error ``code``.
+
+    Retryable by the code lists, else by the HTTP ``status`` (unknown: retryable). A refusal of on-demand
+    throughput is not retryable, and its message says to use an inference profile id."""
     lowered = code.lower()
     if lowered in RETRYABLE_CODES:
         retryable = True
@@ -214,6 +220,8 @@ def error_from_code(
 
 
 def error_from_client_error(error: ClientError) -> ProviderError:
+    """The :class:`~stepagent.errors.ProviderError` for a botocore ``ClientError`` (its code, message, HTTP
+    status and ``Retry-After``)."""
     response: dict[str, Any] = getattr(error, "response", None) or {}
     details = response.get("Error") or {}
     metadata = response.get("ResponseMetadata") or {}

@@ -38,6 +38,7 @@ DEFAULT_TIMEOUT = httpx.Timeout(connect=10.0, read=300.0, write=60.0, pool=10.0)
 
 
 def is_retryable_status(status: int) -> bool:
+    """Whether an HTTP status is worth retrying: :data:`RETRYABLE_STATUS` or any 5xx."""
     return status in RETRYABLE_STATUS or status >= 500
 
 

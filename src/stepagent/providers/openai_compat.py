@@ -143,6 +143,8 @@ def _assistant_turn(turn: Turn) -> list[dict[str, Any]]:
 
 
 def openai_messages(system: str, turns: list[Turn]) -> list[dict[str, Any]]:
+    """The Chat Completions ``messages``: the system prompt (unless blank), then ``turns``, tool results as
+    ``tool`` messages."""
     messages: list[dict[str, Any]] = []
     if system.strip():
         messages.append({"role": "system", "content": system})
@@ -152,6 +154,7 @@ def openai_messages(system: str, turns: list[Turn]) -> list[dict[str, Any]]:
 
 
 def openai_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    """The Chat Completions ``tools`` (all of type ``function``)."""
     return [
         {
             "type": "function",

@@ -77,17 +77,23 @@ Role = Literal["user", "assistant"]
 
 @dataclass(frozen=True, slots=True)
 class TextPart:
+    """A text part of a turn or a tool result."""
+
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class ImagePart:
+    """An image part: its media type and base64 data."""
+
     media_type: str  # one of SUPPORTED_IMAGE_TYPES
     data: str  # base64, as stored
 
 
 @dataclass(frozen=True, slots=True)
 class ThinkingPart:
+    """A signed or redacted reasoning block, sent back to the model."""
+
     text: str
     signature: str | None = None
     redacted: str | None = None
@@ -95,6 +101,8 @@ class ThinkingPart:
 
 @dataclass(frozen=True, slots=True)
 class ToolUsePart:
+    """A tool call of an assistant turn; ``id`` is already a :func:`wire_tool_id`."""
+
     id: str
     name: str
     arguments: dict[str, Any]
@@ -105,6 +113,8 @@ ResultContent = TextPart | ImagePart
 
 @dataclass(frozen=True, slots=True)
 class ToolResultPart:
+    """A tool result of a user turn, answering the call ``tool_use_id`` (a :func:`wire_tool_id`)."""
+
     tool_use_id: str
     content: tuple[ResultContent, ...]
 
@@ -114,6 +124,8 @@ Part = TextPart | ImagePart | ThinkingPart | ToolUsePart | ToolResultPart
 
 @dataclass(slots=True)
 class Turn:
+    """One provider-neutral turn: a role and its parts in order."""
+
     role: Role
     parts: list[Part] = field(default_factory=list)
 
@@ -170,6 +182,7 @@ def dump_json(body: Any) -> bytes:
 
 
 def nonblank(text: str, placeholder: str) -> str:
+    """``text``, or ``placeholder`` when it is empty or whitespace only."""
     return text if text.strip() else placeholder
 
 

@@ -102,23 +102,31 @@ _CHUNKS = 3
 
 @dataclass(frozen=True, slots=True)
 class TextEvent:
+    """A script's ``{"text": s}`` event."""
+
     text: str
 
 
 @dataclass(frozen=True, slots=True)
 class ReasoningEvent:
+    """A script's ``{"reasoning": s, "signature": s}`` event."""
+
     text: str
     signature: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ToolCallEvent:
+    """A script's ``{"tool_call": {"name": s, "arguments": {...}}}`` event."""
+
     name: str
     arguments: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
 class ErrorEvent:
+    """A script's ``{"error": s, "retryable": bool}`` event."""
+
     message: str
     retryable: bool = False
 
@@ -128,6 +136,9 @@ ScriptEvent = TextEvent | ReasoningEvent | ToolCallEvent | ErrorEvent
 
 @dataclass(frozen=True, slots=True)
 class Rule:
+    """A script rule: ``reply`` when ``when`` is found in the input text and the input is of a kind in ``on``
+    (``None``: any)."""
+
     when: re.Pattern[str]
     reply: tuple[ScriptEvent, ...]
     on: frozenset[InputKind] | None = None  # None = any input kind

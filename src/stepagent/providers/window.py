@@ -59,6 +59,7 @@ Estimate = Callable[[HistoryItem], int]
 
 
 def estimate_text(text: str) -> int:
+    """The estimated tokens of ``text``: its UTF-8 bytes divided by :data:`BYTES_PER_TOKEN`, rounded up."""
     size = len(text.encode("utf-8", "surrogatepass"))
     return -(-size // BYTES_PER_TOKEN)
 
@@ -110,6 +111,9 @@ def estimate_fixed(system: str, tools: Sequence[ToolSpec]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class TruncationReport:
+    """What :func:`truncate_for_window` did: rows examined and replaced (and their positions), the history's
+    estimate before and after, and the budget (tokens)."""
+
     rows_examined: int
     rows_replaced: int
     estimate_before: int

@@ -39,6 +39,7 @@ IMAGE_MEDIA_TYPES = frozenset(
 
 
 def is_http_url(value: str) -> bool:
+    """Whether ``value`` is an absolute http(s) URL (a scheme and a host)."""
     parts = urlsplit(value)
     return parts.scheme in ("http", "https") and bool(parts.netloc)
 
@@ -58,6 +59,9 @@ class _Wire(BaseModel):
 
 
 class ToolDef(_Wire):
+    """One tool of a RAP toolset manifest (wire keys ``inputSchema``, ``displayScript``); its name is one
+    every model API accepts and its schema is of type ``object``."""
+
     name: str = Field(min_length=1, max_length=128)
     description: str = Field(min_length=1)
     input_schema: dict[str, Any] = Field(alias="inputSchema")
@@ -80,6 +84,8 @@ class ToolDef(_Wire):
 
 
 class ToolsetManifest(_Wire):
+    """A RAP server's toolset manifest: name, invocation endpoint and tools (at least one, unique names)."""
+
     name: str = Field(min_length=1, max_length=128)
     description: str | None = None
     endpoint: str
@@ -129,6 +135,9 @@ def parse_manifest(server: str, data: Any) -> ToolsetManifest:
 
 
 class RapInvocation(_Wire):
+    """A RAP invocation: what the runtime POSTs to a tool server to call ``operation`` (wire shape:
+    :meth:`body`)."""
+
     operation: str = Field(min_length=1)
     arguments: Any = None
     id: str = Field(min_length=1)
@@ -160,11 +169,16 @@ class RapInvocation(_Wire):
 
 
 class TextItem(_Wire):
+    """A text item of a tool result callback's ``content`` (``type`` ``text``)."""
+
     type: Literal["text"] = "text"
     text: str
 
 
 class ImageItem(_Wire):
+    """A base64 image item of a tool result callback's ``content`` (``type`` ``image``, ``mediaType`` on
+    the wire)."""
+
     type: Literal["image"] = "image"
     data: str = Field(min_length=1)
     media_type: str | None = Field(default=None, alias="mediaType")
@@ -186,6 +200,9 @@ class _Segments(_Wire):
 
 
 class ToolResultCallback(_Segments):
+    """The ``tool_result`` callback: the result of call ``id``; ``subscription`` says the call started a
+    subscription."""
+
     type: Literal["tool_result"]
     group_id: str = Field(min_length=1)
     id: str = Field(min_length=1)
@@ -196,6 +213,8 @@ class ToolResultCallback(_Segments):
 
 
 class SubscriptionEventCallback(_Wire):
+    """The ``subscription_event`` callback: one event of the subscription started by call ``tool_call_id``."""
+
     type: Literal["subscription_event"]
     group_id: str = Field(min_length=1)
     tool_call_id: str = Field(min_length=1)
@@ -208,6 +227,8 @@ class SubscriptionEventCallback(_Wire):
 
 
 class OAuthCallback(_Wire):
+    """The ``oauth`` callback: call ``id`` needs the user to authorise at ``auth_url``."""
+
     type: Literal["oauth"]
     group_id: str = Field(min_length=1)
     id: str = Field(min_length=1)
@@ -218,6 +239,9 @@ class OAuthCallback(_Wire):
 
 
 class UserChoiceCallback(_Wire):
+    """The ``user_choice`` callback: call ``id`` asks the user to pick one of ``choices``; the answer is
+    POSTed to ``response_url``."""
+
     type: Literal["user_choice"]
     group_id: str = Field(min_length=1)
     id: str = Field(min_length=1)
@@ -237,6 +261,8 @@ class UserChoiceCallback(_Wire):
 
 
 class ViewUpdateCallback(_Wire):
+    """The ``view_update`` callback: the latest content of one view of a thread (``view_type``)."""
+
     type: Literal["view_update"]
     group_id: str = Field(min_length=1)
     view_type: str = Field(min_length=1)

@@ -114,6 +114,9 @@ class ViewUpdate:
 
 @dataclass(frozen=True, slots=True)
 class ReceiverResult:
+    """What to answer a callback with (``status`` and JSON ``body``), and what to enqueue and publish once
+    that is done."""
+
     status: int
     body: dict[str, Any]
     messages: tuple[OutgoingInput, ...] = ()
@@ -128,6 +131,7 @@ class ReceiverResult:
 
 
 def reject(status: int, message: str) -> ReceiverResult:
+    """A refusal: ``status`` with ``{"error": message}`` and nothing to send."""
     return ReceiverResult(status, {"error": message})
 
 
@@ -147,6 +151,8 @@ def _block(item: TextItem | ImageItem) -> TextBlock | ImageBlock:
 
 
 def event_dedup_id(callback: SubscriptionEventCallback) -> str:
+    """The dedup id of a subscription event: from the tool's ``event_id`` when it gives one, else a hash of
+    the event's thread, call, text and flags."""
     if callback.event_id is not None:
         return f"rap-event-{callback.tool_call_id}-{callback.event_id}"
     identity = [callback.group_id, callback.tool_call_id, callback.text, callback.associative, callback.final]

@@ -13,4 +13,6 @@ from stepagent.messages import InputMessage
 
 
 class InputSender(Protocol):
+    """Puts a message on its thread's input queue; ``dedup_id`` is its deterministic logical id."""
+
     async def send(self, message: InputMessage, dedup_id: str) -> None: ...

@@ -15,6 +15,8 @@ from stepagent.messages import InputMessage
 
 @dataclass(frozen=True, slots=True)
 class QueuedMessage:
+    """A message on the in-process queue with its logical message id."""
+
     message: InputMessage
     message_id: str
 

@@ -1,0 +1,1 @@
+"""Tools: the tool port and toolset, the built-in tools, and Python function, MCP and RAP tools."""

@@ -53,6 +53,7 @@ OWNER_TTL = 180 * 24 * 3600.0
 
 
 def owner_key(thread_id: str, tool_call_id: str) -> str:
+    """The state cache key recording which RAP server owns call ``tool_call_id`` of thread ``thread_id``."""
     return f"rap-owner#{json.dumps([thread_id, tool_call_id], separators=(',', ':'))}"
 
 

@@ -62,6 +62,9 @@ class RapTransportError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
+    """How often and how patiently a RAP request is retried: ``attempts`` in all, delays growing by ``factor``
+    from ``first_delay`` (seconds)."""
+
     attempts: int = 3
     first_delay: float = 0.2
     factor: float = 4.0

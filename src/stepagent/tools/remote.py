@@ -69,6 +69,8 @@ class RemoteSettings(Protocol):
 
 @dataclass(slots=True)
 class RemoteTools:
+    """What :func:`load_remote` found: the RAP and MCP tools, their servers' notifier, and the errors."""
+
     tools: list[Tool] = field(default_factory=list)
     notifier: LifecycleNotifier | None = None
     #: One message per RAP server that could not be loaded (already logged).

@@ -32,6 +32,7 @@ Clock = Callable[[], datetime]
 
 
 def utc_now() -> datetime:
+    """The current time, timezone-aware in UTC."""
     return datetime.now(UTC)
 
 
@@ -52,6 +53,8 @@ async def _wake(context: ToolContext, text: str, delay_seconds: float) -> None:
 
 
 class Sleep(Tool):
+    """Built-in ``sleep``: the wake-up comes back as the call's result after ``seconds``."""
+
     name = "sleep"
     builtin = True
     description = "Sleep for a number of seconds, then continue. Nothing runs while you sleep."
@@ -107,6 +110,8 @@ def resolve_local_time(day: str, clock_time: str, timezone: str) -> datetime:
 
 
 class SleepUntil(Tool):
+    """Built-in ``sleep_until``: the wake-up comes back at a wall-clock time (at once if it is past)."""
+
     name = "sleep_until"
     builtin = True
     description = "Sleep until a wall-clock time, then continue. Nothing runs while you sleep."
@@ -142,6 +147,8 @@ class SleepUntil(Tool):
 
 @dataclass(frozen=True, slots=True)
 class ScheduledTimer:
+    """A timer of :class:`InProcessTimers`: the message to send at ``due``, with its dedup id."""
+
     due: datetime
     message: InputMessage
     dedup_id: str

@@ -15,6 +15,9 @@ log = logging.getLogger(__name__)
 
 
 class CancelSubscription(Tool):
+    """Built-in ``cancel_subscription``: ends one of the thread's own subscriptions and tells its tool server
+    (best effort)."""
+
     name = "cancel_subscription"
     builtin = True
     description = (
@@ -56,6 +59,8 @@ class CancelSubscription(Tool):
 
 
 class SleepUntilEventOrInput(Tool):
+    """Built-in ``sleep_until_event_or_input``: never answered; the next input interrupts it."""
+
     name = "sleep_until_event_or_input"
     builtin = True
     description = (

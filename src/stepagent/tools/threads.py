@@ -36,6 +36,9 @@ def _string(arguments: dict[str, Any], name: str) -> str | None:
 
 
 class SpawnThread(Tool):
+    """Built-in ``spawn_thread``: creates a child thread for a task and seeds it; ``child_of`` must be the
+    caller's thread stack."""
+
     name = "spawn_thread"
     builtin = True
     description = (
@@ -103,6 +106,8 @@ def _report_message(parent: str, info: ThreadInfo, text: str) -> InputMessage:
 
 
 class ReportToParent(Tool):
+    """Built-in ``report_to_parent``: sends a report to the parent thread (a root has none)."""
+
     name = "report_to_parent"
     builtin = True
     description = (
@@ -133,6 +138,9 @@ class ReportToParent(Tool):
 
 
 class CloseThread(Tool):
+    """Built-in ``close_thread``: closes the calling child thread, ends its subscriptions and tells the parent
+    (a compaction child hands over its summary)."""
+
     name = "close_thread"
     builtin = True
     description = (
@@ -217,6 +225,9 @@ async def _end_subscriptions(context: ToolContext, thread_id: str) -> None:
 
 
 class SendMessageToChild(Tool):
+    """Built-in ``send_message_to_child``: sends a message, inlined into the history of one of the caller's
+    children."""
+
     name = "send_message_to_child"
     builtin = True
     description = (
