@@ -47,7 +47,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import AsyncIterator
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from stepagent.errors import ConcurrentWriteError, StoreError
@@ -55,10 +57,12 @@ from stepagent.history_items import CorruptRowError, Summary, decode_item, encod
 from stepagent.stores.base import (
     Commit,
     HistoryStaging,
+    KnownRows,
     Rewind,
     StoredRow,
     ThreadInfo,
     ThreadKind,
+    ThreadSnapshot,
     UsageRecord,
 )
 from stepagent.stores.dynamodb_io import (
@@ -81,12 +85,20 @@ from stepagent.stores.dynamodb_journal import JOURNAL_ATTR, roll_forward
 from stepagent.stores.dynamodb_journal import flip as journal_flip
 from stepagent.stores.dynamodb_layout import (
     CHILD_PREFIX,
+    DEFERRED_ATTRIBUTE,
+    FLAGS_ATTRIBUTE,
     HEAD_SK,
     INBOX_ATTRIBUTE,
+    INTENTS_ATTRIBUTE,
+    LATEST_SUMMARY_SK,
+    SUMMARY_ORDER_ATTRIBUTE,
+    SUMMARY_TOKEN_ATTRIBUTE,
     TURN_COMPLETE_ATTRIBUTE,
     USAGE_PREFIX,
     head_generation,
+    head_inbox,
     head_item,
+    head_set,
     info_from_item,
     row_sk,
     summary_sk,
@@ -95,10 +107,16 @@ from stepagent.stores.dynamodb_layout import (
     usage_sk,
 )
 from stepagent.stores.dynamodb_replace import rewind_thread, stage_history, sweep_generations
+from stepagent.stores.dynamodb_snapshot import open_thread
 from stepagent.stores.dynamodb_state import DynamoStateStore, state_writes
 from stepagent.stores.metrics import StoreMetrics
 
 __all__ = ["DynamoConversationStore", "DynamoStateStore", "dynamo_stores"]
+
+
+#: Heads a store remembers (the last one each thread's snapshot read or commit wrote), so a commit does not
+#: read the head its step just read. Small items; bounded so a long-lived worker's memory stays flat.
+REMEMBERED_HEADS = 256
 
 
 class _RowConflict(Exception):
@@ -126,6 +144,38 @@ class DynamoConversationStore:
         self.metrics = metrics if metrics is not None else StoreMetrics()
         self.page_size = page_size
         self._io = DynamoIo(client, s3_client, bucket, self.metrics)
+        self._heads: OrderedDict[str, Item] = OrderedDict()
+
+    def _remember(self, thread_id: str, head: Item | None) -> None:
+        """Keep ``head`` as the thread's head at its version (``None`` forgets it)."""
+        self._heads.pop(thread_id, None)
+        if head is not None and JOURNAL_ATTR not in head:
+            self._heads[thread_id] = head
+            while len(self._heads) > REMEMBERED_HEADS:
+                self._heads.popitem(last=False)
+
+    def _remembered(self, thread_id: str, version: int) -> Item | None:
+        """The remembered head of ``thread_id`` if it is at ``version``. Safe to use for a commit
+        conditioned on ``version``: everything a commit reads from the head (tail, epoch, generation,
+        deferred set) changes only together with the version."""
+        head = self._heads.get(thread_id)
+        if head is None or int(head.get("version", {}).get("N", "0")) != version:
+            return None
+        return head
+
+    async def open_thread(
+        self,
+        thread_id: str,
+        *,
+        message_ids: Sequence[str] = (),
+        tool_call_ids: Sequence[str] = (),
+        known: KnownRows | None = None,
+    ) -> ThreadSnapshot:
+        """What a step reads first, in one ``BatchGetItem`` and one ``Query`` page per MB of rows
+        (:mod:`~stepagent.stores.dynamodb_snapshot`)."""
+        return await open_thread(
+            self, thread_id, message_ids=message_ids, tool_call_ids=tool_call_ids, known=known
+        )
 
     # ---- thread records ----------------------------------------------------------------------------------
 
@@ -173,7 +223,7 @@ class DynamoConversationStore:
             kind=kind,
         )
         # The child's head and the parent's index entry for it land together, or neither does.
-        head = put(self.table, head_item(child), "attribute_not_exists(#pk)", {"#pk": "pk"})
+        head = put(self.table, head_item(child, fresh=True), "attribute_not_exists(#pk)", {"#pk": "pk"})
         entry = {**item_key(parent_id, f"{CHILD_PREFIX}{child_id}"), "seq": n_attr(insertion_seq())}
         writes = [head, put(self.table, entry)]
         try:
@@ -191,7 +241,9 @@ class DynamoConversationStore:
         """Put a root head only if the thread has none; if another writer created it first, return theirs."""
         info = ThreadInfo(thread_id=thread_id, root_id=thread_id)
         try:
-            await self._io.write(put(self.table, head_item(info), "attribute_not_exists(#pk)", {"#pk": "pk"}))
+            await self._io.write(
+                put(self.table, head_item(info, fresh=True), "attribute_not_exists(#pk)", {"#pk": "pk"})
+            )
         except ConditionFailed:
             return await self._existing(thread_id)
         return info
@@ -243,9 +295,15 @@ class DynamoConversationStore:
         head = await self._read_head(thread_id)
         if head is None:
             return
-        info, generation = info_from_item(head), head_generation(head)
+        info = info_from_item(head)
         last = info.tail if up_to is None else min(up_to, info.tail)
-        first = max(after, 0) + 1
+        async for row in self._query_rows(thread_id, head_generation(head), max(after, 0) + 1, last):
+            yield row
+
+    async def _query_rows(
+        self, thread_id: str, generation: str, first: int, last: int
+    ) -> AsyncIterator[StoredRow]:
+        """Rows ``first..last`` of ``generation`` (committed: ``last`` is at most the tail), gap-free."""
         if first > last:
             return
         query: Item = {
@@ -309,7 +367,9 @@ class DynamoConversationStore:
     # ---- commit -------------------------------------------------------------------------------------------
 
     async def commit(self, thread_id: str, commit: Commit) -> ThreadInfo:
-        head = await self._read_head(thread_id)
+        # The head this step's snapshot read (or its previous commit wrote) at the expected version is the
+        # head the conditional transaction checks: no second read.
+        head = self._remembered(thread_id, commit.expected_version) or await self._read_head(thread_id)
         info = info_from_item(head) if head else ThreadInfo(thread_id=thread_id, root_id=thread_id)
         generation = head_generation(head) if head else ""
         if info.version != commit.expected_version:
@@ -317,49 +377,101 @@ class DynamoConversationStore:
                 f"thread {thread_id} is at version {info.version}, commit expected {commit.expected_version}"
             )
         encoded = [(message_id, encode_item(item)) for item, message_id in commit.rows]
+        deferred = _deferred_after(head, commit)
         try:
-            return await self._commit_at(info, generation, encoded, commit)
+            new = await self._commit_at(info, generation, encoded, commit, deferred)
         except _RowConflict:
-            pass
-        # Same-base debris past the tail: fence its writer out, then retry once above it.
-        await self._fence(info)
-        try:
-            fenced = replace(info, version=info.version + 1)
-            return await self._commit_at(fenced, generation, encoded, commit)
-        except _RowConflict:
-            raise ConcurrentWriteError(f"thread {thread_id}: rows past the tail keep changing") from None
+            # Same-base debris past the tail: fence its writer out, then retry once above it.
+            self._remember(thread_id, None)
+            await self._fence(info)
+            try:
+                fenced = replace(info, version=info.version + 1)
+                new = await self._commit_at(fenced, generation, encoded, commit, deferred)
+            except _RowConflict:
+                raise ConcurrentWriteError(f"thread {thread_id}: rows past the tail keep changing") from None
+            return new
+        except ConcurrentWriteError:
+            self._remember(thread_id, None)
+            raise
+        self._remember(thread_id, _head_after(head, new, commit, deferred) if head else None)
+        return new
 
-    def _head_update(self, info: ThreadInfo, new_tail: int, commit: Commit | None = None) -> Write:
+    def _head_update(
+        self,
+        info: ThreadInfo,
+        new_tail: int,
+        commit: Commit | None = None,
+        deferred: set[str] | None = None,
+    ) -> Write:
         """Move the head from ``info.version`` to ``info.version + 1`` and ``new_tail``, only if it is still at
         ``info.version``. At version 0 this creates the root record, keeping one a spawn already made. A
-        ``commit`` also sets the turn flag and takes the ids it processed out of the ``inbox``."""
+        ``commit`` also sets the turn flag, takes the ids it processed out of the ``inbox``, adds its
+        intents to the open-intent set and sets the deferred set to ``deferred`` (``None``: unchanged)."""
         names = {"#v": "version", "#t": "tail"}
         values: Item = {":nv": n_attr(info.version + 1), ":nt": n_attr(new_tail), ":e": n_attr(info.version)}
-        expression = "SET #v = :nv, #t = :nt"
+        sets = ["#v = :nv", "#t = :nt"]
+        removes: list[str] = []
+        adds: list[str] = []
+        deletes: list[str] = []
         condition = "#v = :e"
-        deletes = ""
         if commit is not None:
             names["#tc"] = TURN_COMPLETE_ATTRIBUTE
             values[":tc"] = {"BOOL": commit.turn_complete}
-            expression += ", #tc = :tc"
+            sets.append("#tc = :tc")
             processed = sorted(set(commit.processed_message_ids))
             if processed:
                 names["#in"] = INBOX_ATTRIBUTE
                 values[":in"] = {"SS": processed}
-                deletes = " DELETE #in :in"
+                deletes.append("#in :in")
+            intents = sorted({intent.tool_call_id for intent in commit.intents_added})
+            if intents:
+                names["#oi"] = INTENTS_ATTRIBUTE
+                values[":oi"] = {"SS": intents}
+                adds.append("#oi :oi")
+            if deferred is not None:
+                names["#dq"] = DEFERRED_ATTRIBUTE
+                if deferred:
+                    values[":dq"] = {"SS": sorted(deferred)}
+                    sets.append("#dq = :dq")
+                else:
+                    removes.append("#dq")
         if info.version == 0:
-            names.update({"#pk": "pk", "#r": "root_id", "#k": "kind", "#c": "closed"})
+            names.update(
+                {
+                    "#pk": "pk",
+                    "#r": "root_id",
+                    "#k": "kind",
+                    "#c": "closed",
+                    "#fl": FLAGS_ATTRIBUTE,
+                    "#sum": SUMMARY_ORDER_ATTRIBUTE,
+                }
+            )
             values.update(
-                {":r": s_attr(info.thread_id), ":k": s_attr(ThreadKind.ROOT.value), ":f": {"BOOL": False}}
+                {
+                    ":r": s_attr(info.thread_id),
+                    ":k": s_attr(ThreadKind.ROOT.value),
+                    ":f": {"BOOL": False},
+                    ":one": n_attr(1),
+                    ":zero": n_attr(0),
+                }
             )
-            expression += (
-                ", #r = if_not_exists(#r, :r), #k = if_not_exists(#k, :k), #c = if_not_exists(#c, :f)"
-            )
+            # A thread's first commit finds no state (nothing is stored before it), so its flags are exact.
+            sets += [
+                "#r = if_not_exists(#r, :r)",
+                "#k = if_not_exists(#k, :k)",
+                "#c = if_not_exists(#c, :f)",
+                "#fl = if_not_exists(#fl, :one)",
+                "#sum = if_not_exists(#sum, :zero)",
+            ]
             condition = "attribute_not_exists(#pk) OR #v = :e"
+        expression = "SET " + ", ".join(sets)
+        for clause, parts in (("REMOVE", removes), ("ADD", adds), ("DELETE", deletes)):
+            if parts:
+                expression += f" {clause} " + ", ".join(parts)
         return update(
             self.table,
             item_key(info.thread_id, HEAD_SK),
-            expression + deletes,
+            expression,
             names,
             values,
             ConditionExpression=condition,
@@ -411,7 +523,12 @@ class DynamoConversationStore:
         )
 
     async def _commit_at(
-        self, info: ThreadInfo, generation: str, encoded: list[tuple[str, str]], commit: Commit
+        self,
+        info: ThreadInfo,
+        generation: str,
+        encoded: list[tuple[str, str]],
+        commit: Commit,
+        deferred: set[str] | None = None,
     ) -> ThreadInfo:
         thread_id = info.thread_id
         # Large rows go to S3 here, before any transaction, so a committed row never points at nothing.
@@ -422,7 +539,7 @@ class DynamoConversationStore:
         others = await state_writes(self._io, self.state_table, thread_id, commit, info.version + 1)
         if commit.usage is not None:
             others.append(put(self.table, usage_item(thread_id, commit.usage, info.version + 1)))
-        head = self._head_update(info, info.tail + len(rows), commit)
+        head = self._head_update(info, info.tail + len(rows), commit, deferred)
         if fits([head, *rows, *others]):
             await self._transact(thread_id, [head, *rows, *others])
         else:
@@ -523,7 +640,39 @@ class DynamoConversationStore:
     async def save_summary(self, thread_id: str, summary: Summary) -> None:
         sk = summary_sk(summary.up_to_order)
         payload = await self._io.payload(summary.text, f"summaries/{thread_id}/{sk}")
-        await self._io.write(put(self.table, item_key(thread_id, sk) | payload))
+        canonical = put(self.table, item_key(thread_id, sk) | payload)
+        # With the head's summary pointer known (every thread created since it exists), the summary, its
+        # copy under a fixed key (read blind with the head) and the pointer move together; the copy's token
+        # ties it to this save. Otherwise (an older head, a summary older than the latest) only ``S#``.
+        token = uuid.uuid4().hex[:16]
+        order = n_attr(summary.up_to_order)
+        copy = item_key(thread_id, LATEST_SUMMARY_SK) | payload | {"up_to": order, "sv": s_attr(token)}
+        pointer = update(
+            self.table,
+            item_key(thread_id, HEAD_SK),
+            "SET #sum = :n, #sv = :sv",
+            {"#sum": SUMMARY_ORDER_ATTRIBUTE, "#sv": SUMMARY_TOKEN_ATTRIBUTE},
+            {":n": order, ":sv": s_attr(token)},
+            ConditionExpression="attribute_exists(#sum) AND #sum <= :n",
+        )
+        writes = [pointer, canonical, put(self.table, copy)]
+        for attempt in range(3):
+            try:
+                await self._io.call(
+                    "TransactWriteItems", self.table, TransactItems=[w.action() for w in writes]
+                )
+            except TransactionCancelled as exc:
+                if exc.reasons[:1] == ["ConditionalCheckFailed"]:
+                    break
+                if "TransactionConflict" in exc.reasons and attempt < 2:
+                    continue
+                raise StoreError(
+                    f"saving the summary of thread {thread_id} was cancelled: {', '.join(exc.reasons)}"
+                ) from None
+            self._io.count_written(writes)
+            self._remember(thread_id, None)
+            return
+        await self._io.write(canonical)
 
     async def latest_summary(self, thread_id: str, up_to: int | None = None) -> Summary | None:
         if up_to is not None and up_to < 0:
@@ -550,6 +699,38 @@ class DynamoConversationStore:
         return Summary(text=text, up_to_order=int(str(items[0]["sk"]["S"])[2:]))
 
 
+def _deferred_after(head: Item | None, commit: Commit) -> set[str] | None:
+    """The deferred-input set after ``commit`` (``None``: the commit does not change it). Exact because the
+    commit is conditioned on the version of ``head``, and only versioned writes change deferrals."""
+    if not commit.deferred_added and not commit.deferred_removed:
+        return None
+    current = head_set(head, DEFERRED_ATTRIBUTE) if head else set()
+    removed = set(commit.deferred_removed)
+    return (current | {d.message_id for d in commit.deferred_added}) - removed
+
+
+def _head_after(head: Item, new: ThreadInfo, commit: Commit, deferred: set[str] | None) -> Item:
+    """The head item ``commit`` left (as far as a later commit reads it: version, tail, epoch, generation,
+    deferred set; the inbox and intent sets for completeness)."""
+    after = {k: v for k, v in head.items() if k not in (JOURNAL_ATTR, "journal_n")}
+    after["version"] = n_attr(new.version)
+    after["tail"] = n_attr(new.tail)
+    after[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": commit.turn_complete}
+    inbox = head_inbox(head) - set(commit.processed_message_ids)
+    sets = {
+        INBOX_ATTRIBUTE: inbox,
+        INTENTS_ATTRIBUTE: head_set(head, INTENTS_ATTRIBUTE) | {i.tool_call_id for i in commit.intents_added},
+    }
+    if deferred is not None:
+        sets[DEFERRED_ATTRIBUTE] = deferred
+    for name, values in sets.items():
+        if values:
+            after[name] = {"SS": sorted(values)}
+        else:
+            after.pop(name, None)
+    return after
+
+
 def dynamo_stores(
     client: AwsClient,
     *,
@@ -572,6 +753,11 @@ def dynamo_stores(
         page_size=page_size,
     )
     state = DynamoStateStore(
-        client, state_table=state_table, s3_client=s3_client, bucket=bucket, metrics=shared
+        client,
+        state_table=state_table,
+        s3_client=s3_client,
+        bucket=bucket,
+        metrics=shared,
+        conversation_table=conversation_table,
     )
     return conversation, state

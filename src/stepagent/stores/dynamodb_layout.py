@@ -14,9 +14,20 @@ Item layout (``pk`` = thread id in both tables)::
                                                                          messages sent here by other threads,
                                                                          not yet processed (string set)
                                     [journal journal_n]                  a flipped commit's pending journal
+                                    [fl] [oi] [dq] [ch]                  state flags: with ``fl`` = 1 the
+                                                                         string sets ``oi`` (open intents),
+                                                                         ``dq`` (deferred inputs), ``ch``
+                                                                         (pending choices) are exact, an
+                                                                         absent set meaning none; without
+                                                                         ``fl`` nothing is known (ask)
+                                    [sum] [sv]                           order the latest summary covers
+                                                                         (0: none; absent: unknown, query
+                                                                         ``S#``) and the token of its copy
                   R#{order:012d}    message_id cv [ep] (body | blob)       one history row, encoded item JSON
                   R#g{gen}#{order:012d}  (same)                          a row of a replaced history
                   S#{up_to:012d}    (body | blob)                        compaction summary text
+                  SUMMARY           up_to sv (body | blob)               copy of the latest summary, valid
+                                                                         only while the head's ``sv`` matches
                   C#{child_id}      seq                                  child index entry (spawn order)
                   U#{version:012d}  step_id model in out cr cw calls done    model usage of the commit
                                                                           that produced head ``version``
@@ -38,6 +49,15 @@ The state-table items are written by :mod:`~stepagent.stores.dynamodb_state`, ex
 :meth:`~stepagent.stores.dynamodb.DynamoConversationStore.note_inbound` before a step sends another thread
 a message, and its processed ids are deleted by the commit that records them, so a non-empty ``inbox``
 means a message is on its way to (or waiting in) that thread.
+
+The state flags and the summary pointer let a step read a thread in one ``BatchGetItem`` (head, the
+``SUMMARY`` copy, ``META`` and the batch's markers) and one ``Query`` of the rows after the summary,
+without querying state that is almost always empty. Who keeps them exact: a commit's head update (``oi``
+gains its intents, ``dq`` is recomputed from the head it was conditioned on), ``mark_intent_done`` and
+``add/remove_pending_choice`` (one transaction with the item they change), ``save_summary`` (``S#``, the
+copy and ``sum``/``sv`` in one transaction). Rewinds and replacements drop ``fl`` and ``sv`` (their
+cleanup changes state the sets do not track) and set ``sum``; heads written before these attributes
+existed have neither and are read the old way.
 """
 
 from __future__ import annotations
@@ -47,11 +67,19 @@ from stepagent.stores.dynamodb_io import Item, item_key, n_attr, s_attr
 
 __all__ = [
     "CHILD_PREFIX",
+    "CHOICES_ATTRIBUTE",
+    "DEFERRED_ATTRIBUTE",
+    "FLAGS_ATTRIBUTE",
     "HEAD_SK",
+    "INTENTS_ATTRIBUTE",
+    "LATEST_SUMMARY_SK",
+    "SUMMARY_ORDER_ATTRIBUTE",
+    "SUMMARY_TOKEN_ATTRIBUTE",
     "INBOX_ATTRIBUTE",
     "TURN_COMPLETE_ATTRIBUTE",
     "head_generation",
     "head_inbox",
+    "head_set",
     "head_item",
     "info_from_item",
     "row_generation",
@@ -67,6 +95,13 @@ CHILD_PREFIX = "C#"
 USAGE_PREFIX = "U#"
 TURN_COMPLETE_ATTRIBUTE = "turn_complete"
 INBOX_ATTRIBUTE = "inbox"
+FLAGS_ATTRIBUTE = "fl"
+INTENTS_ATTRIBUTE = "oi"
+DEFERRED_ATTRIBUTE = "dq"
+CHOICES_ATTRIBUTE = "ch"
+SUMMARY_ORDER_ATTRIBUTE = "sum"
+SUMMARY_TOKEN_ATTRIBUTE = "sv"
+LATEST_SUMMARY_SK = "SUMMARY"
 
 
 def row_sk(order: int, generation: str = "") -> str:
@@ -90,6 +125,11 @@ def head_generation(head: Item) -> str:
 def head_inbox(head: Item) -> frozenset[str]:
     """The logical ids of messages other threads sent this thread that it has not processed yet."""
     return frozenset(str(value) for value in head.get(INBOX_ATTRIBUTE, {}).get("SS", []))
+
+
+def head_set(head: Item, attribute: str) -> set[str]:
+    """A string-set attribute of the head (empty when absent)."""
+    return {str(value) for value in head.get(attribute, {}).get("SS", [])}
 
 
 def summary_sk(up_to: int) -> str:
@@ -123,8 +163,10 @@ def info_from_item(item: Item) -> ThreadInfo:
     )
 
 
-def head_item(info: ThreadInfo) -> Item:
-    """The ``HEAD`` item of ``info`` (optional fields are omitted when unset; no generation)."""
+def head_item(info: ThreadInfo, *, fresh: bool = False) -> Item:
+    """The ``HEAD`` item of ``info`` (optional fields are omitted when unset; no generation). ``fresh``:
+    a thread created with no state at all, so its state flags are exact from the start (empty sets, no
+    summary)."""
     item: Item = {
         **item_key(info.thread_id, HEAD_SK),
         "root_id": s_attr(info.root_id),
@@ -143,6 +185,9 @@ def head_item(info: ThreadInfo) -> Item:
         item["epoch"] = n_attr(info.epoch)
     if info.turn_complete is not None:
         item[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": info.turn_complete}
+    if fresh:
+        item[FLAGS_ATTRIBUTE] = n_attr(1)
+        item[SUMMARY_ORDER_ATTRIBUTE] = n_attr(0)
     return item
 
 

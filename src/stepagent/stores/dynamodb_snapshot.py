@@ -1,0 +1,161 @@
+"""What a step reads first, from DynamoDB in as few requests as the layout allows.
+
+:func:`open_thread` returns the same :class:`~stepagent.stores.base.ThreadSnapshot` as the port's separate
+reads (``load_snapshot`` composes them; the contract suite checks both agree) with:
+
+- **One ``BatchGetItem``** (consistent) for the thread's ``HEAD``, the ``SUMMARY`` copy of its latest
+  summary (only when the caller holds no rows), the ``META`` item of the thread (its root's, for a root)
+  and the ``P#`` / ``A#`` markers of the batch's message and tool-call ids — across both tables.
+- **One ``Query``** of exactly the rows after the summary (or after the rows the caller still holds, when
+  the head proves them unchanged: same epoch and summary, tail not behind), paged by DynamoDB's 1 MB
+  (or the store's ``page_size``); none at all when the caller already holds the tail.
+- **No state queries** for what the head's flags say is empty (open intents, deferred inputs, pending
+  choices: ``dynamodb_layout``); the flags come from the head read in the same request, never a cache.
+
+Fallbacks keep it exact where the fast path cannot be: a head naming a journal is rolled forward and the
+snapshot read again (markers and metadata may be in the journal); a head without a summary pointer (written
+before it existed) queries ``S#`` as before; a copy whose token does not match the head's is ignored for a
+``GetItem`` of ``S#{sum}``; a child's root metadata is one more ``GetItem``. The head read is remembered by
+the store, so the step's commit is conditioned on it without reading it again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Protocol
+
+from stepagent.history_items import CorruptRowError, Summary
+from stepagent.stores.base import KnownRows, StoredRow, ThreadSnapshot, known_still_hold
+from stepagent.stores.dynamodb_io import DynamoIo, Item, Write, item_key
+from stepagent.stores.dynamodb_journal import JOURNAL_ATTR, roll_forward
+from stepagent.stores.dynamodb_layout import (
+    CHOICES_ATTRIBUTE,
+    DEFERRED_ATTRIBUTE,
+    FLAGS_ATTRIBUTE,
+    HEAD_SK,
+    INTENTS_ATTRIBUTE,
+    LATEST_SUMMARY_SK,
+    SUMMARY_ORDER_ATTRIBUTE,
+    SUMMARY_TOKEN_ATTRIBUTE,
+    head_generation,
+    info_from_item,
+    summary_sk,
+)
+
+
+class SnapshotTable(Protocol):
+    """What this module uses of :class:`~stepagent.stores.dynamodb.DynamoConversationStore` (a protocol:
+    the store calls into this module, so importing it here would close an import cycle)."""
+
+    table: str
+    state_table: str
+    _io: DynamoIo
+
+    async def _get_head(self, thread_id: str) -> Item | None: ...
+
+    async def _transact(self, thread_id: str, writes: list[Write]) -> None: ...
+
+    def _remember(self, thread_id: str, head: Item | None) -> None: ...
+
+    async def latest_summary(self, thread_id: str, up_to: int | None = None) -> Summary | None: ...
+
+    def _query_rows(
+        self, thread_id: str, generation: str, first: int, last: int
+    ) -> AsyncIterator[StoredRow]: ...
+
+
+__all__ = ["open_thread"]
+
+_META_SK = "META"
+
+
+async def open_thread(
+    store: SnapshotTable,
+    thread_id: str,
+    *,
+    message_ids: Sequence[str] = (),
+    tool_call_ids: Sequence[str] = (),
+    known: KnownRows | None = None,
+) -> ThreadSnapshot:
+    io, table, state_table = store._io, store.table, store.state_table
+    processed_ids = list(dict.fromkeys(message_ids))
+    answered_ids = list(dict.fromkeys(tool_call_ids))
+    keys: list[tuple[str, Item]] = [(table, item_key(thread_id, HEAD_SK))]
+    if known is None:
+        keys.append((table, item_key(thread_id, LATEST_SUMMARY_SK)))
+    keys.append((state_table, item_key(thread_id, _META_SK)))
+    keys += [(state_table, item_key(thread_id, f"P#{m}")) for m in processed_ids]
+    keys += [(state_table, item_key(thread_id, f"A#{c}")) for c in answered_ids]
+    found = await io.batch_get_many(keys)
+    by_sk = {(str(i["pk"]["S"]), str(i["sk"]["S"])): i for items in found.values() for i in items}
+    head = by_sk.get((thread_id, HEAD_SK))
+    if head is not None and JOURNAL_ATTR in head:
+        # The journal may hold this thread's markers and metadata: complete it, then read again.
+        await roll_forward(store, head, HEAD_SK)
+        store._remember(thread_id, None)
+        return await open_thread(
+            store, thread_id, message_ids=message_ids, tool_call_ids=tool_call_ids, known=known
+        )
+    snapshot = ThreadSnapshot(info_from_item(head) if head is not None else None)
+    store._remember(thread_id, head)
+    snapshot.processed = {m for m in processed_ids if (thread_id, f"P#{m}") in by_sk}
+    snapshot.answered = {c for c in answered_ids if (thread_id, f"A#{c}") in by_sk}
+    info = snapshot.info
+    root = info.root_id if info is not None else thread_id
+    meta = (
+        by_sk.get((root, _META_SK)) if root == thread_id else await _get(store, state_table, root, _META_SK)
+    )
+    snapshot.metadata = await _metadata(store, meta, root)
+    if head is None or info is None:
+        return snapshot
+    if FLAGS_ATTRIBUTE in head:
+        snapshot.open_intents = INTENTS_ATTRIBUTE in head
+        snapshot.deferred = DEFERRED_ATTRIBUTE in head
+        snapshot.choices = CHOICES_ATTRIBUTE in head
+    summary: Summary | None = None
+    if SUMMARY_ORDER_ATTRIBUTE in head:
+        order = int(head[SUMMARY_ORDER_ATTRIBUTE]["N"])
+    else:  # a head from before the pointer: the latest summary is found the old way
+        summary = await store.latest_summary(thread_id)
+        order = summary.up_to_order if summary is not None else 0
+    snapshot.summary_order = order
+    if known is not None and known_still_hold(known, info, order):
+        snapshot.incremental = True
+        after = known.tail
+    else:
+        if summary is None and order > 0:
+            summary = await _summary(store, head, by_sk.get((thread_id, LATEST_SUMMARY_SK)), order)
+        snapshot.summary = summary
+        after = order
+    snapshot.rows = [
+        row async for row in store._query_rows(thread_id, head_generation(head), after + 1, info.tail)
+    ]
+    return snapshot
+
+
+async def _get(store: SnapshotTable, table: str, pk: str, sk: str) -> Item | None:
+    response = await store._io.call(
+        "GetItem", table, TableName=table, Key=item_key(pk, sk), ConsistentRead=True
+    )
+    item: Item | None = response.get("Item")
+    return item or None
+
+
+async def _metadata(store: SnapshotTable, item: Item | None, root: str) -> Any:
+    if item is None:
+        return None
+    return json.loads(await store._io.read_payload(item, f"metadata of {root}"))
+
+
+async def _summary(store: SnapshotTable, head: Item, copy: Item | None, order: int) -> Summary:
+    """The summary covering ``order``: the copy read with the head when its token is the head's, else
+    the canonical ``S#`` item."""
+    thread_id = str(head["pk"]["S"])
+    token = head.get(SUMMARY_TOKEN_ATTRIBUTE)
+    if copy is None or token is None or copy.get("sv") != token or int(copy["up_to"]["N"]) != order:
+        copy = await _get(store, store.table, thread_id, summary_sk(order))
+        if copy is None:
+            raise CorruptRowError(f"thread {thread_id}: the head names summary {order}, which is missing")
+    text = await store._io.read_payload(copy, f"thread {thread_id} summary")
+    return Summary(text=text, up_to_order=order)
