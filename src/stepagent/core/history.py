@@ -167,7 +167,7 @@ class HistoryManager:
         )
         info = snapshot.info
         chain = await ancestor_chain(conversation, thread_id) if info and info.parent_id else []
-        own = not chain or snapshot.summary_order > 0 or snapshot.incremental
+        own = not chain or snapshot.summary_order is not None or snapshot.incremental
         if own:
             items: list[HistoryItem] = []
             orders: list[int | None] = []
@@ -182,7 +182,7 @@ class HistoryManager:
                 orders.append(row.order)
                 if cache is not None:
                     size += item_bytes(row.item)
-            compacted = snapshot.summary_order or None
+            compacted = snapshot.summary_order
             prefix, rows_read = 0, len(snapshot.rows)
         else:
             loaded = await load_history_with_ancestors(conversation, thread_id, chain)
@@ -217,7 +217,7 @@ class HistoryManager:
             return
         if self._turn or not self._pending.to_commit(self.version).is_empty():
             return  # not the committed history: keep what the cache has
-        known = KnownRows(info.version, info.epoch, info.tail, self.compacted_up_to or 0)
+        known = KnownRows(info.version, info.epoch, info.tail, self.compacted_up_to)
         orders = tuple(order or 0 for order in self._orders)
         cache.put(self.thread_id, CachedThread(known, tuple(self.history), orders, self._cache_size))
 

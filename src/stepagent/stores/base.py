@@ -229,12 +229,12 @@ class HistoryStaging(Protocol):
 @dataclass(frozen=True, slots=True)
 class KnownRows:
     """What a caller already holds of a thread's own history: the summary covering ``summary_order``
-    (0: none) and every row after it up to ``tail``, read at head ``version`` and ``epoch``."""
+    (``None``: none) and every row after it up to ``tail``, read at head ``version`` and ``epoch``."""
 
     version: int
     epoch: int
     tail: int
-    summary_order: int
+    summary_order: int | None
 
 
 @dataclass(slots=True)
@@ -244,14 +244,14 @@ class ThreadSnapshot:
     ``summary`` is the own latest summary and ``rows`` the own rows after it, up to the tail — or, when
     ``incremental``, only the rows after ``known.tail`` (the caller's :class:`KnownRows` still hold: same
     epoch and summary, nothing below ``known.tail`` changed). ``summary_order`` is the order the latest
-    summary covers (0: none). ``metadata`` is the root's (the root is ``info.root_id``, or the thread for a
+    summary covers (``None``: none). ``metadata`` is the root's (the root is ``info.root_id``, or the thread for a
     thread that does not exist). ``processed`` / ``answered`` are the subsets of the asked ids already
     recorded. ``open_intents``, ``deferred`` and ``choices`` are ``False`` when the store knows the thread
     has none (the step skips those reads), ``None`` when it must ask the state store."""
 
     info: ThreadInfo | None
     summary: Summary | None = None
-    summary_order: int = 0
+    summary_order: int | None = None
     rows: list[StoredRow] = field(default_factory=list)
     incremental: bool = False
     metadata: Any = None
@@ -424,18 +424,34 @@ async def load_snapshot(
         return await conversation.open_thread(
             thread_id, message_ids=message_ids, tool_call_ids=tool_call_ids, known=known
         )
+    return await compose_snapshot(
+        conversation, state, thread_id, message_ids=message_ids, tool_call_ids=tool_call_ids, known=known
+    )
+
+
+async def compose_snapshot(
+    conversation: ConversationStore,
+    state: StateStore,
+    thread_id: str,
+    *,
+    message_ids: Sequence[str] = (),
+    tool_call_ids: Sequence[str] = (),
+    known: KnownRows | None = None,
+) -> ThreadSnapshot:
+    """The :class:`ThreadSnapshot` composed from the port's separate reads (what every store must agree
+    with; the state flags stay unknown)."""
     info = await conversation.get_thread(thread_id)
     snapshot = ThreadSnapshot(info)
     if info is not None:
         summary = await conversation.latest_summary(thread_id)
-        order = summary.up_to_order if summary is not None else 0
+        order = summary.up_to_order if summary is not None else None
         snapshot.summary_order = order
         if known is not None and known_still_hold(known, info, order):
             snapshot.incremental = True
             after = known.tail
         else:
             snapshot.summary = summary
-            after = order
+            after = order if order is not None else 0
         snapshot.rows = [row async for row in conversation.load_rows(thread_id, after=after)]
     snapshot.metadata = await state.get_metadata(info.root_id if info is not None else thread_id)
     if message_ids:
@@ -445,7 +461,7 @@ async def load_snapshot(
     return snapshot
 
 
-def known_still_hold(known: KnownRows, info: ThreadInfo, summary_order: int) -> bool:
+def known_still_hold(known: KnownRows, info: ThreadInfo, summary_order: int | None) -> bool:
     """Whether rows a caller read at ``known`` are still the thread's rows up to ``known.tail``: the same
     epoch (no rewind or replacement since: those move it) and summary, and the tail did not go back."""
     return (

@@ -452,7 +452,7 @@ class DynamoConversationStore:
                     ":k": s_attr(ThreadKind.ROOT.value),
                     ":f": {"BOOL": False},
                     ":one": n_attr(1),
-                    ":zero": n_attr(0),
+                    ":none": n_attr(-1),
                 }
             )
             # A thread's first commit finds no state (nothing is stored before it), so its flags are exact.
@@ -461,7 +461,7 @@ class DynamoConversationStore:
                 "#k = if_not_exists(#k, :k)",
                 "#c = if_not_exists(#c, :f)",
                 "#fl = if_not_exists(#fl, :one)",
-                "#sum = if_not_exists(#sum, :zero)",
+                "#sum = if_not_exists(#sum, :none)",
             ]
             condition = "attribute_not_exists(#pk) OR #v = :e"
         expression = "SET " + ", ".join(sets)

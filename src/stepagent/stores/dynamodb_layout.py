@@ -21,7 +21,7 @@ Item layout (``pk`` = thread id in both tables)::
                                                                          absent set meaning none; without
                                                                          ``fl`` nothing is known (ask)
                                     [sum] [sv]                           order the latest summary covers
-                                                                         (0: none; absent: unknown, query
+                                                                         (-1: none; absent: unknown, query
                                                                          ``S#``) and the token of its copy
                   R#{order:012d}    message_id cv [ep] (body | blob)       one history row, encoded item JSON
                   R#g{gen}#{order:012d}  (same)                          a row of a replaced history
@@ -71,16 +71,16 @@ __all__ = [
     "DEFERRED_ATTRIBUTE",
     "FLAGS_ATTRIBUTE",
     "HEAD_SK",
+    "INBOX_ATTRIBUTE",
     "INTENTS_ATTRIBUTE",
     "LATEST_SUMMARY_SK",
     "SUMMARY_ORDER_ATTRIBUTE",
     "SUMMARY_TOKEN_ATTRIBUTE",
-    "INBOX_ATTRIBUTE",
     "TURN_COMPLETE_ATTRIBUTE",
     "head_generation",
     "head_inbox",
-    "head_set",
     "head_item",
+    "head_set",
     "info_from_item",
     "row_generation",
     "row_sk",
@@ -187,7 +187,7 @@ def head_item(info: ThreadInfo, *, fresh: bool = False) -> Item:
         item[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": info.turn_complete}
     if fresh:
         item[FLAGS_ATTRIBUTE] = n_attr(1)
-        item[SUMMARY_ORDER_ATTRIBUTE] = n_attr(0)
+        item[SUMMARY_ORDER_ATTRIBUTE] = n_attr(-1)
     return item
 
 

@@ -191,7 +191,7 @@ async def rewind_thread(store: ConversationTable, thread_id: str, rewind: Rewind
             ":nt": n_attr(rewind.to_order),
             ":e": n_attr(info.version),
             ":ep": n_attr(info.epoch + 1),
-            ":sum": n_attr(kept.up_to_order if kept is not None else 0),
+            ":sum": n_attr(kept.up_to_order if kept is not None else -1),
         },
         ConditionExpression="#v = :e",
     )
@@ -314,7 +314,7 @@ class DynamoStaging:
         if self._head is None:  # a new thread: the flip creates its head, only if nobody else did
             item = head_item(new) | {
                 "gen": s_attr(self.generation),
-                SUMMARY_ORDER_ATTRIBUTE: n_attr(max(self._summaries, default=0)),
+                SUMMARY_ORDER_ATTRIBUTE: n_attr(max(self._summaries, default=-1)),
             }
             return put(store.table, item, "attribute_not_exists(#pk)", {"#pk": "pk"})
         names = {
@@ -332,7 +332,7 @@ class DynamoStaging:
             ":nt": n_attr(new.tail),
             ":g": s_attr(self.generation),
             ":e": n_attr(self._expected),
-            ":sum": n_attr(max(self._summaries, default=0)),
+            ":sum": n_attr(max(self._summaries, default=-1)),
         }
         # The staged summaries are the thread's now (the pointer names the latest); the state flags are
         # dropped, since the replacement's state and cleanup change what they track.

@@ -114,20 +114,22 @@ async def open_thread(
         snapshot.deferred = DEFERRED_ATTRIBUTE in head
         snapshot.choices = CHOICES_ATTRIBUTE in head
     summary: Summary | None = None
+    order: int | None
     if SUMMARY_ORDER_ATTRIBUTE in head:
-        order = int(head[SUMMARY_ORDER_ATTRIBUTE]["N"])
+        pointer = int(head[SUMMARY_ORDER_ATTRIBUTE]["N"])
+        order = pointer if pointer >= 0 else None
     else:  # a head from before the pointer: the latest summary is found the old way
         summary = await store.latest_summary(thread_id)
-        order = summary.up_to_order if summary is not None else 0
+        order = summary.up_to_order if summary is not None else None
     snapshot.summary_order = order
     if known is not None and known_still_hold(known, info, order):
         snapshot.incremental = True
         after = known.tail
     else:
-        if summary is None and order > 0:
+        if summary is None and order is not None:
             summary = await _summary(store, head, by_sk.get((thread_id, LATEST_SUMMARY_SK)), order)
         snapshot.summary = summary
-        after = order
+        after = order if order is not None else 0
     snapshot.rows = [
         row async for row in store._query_rows(thread_id, head_generation(head), after + 1, info.tail)
     ]

@@ -23,9 +23,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from stepagent.errors import StoreError
 from stepagent.messages import InputMessage, ToolCall, UserChoiceRequired
 from stepagent.stores.base import Commit, DeferredInput, DispatchIntent
-from stepagent.errors import StoreError
 from stepagent.stores.dynamodb_io import (
     MARKER_TTL_S,
     AwsClient,
