@@ -17,7 +17,8 @@ late checkpoints (Theil-Sen slope of checkpoints 3..6 x their span) < :data:`LAT
 Traps (``VARIANTS``; negative controls, never constructed by the runtime): ``retaining`` keeps every row
 any step loads in a module-level list; ``per-thread-cache`` keeps each thread's last loaded history in a
 dict keyed by thread id and never releases it (threads close and new ones keep arriving); ``creep`` leaks
-a unique :data:`CREEP_BYTES`-byte string per step.
+a unique :data:`CREEP_BYTES`-byte string per step; ``unbounded-thread-cache`` runs the worker's own thread
+cache (``core/thread_cache.py``, which every run uses at :data:`CACHE_BYTES`) with no bound.
 
 Per-step peak (M2), :func:`step_peak`: one warm step (user text → model → commit → outputs) on a thread
 with ``rows`` stored rows of ~4 KB, of which ``in_context`` follow the latest compaction summary; the peak
@@ -49,6 +50,7 @@ from typing import Any
 
 from bench.sqlite_store import SqliteBackend, SqliteConversationStore, SqliteStateStore
 from bench.workload import Workload
+from stepagent.core.thread_cache import ThreadCache
 from stepagent.history_items import AssistantText, HistoryItem, Summary, UserItem
 from stepagent.messages import InputMessage, TextContent
 from stepagent.stores.base import Commit, StoredRow
@@ -65,7 +67,11 @@ WINDOW = 5
 CREEP_BYTES = 300
 PEAK_BOUND = 8 << 20
 
-VARIANTS = ("normal", "retaining", "per-thread-cache", "creep")
+VARIANTS = ("normal", "retaining", "per-thread-cache", "creep", "unbounded-thread-cache")
+#: The warm worker's thread cache bound in the retained-growth runs: small enough that the cache is full
+#: (at its bound, evicting) well before warm-up ends, so the gate judges a worker whose cache is at its
+#: bound. The ``unbounded-thread-cache`` trap is the same cache without a bound.
+CACHE_BYTES = 96 << 10
 PEAK_VARIANTS = ("normal", "holding")
 
 
@@ -183,6 +189,10 @@ class RetainedRun:
     tool_results: int
     threads_seen: int
     retained_by_trap: int
+    cache_bound: int = 0
+    cache_bytes_at_warmup: int = 0
+    cache_bytes: int = 0
+    cache_threads: int = 0
     fitted_growth: float = 0.0
     failures: list[str] = field(default_factory=list)
 
@@ -204,7 +214,10 @@ async def retained(
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
     backend = SqliteBackend(path or ":memory:")
     conversation = _conversation_for(variant, backend)
-    workload = Workload.build(conversation, SqliteStateStore(backend), compact_after_tokens=3000)
+    cache = ThreadCache(10**12 if variant == "unbounded-thread-cache" else CACHE_BYTES)
+    workload = Workload.build(
+        conversation, SqliteStateStore(backend), compact_after_tokens=3000, thread_cache=cache
+    )
     creep: Callable[[int], None] = (
         (lambda step: _KEPT.append(f"{step:010d}" * (CREEP_BYTES // 10)))
         if (variant == "creep")
@@ -224,6 +237,7 @@ async def retained(
         if converged and workload.steps >= warmup_min:
             break
     warmup_steps = workload.steps
+    cache_at_warmup = cache.size
     interval = measured // CHECKPOINTS
 
     async def reading_window() -> list[int]:
@@ -253,6 +267,10 @@ async def retained(
         tool_results=workload.tool_results,
         threads_seen=workload.threads_seen,
         retained_by_trap=len(_KEPT) + sum(len(v) for v in getattr(conversation, "cache", {}).values()),
+        cache_bound=cache.max_bytes,
+        cache_bytes_at_warmup=cache_at_warmup,
+        cache_bytes=cache.size,
+        cache_threads=len(cache),
     )
     run.failures, run.fitted_growth = verdict(run.baseline, run.checkpoints)
     return run

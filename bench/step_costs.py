@@ -227,3 +227,36 @@ async def peer_costs(
         await seed_thread(conversation, f"{thread}-cold", turn, compacted, raw_rows)
         result["cold"] = [asdict(c) for c in await cold_turn(stores, f"{thread}-cold", turn)]
     return result
+
+
+#: Issue 15's counter targets: requests per cold step of a thread whose context fits one Query page, and
+#: the growth of requests and bytes read per step from turn 10 to turn 500 with compaction on.
+COLD_STEP_REQUESTS_TARGET = 4
+GROWTH_TARGET = 1.2
+
+
+def judge(early: dict[str, Any], late: dict[str, Any]) -> dict[str, Any]:
+    """Each figure next to its target: per-turn sums (two worker steps) and the cold steps' maximum."""
+
+    def per_turn(figures: dict[str, Any], kind: str, key: str) -> int:
+        return sum(int(step[key]) for step in figures[kind])
+
+    out: dict[str, Any] = {}
+    for kind in ("cold", "warm"):
+        for key in ("requests", "bytes_read"):
+            a, b = per_turn(early, kind, key), per_turn(late, kind, key)
+            out[f"{kind}_{key}_per_turn"] = {
+                f"turn_{early['turn']}": a,
+                f"turn_{late['turn']}": b,
+                "growth": round(b / a, 3) if a else None,
+                "growth_target": GROWTH_TARGET,
+                "within_target": a > 0 and b / a <= GROWTH_TARGET,
+            }
+    for figures in (early, late):
+        worst = max(int(step["requests"]) for step in figures["cold"])
+        out[f"cold_step_requests_max_turn_{figures['turn']}"] = {
+            "value": worst,
+            "target": COLD_STEP_REQUESTS_TARGET,
+            "within_target": worst <= COLD_STEP_REQUESTS_TARGET,
+        }
+    return out

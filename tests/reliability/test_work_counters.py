@@ -18,7 +18,7 @@ compaction summary leaves the same 10 rows in context.
 - **The peer workload** (``bench.step_costs``: user text → tool call → tool result → answer, ~1 KB
   messages) at turn 10 and turn 60 with compaction: requests per cold and warm step (issue 15's
   targets: ≤ 4 for a cold step of a one-page context, the head read once, no query of empty state, a
-  warm step reading only the head) and bytes read flat from turn 10 on (≤ 1.2×).
+  warm step reading only the head) and bytes read flat from turn 10 on (at most 1.2 times).
 """
 
 from __future__ import annotations
