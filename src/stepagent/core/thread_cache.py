@@ -71,6 +71,7 @@ class ThreadCache:
         self.size = 0
         self.hits = 0
         self.misses = 0
+        self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -93,6 +94,7 @@ class ThreadCache:
         while self.size > self.max_bytes:
             _, evicted = self._entries.popitem(last=False)
             self.size -= evicted.size
+            self.evictions += 1
 
     def drop(self, thread_id: str) -> None:
         entry = self._entries.pop(thread_id, None)
