@@ -153,3 +153,12 @@ async def test_a_state_flag_says_none_only_when_there_is_none(stores: StorePair)
     assert [d.message_id for d in await state.deferred_inputs("t")] == ["d3"]
     await conversation.rewind("t", Rewind(expected_version=info.version, to_order=0))
     await flags_are_sound(conversation, state, "t")
+
+
+async def test_a_choice_before_the_first_commit_is_not_hidden_by_the_flags(stores: StorePair) -> None:
+    conversation, state = stores
+    choice = UserChoiceRequired(id="early", prompt="?", choices=["a"], response_url="https://x/r")
+    await state.add_pending_choice("new", choice)  # no head yet
+    await conversation.commit("new", Commit(expected_version=0, rows=[user("1")]))
+    await flags_are_sound(conversation, state, "new")
+    assert [c.id for c in await state.pending_choices("new")] == ["early"]

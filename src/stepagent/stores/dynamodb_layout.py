@@ -40,6 +40,8 @@ Item layout (``pk`` = thread id in both tables)::
                   D#{message_id}    (body | blob) seq                    DeferredInput JSON
                   CALL#{tool_call_id} (body | blob)                      indexed ToolCall JSON (spawn/subscribe)
                   COMPACTION        claim_id lease_expires               compaction in progress
+                  FLAGS_UNKNOWN                                          state was added before the thread
+                                                                         had a head: its flags are not exact
                   LIVE              version [text phase tool] [notices notice_seq] expires_at
                                                                          what a step is doing now, for clients
                   J#{token}#{n:06d} (body | blob) expires_at             journal entry: one chunk of actions

@@ -10,7 +10,8 @@ reads (``load_snapshot`` composes them; the contract suite checks both agree) wi
   the head proves them unchanged: same epoch and summary, tail not behind), paged by DynamoDB's 1 MB
   (or the store's ``page_size``); none at all when the caller already holds the tail.
 - **No state queries** for what the head's flags say is empty (open intents, deferred inputs, pending
-  choices: ``dynamodb_layout``); the flags come from the head read in the same request, never a cache.
+  choices: ``dynamodb_layout``); the flags come from the head read in the same request, never a cache,
+  and are ignored when the thread's ``FLAGS_UNKNOWN`` item (state added before it had a head) is there.
 
 Fallbacks keep it exact where the fast path cannot be: a head naming a journal is rolled forward and the
 snapshot read again (markers and metadata may be in the journal); a head without a summary pointer (written
@@ -42,6 +43,7 @@ from stepagent.stores.dynamodb_layout import (
     info_from_item,
     summary_sk,
 )
+from stepagent.stores.dynamodb_state import FLAGS_UNKNOWN_SK
 
 
 class SnapshotTable(Protocol):
@@ -85,6 +87,7 @@ async def open_thread(
     if known is None:
         keys.append((table, item_key(thread_id, LATEST_SUMMARY_SK)))
     keys.append((state_table, item_key(thread_id, _META_SK)))
+    keys.append((state_table, item_key(thread_id, FLAGS_UNKNOWN_SK)))
     keys += [(state_table, item_key(thread_id, f"P#{m}")) for m in processed_ids]
     keys += [(state_table, item_key(thread_id, f"A#{c}")) for c in answered_ids]
     found = await io.batch_get_many(keys)
@@ -109,7 +112,7 @@ async def open_thread(
     snapshot.metadata = await _metadata(store, meta, root)
     if head is None or info is None:
         return snapshot
-    if FLAGS_ATTRIBUTE in head:
+    if FLAGS_ATTRIBUTE in head and (thread_id, FLAGS_UNKNOWN_SK) not in by_sk:
         snapshot.open_intents = INTENTS_ATTRIBUTE in head
         snapshot.deferred = DEFERRED_ATTRIBUTE in head
         snapshot.choices = CHOICES_ATTRIBUTE in head

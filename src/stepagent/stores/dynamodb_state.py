@@ -11,7 +11,8 @@ What it guarantees (beyond the port's contract, which it meets exactly like the 
 - With the conversation table known (:func:`~stepagent.stores.dynamodb.dynamo_stores` passes it), marking
   an intent done and adding or removing a pending choice change the item and the head's state-flag set
   (``oi`` / ``ch``, see ``dynamodb_layout``) in one transaction, so the head's flags stay exact; a thread
-  without a head gets the plain write.
+  without a head gets the plain write (and, for an addition, a ``FLAGS_UNKNOWN`` item that tells readers
+  the head's flags do not cover that thread).
 - :func:`state_writes` produces the commit's state actions with the in-memory semantics (later entries
   win, removals apply after additions) and at most one action per item, as a transaction requires.
 """
@@ -47,6 +48,8 @@ from stepagent.stores.metrics import StoreMetrics
 __all__ = ["MARKER_TTL_S", "DynamoStateStore", "state_writes"]
 
 META_SK = "META"
+#: Present when state was added to a thread before it had a head: its head's state flags are not exact.
+FLAGS_UNKNOWN_SK = "FLAGS_UNKNOWN"
 COMPACTION_SK = "COMPACTION"
 CACHE_SK = "CACHE"
 # Intents and deferrals are ordered by commit: head versions only grow, the index orders within a commit.
@@ -165,6 +168,10 @@ class DynamoStateStore:
             self._io.count_written(writes)
             return
         await self._io.write(write)
+        if op == "ADD":
+            # State for a thread without a head (a choice before its first commit): the head its first
+            # commit creates would claim to know this thread's state. The marker tells readers it does not.
+            await self._io.write(put(self.table, item_key(thread_id, FLAGS_UNKNOWN_SK)))
 
     async def _present(self, thread_id: str, prefix: str, ids: Sequence[str]) -> set[str]:
         unique = list(dict.fromkeys(ids))  # BatchGetItem rejects duplicate keys
