@@ -3,8 +3,9 @@
 :class:`DynamoConversationStore` and :class:`~stepagent.stores.dynamodb_state.DynamoStateStore` behave
 exactly like the in-memory stores (the contract suite runs against both) and add:
 
-- **Atomic, fenced commit.** A :class:`~stepagent.stores.base.Commit` is one consistent ``GetItem`` of the
-  head (to learn the tail) and one ``TransactWriteItems`` conditioned on the head version, so its cost
+- **Atomic, fenced commit.** A :class:`~stepagent.stores.base.Commit` is one ``TransactWriteItems``
+  conditioned on the head version — on the head the step's snapshot read (or its previous commit wrote)
+  at that version, remembered by the store, else one consistent ``GetItem`` of it first — so its cost
   depends on the commit's size, never on the history's length. A commit over the transaction limits
   (100 actions, ~4 MB) is written then flipped: rows are staged past the tail in transactions that each
   re-check the head version, then one transaction advances the head together with every non-row item —
@@ -26,6 +27,10 @@ exactly like the in-memory stores (the contract suite runs against both) and add
   stored exactly when the step is; ``usage_records`` is one paginated Query over the ``U#`` range.
 - **Streaming reads.** ``load_rows`` reads the head, then runs one strongly consistent, paginated Query over
   exactly the asked ``R#`` range, holding one page at a time, and checks that orders are gap-free.
+- **One snapshot per step.** ``open_thread`` (:mod:`~stepagent.stores.dynamodb_snapshot`) reads the head,
+  the latest summary's copy, the root metadata and the batch's dedup markers in one ``BatchGetItem`` and
+  the rows after the summary (or after what a warm caller holds) in one ``Query`` page per MB; the head's
+  state flags (maintained by every write of that state, ``dynamodb_layout``) spare the state queries.
 - **Thread tree.** A spawn writes the child's head and a ``C#`` index entry in the parent's partition in
   one transaction (idempotent by child id), so ``children`` is one Query plus batched head reads.
 - **Generations.** A rewind is one conditional head update (rows past the new tail become debris, as
@@ -47,7 +52,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -85,29 +89,22 @@ from stepagent.stores.dynamodb_journal import JOURNAL_ATTR, roll_forward
 from stepagent.stores.dynamodb_journal import flip as journal_flip
 from stepagent.stores.dynamodb_layout import (
     CHILD_PREFIX,
-    DEFERRED_ATTRIBUTE,
-    FLAGS_ATTRIBUTE,
     HEAD_SK,
     INBOX_ATTRIBUTE,
-    INTENTS_ATTRIBUTE,
-    LATEST_SUMMARY_SK,
-    SUMMARY_ORDER_ATTRIBUTE,
-    SUMMARY_TOKEN_ATTRIBUTE,
-    TURN_COMPLETE_ATTRIBUTE,
     USAGE_PREFIX,
+    deferred_after,
+    head_after,
     head_generation,
-    head_inbox,
     head_item,
-    head_set,
+    head_update,
     info_from_item,
     row_sk,
-    summary_sk,
     usage_from_item,
     usage_item,
     usage_sk,
 )
 from stepagent.stores.dynamodb_replace import rewind_thread, stage_history, sweep_generations
-from stepagent.stores.dynamodb_snapshot import open_thread
+from stepagent.stores.dynamodb_snapshot import latest_summary, open_thread, save_summary
 from stepagent.stores.dynamodb_state import DynamoStateStore, state_writes
 from stepagent.stores.metrics import StoreMetrics
 
@@ -377,7 +374,7 @@ class DynamoConversationStore:
                 f"thread {thread_id} is at version {info.version}, commit expected {commit.expected_version}"
             )
         encoded = [(message_id, encode_item(item)) for item, message_id in commit.rows]
-        deferred = _deferred_after(head, commit)
+        deferred = deferred_after(head, commit)
         try:
             new = await self._commit_at(info, generation, encoded, commit, deferred)
         except _RowConflict:
@@ -393,7 +390,7 @@ class DynamoConversationStore:
         except ConcurrentWriteError:
             self._remember(thread_id, None)
             raise
-        self._remember(thread_id, _head_after(head, new, commit, deferred) if head else None)
+        self._remember(thread_id, head_after(head, new, commit, deferred) if head else None)
         return new
 
     def _head_update(
@@ -403,79 +400,7 @@ class DynamoConversationStore:
         commit: Commit | None = None,
         deferred: set[str] | None = None,
     ) -> Write:
-        """Move the head from ``info.version`` to ``info.version + 1`` and ``new_tail``, only if it is still at
-        ``info.version``. At version 0 this creates the root record, keeping one a spawn already made. A
-        ``commit`` also sets the turn flag, takes the ids it processed out of the ``inbox``, adds its
-        intents to the open-intent set and sets the deferred set to ``deferred`` (``None``: unchanged)."""
-        names = {"#v": "version", "#t": "tail"}
-        values: Item = {":nv": n_attr(info.version + 1), ":nt": n_attr(new_tail), ":e": n_attr(info.version)}
-        sets = ["#v = :nv", "#t = :nt"]
-        removes: list[str] = []
-        adds: list[str] = []
-        deletes: list[str] = []
-        condition = "#v = :e"
-        if commit is not None:
-            names["#tc"] = TURN_COMPLETE_ATTRIBUTE
-            values[":tc"] = {"BOOL": commit.turn_complete}
-            sets.append("#tc = :tc")
-            processed = sorted(set(commit.processed_message_ids))
-            if processed:
-                names["#in"] = INBOX_ATTRIBUTE
-                values[":in"] = {"SS": processed}
-                deletes.append("#in :in")
-            intents = sorted({intent.tool_call_id for intent in commit.intents_added})
-            if intents:
-                names["#oi"] = INTENTS_ATTRIBUTE
-                values[":oi"] = {"SS": intents}
-                adds.append("#oi :oi")
-            if deferred is not None:
-                names["#dq"] = DEFERRED_ATTRIBUTE
-                if deferred:
-                    values[":dq"] = {"SS": sorted(deferred)}
-                    sets.append("#dq = :dq")
-                else:
-                    removes.append("#dq")
-        if info.version == 0:
-            names.update(
-                {
-                    "#pk": "pk",
-                    "#r": "root_id",
-                    "#k": "kind",
-                    "#c": "closed",
-                    "#fl": FLAGS_ATTRIBUTE,
-                    "#sum": SUMMARY_ORDER_ATTRIBUTE,
-                }
-            )
-            values.update(
-                {
-                    ":r": s_attr(info.thread_id),
-                    ":k": s_attr(ThreadKind.ROOT.value),
-                    ":f": {"BOOL": False},
-                    ":one": n_attr(1),
-                    ":none": n_attr(-1),
-                }
-            )
-            # A thread's first commit finds no state (nothing is stored before it), so its flags are exact.
-            sets += [
-                "#r = if_not_exists(#r, :r)",
-                "#k = if_not_exists(#k, :k)",
-                "#c = if_not_exists(#c, :f)",
-                "#fl = if_not_exists(#fl, :one)",
-                "#sum = if_not_exists(#sum, :none)",
-            ]
-            condition = "attribute_not_exists(#pk) OR #v = :e"
-        expression = "SET " + ", ".join(sets)
-        for clause, parts in (("REMOVE", removes), ("ADD", adds), ("DELETE", deletes)):
-            if parts:
-                expression += f" {clause} " + ", ".join(parts)
-        return update(
-            self.table,
-            item_key(info.thread_id, HEAD_SK),
-            expression,
-            names,
-            values,
-            ConditionExpression=condition,
-        )
+        return head_update(self.table, info, new_tail, commit, deferred)
 
     def _head_check(self, info: ThreadInfo) -> Write:
         names = {"#v": "version"}
@@ -638,97 +563,10 @@ class DynamoConversationStore:
     # ---- summaries ----------------------------------------------------------------------------------------
 
     async def save_summary(self, thread_id: str, summary: Summary) -> None:
-        sk = summary_sk(summary.up_to_order)
-        payload = await self._io.payload(summary.text, f"summaries/{thread_id}/{sk}")
-        canonical = put(self.table, item_key(thread_id, sk) | payload)
-        # With the head's summary pointer known (every thread created since it exists), the summary, its
-        # copy under a fixed key (read blind with the head) and the pointer move together; the copy's token
-        # ties it to this save. Otherwise (an older head, a summary older than the latest) only ``S#``.
-        token = uuid.uuid4().hex[:16]
-        order = n_attr(summary.up_to_order)
-        copy = item_key(thread_id, LATEST_SUMMARY_SK) | payload | {"up_to": order, "sv": s_attr(token)}
-        pointer = update(
-            self.table,
-            item_key(thread_id, HEAD_SK),
-            "SET #sum = :n, #sv = :sv",
-            {"#sum": SUMMARY_ORDER_ATTRIBUTE, "#sv": SUMMARY_TOKEN_ATTRIBUTE},
-            {":n": order, ":sv": s_attr(token)},
-            ConditionExpression="attribute_exists(#sum) AND #sum <= :n",
-        )
-        writes = [pointer, canonical, put(self.table, copy)]
-        for attempt in range(3):
-            try:
-                await self._io.call(
-                    "TransactWriteItems", self.table, TransactItems=[w.action() for w in writes]
-                )
-            except TransactionCancelled as exc:
-                if exc.reasons[:1] == ["ConditionalCheckFailed"]:
-                    break
-                if "TransactionConflict" in exc.reasons and attempt < 2:
-                    continue
-                raise StoreError(
-                    f"saving the summary of thread {thread_id} was cancelled: {', '.join(exc.reasons)}"
-                ) from None
-            self._io.count_written(writes)
-            self._remember(thread_id, None)
-            return
-        await self._io.write(canonical)
+        await save_summary(self, thread_id, summary)
 
     async def latest_summary(self, thread_id: str, up_to: int | None = None) -> Summary | None:
-        if up_to is not None and up_to < 0:
-            return None
-        response = await self._io.call(
-            "Query",
-            self.table,
-            TableName=self.table,
-            KeyConditionExpression="#pk = :pk AND #sk BETWEEN :lo AND :hi",
-            ExpressionAttributeNames={"#pk": "pk", "#sk": "sk"},
-            ExpressionAttributeValues={
-                ":pk": s_attr(thread_id),
-                ":lo": s_attr(summary_sk(0)),
-                ":hi": s_attr(summary_sk(up_to) if up_to is not None else "S#~"),  # "~" sorts after digits
-            },
-            ScanIndexForward=False,
-            Limit=1,
-            ConsistentRead=True,
-        )
-        items = response.get("Items", [])
-        if not items:
-            return None
-        text = await self._io.read_payload(items[0], f"thread {thread_id} summary")
-        return Summary(text=text, up_to_order=int(str(items[0]["sk"]["S"])[2:]))
-
-
-def _deferred_after(head: Item | None, commit: Commit) -> set[str] | None:
-    """The deferred-input set after ``commit`` (``None``: the commit does not change it). Exact because the
-    commit is conditioned on the version of ``head``, and only versioned writes change deferrals."""
-    if not commit.deferred_added and not commit.deferred_removed:
-        return None
-    current = head_set(head, DEFERRED_ATTRIBUTE) if head else set()
-    removed = set(commit.deferred_removed)
-    return (current | {d.message_id for d in commit.deferred_added}) - removed
-
-
-def _head_after(head: Item, new: ThreadInfo, commit: Commit, deferred: set[str] | None) -> Item:
-    """The head item ``commit`` left (as far as a later commit reads it: version, tail, epoch, generation,
-    deferred set; the inbox and intent sets for completeness)."""
-    after = {k: v for k, v in head.items() if k not in (JOURNAL_ATTR, "journal_n")}
-    after["version"] = n_attr(new.version)
-    after["tail"] = n_attr(new.tail)
-    after[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": commit.turn_complete}
-    inbox = head_inbox(head) - set(commit.processed_message_ids)
-    sets = {
-        INBOX_ATTRIBUTE: inbox,
-        INTENTS_ATTRIBUTE: head_set(head, INTENTS_ATTRIBUTE) | {i.tool_call_id for i in commit.intents_added},
-    }
-    if deferred is not None:
-        sets[DEFERRED_ATTRIBUTE] = deferred
-    for name, values in sets.items():
-        if values:
-            after[name] = {"SS": sorted(values)}
-        else:
-            after.pop(name, None)
-    return after
+        return await latest_summary(self, thread_id, up_to)
 
 
 def dynamo_stores(

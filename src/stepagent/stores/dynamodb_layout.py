@@ -64,8 +64,8 @@ existed have neither and are read the old way.
 
 from __future__ import annotations
 
-from stepagent.stores.base import ThreadInfo, ThreadKind, UsageRecord
-from stepagent.stores.dynamodb_io import Item, item_key, n_attr, s_attr
+from stepagent.stores.base import Commit, ThreadInfo, ThreadKind, UsageRecord
+from stepagent.stores.dynamodb_io import Item, Write, item_key, n_attr, s_attr, update
 
 __all__ = [
     "CHILD_PREFIX",
@@ -79,10 +79,13 @@ __all__ = [
     "SUMMARY_ORDER_ATTRIBUTE",
     "SUMMARY_TOKEN_ATTRIBUTE",
     "TURN_COMPLETE_ATTRIBUTE",
+    "deferred_after",
+    "head_after",
     "head_generation",
     "head_inbox",
     "head_item",
     "head_set",
+    "head_update",
     "info_from_item",
     "row_generation",
     "row_sk",
@@ -230,3 +233,120 @@ def usage_from_item(item: Item) -> UsageRecord:
         version=int(str(item["sk"]["S"])[len(USAGE_PREFIX) :]),
         **counts,
     )
+
+
+# ---- the commit's head update (pure: the store runs it) ----------------------------------------------
+
+
+def head_update(
+    table: str,
+    info: ThreadInfo,
+    new_tail: int,
+    commit: Commit | None = None,
+    deferred: set[str] | None = None,
+) -> Write:
+    """Move the head from ``info.version`` to ``info.version + 1`` and ``new_tail``, only if it is still at
+    ``info.version``. At version 0 this creates the root record, keeping one a spawn already made. A
+    ``commit`` also sets the turn flag, takes the ids it processed out of the ``inbox``, adds its
+    intents to the open-intent set and sets the deferred set to ``deferred`` (``None``: unchanged)."""
+    names = {"#v": "version", "#t": "tail"}
+    values: Item = {":nv": n_attr(info.version + 1), ":nt": n_attr(new_tail), ":e": n_attr(info.version)}
+    sets = ["#v = :nv", "#t = :nt"]
+    removes: list[str] = []
+    adds: list[str] = []
+    deletes: list[str] = []
+    condition = "#v = :e"
+    if commit is not None:
+        names["#tc"] = TURN_COMPLETE_ATTRIBUTE
+        values[":tc"] = {"BOOL": commit.turn_complete}
+        sets.append("#tc = :tc")
+        processed = sorted(set(commit.processed_message_ids))
+        if processed:
+            names["#in"] = INBOX_ATTRIBUTE
+            values[":in"] = {"SS": processed}
+            deletes.append("#in :in")
+        intents = sorted({intent.tool_call_id for intent in commit.intents_added})
+        if intents:
+            names["#oi"] = INTENTS_ATTRIBUTE
+            values[":oi"] = {"SS": intents}
+            adds.append("#oi :oi")
+        if deferred is not None:
+            names["#dq"] = DEFERRED_ATTRIBUTE
+            if deferred:
+                values[":dq"] = {"SS": sorted(deferred)}
+                sets.append("#dq = :dq")
+            else:
+                removes.append("#dq")
+    if info.version == 0:
+        names.update(
+            {
+                "#pk": "pk",
+                "#r": "root_id",
+                "#k": "kind",
+                "#c": "closed",
+                "#fl": FLAGS_ATTRIBUTE,
+                "#sum": SUMMARY_ORDER_ATTRIBUTE,
+            }
+        )
+        values.update(
+            {
+                ":r": s_attr(info.thread_id),
+                ":k": s_attr(ThreadKind.ROOT.value),
+                ":f": {"BOOL": False},
+                ":one": n_attr(1),
+                ":none": n_attr(-1),
+            }
+        )
+        # A thread's first commit finds no state (nothing is stored before it), so its flags are exact.
+        sets += [
+            "#r = if_not_exists(#r, :r)",
+            "#k = if_not_exists(#k, :k)",
+            "#c = if_not_exists(#c, :f)",
+            "#fl = if_not_exists(#fl, :one)",
+            "#sum = if_not_exists(#sum, :none)",
+        ]
+        condition = "attribute_not_exists(#pk) OR #v = :e"
+    expression = "SET " + ", ".join(sets)
+    for clause, parts in (("REMOVE", removes), ("ADD", adds), ("DELETE", deletes)):
+        if parts:
+            expression += f" {clause} " + ", ".join(parts)
+    return update(
+        table,
+        item_key(info.thread_id, HEAD_SK),
+        expression,
+        names,
+        values,
+        ConditionExpression=condition,
+    )
+
+
+def deferred_after(head: Item | None, commit: Commit) -> set[str] | None:
+    """The deferred-input set after ``commit`` (``None``: the commit does not change it). Exact because the
+    commit is conditioned on the version of ``head``, and only versioned writes change deferrals."""
+    if not commit.deferred_added and not commit.deferred_removed:
+        return None
+    current = head_set(head, DEFERRED_ATTRIBUTE) if head else set()
+    removed = set(commit.deferred_removed)
+    return (current | {d.message_id for d in commit.deferred_added}) - removed
+
+
+def head_after(head: Item, new: ThreadInfo, commit: Commit, deferred: set[str] | None) -> Item:
+    """The head item ``commit`` left (as far as a later commit reads it: version, tail, epoch, generation,
+    deferred set; the inbox and intent sets for completeness)."""
+    after = {k: v for k, v in head.items() if k not in ("journal", "journal_n")}  # dynamodb_journal's
+    after["version"] = n_attr(new.version)
+    after["tail"] = n_attr(new.tail)
+    after[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": commit.turn_complete}
+    inbox = head_inbox(head) - set(commit.processed_message_ids)
+    sets = {
+        INBOX_ATTRIBUTE: inbox,
+        INTENTS_ATTRIBUTE: head_set(head, INTENTS_ATTRIBUTE) | {i.tool_call_id for i in commit.intents_added},
+    }
+    if deferred is not None:
+        sets[DEFERRED_ATTRIBUTE] = deferred
+    for name, values in sets.items():
+        if values:
+            after[name] = {"SS": sorted(values)}
+        else:
+            after.pop(name, None)
+    return after

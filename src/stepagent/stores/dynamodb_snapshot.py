@@ -13,6 +13,10 @@ reads (``load_snapshot`` composes them; the contract suite checks both agree) wi
   choices: ``dynamodb_layout``); the flags come from the head read in the same request, never a cache,
   and are ignored when the thread's ``FLAGS_UNKNOWN`` item (state added before it had a head) is there.
 
+:func:`save_summary` writes ``S#{up_to}``, the ``SUMMARY`` copy and the head's pointer in one transaction
+(only ``S#`` for a head without a pointer, or a summary older than the latest); :func:`latest_summary` is
+the ``S#`` query every other reader uses.
+
 Fallbacks keep it exact where the fast path cannot be: a head naming a journal is rolled forward and the
 snapshot read again (markers and metadata may be in the journal); a head without a summary pointer (written
 before it existed) queries ``S#`` as before; a copy whose token does not match the head's is ignored for a
@@ -23,12 +27,24 @@ the store, so the step's commit is conditioned on it without reading it again.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
+from stepagent.errors import StoreError
 from stepagent.history_items import CorruptRowError, Summary
 from stepagent.stores.base import KnownRows, StoredRow, ThreadSnapshot, known_still_hold
-from stepagent.stores.dynamodb_io import DynamoIo, Item, Write, item_key
+from stepagent.stores.dynamodb_io import (
+    DynamoIo,
+    Item,
+    TransactionCancelled,
+    Write,
+    item_key,
+    n_attr,
+    put,
+    s_attr,
+    update,
+)
 from stepagent.stores.dynamodb_journal import JOURNAL_ATTR, roll_forward
 from stepagent.stores.dynamodb_layout import (
     CHOICES_ATTRIBUTE,
@@ -60,14 +76,12 @@ class SnapshotTable(Protocol):
 
     def _remember(self, thread_id: str, head: Item | None) -> None: ...
 
-    async def latest_summary(self, thread_id: str, up_to: int | None = None) -> Summary | None: ...
-
     def _query_rows(
         self, thread_id: str, generation: str, first: int, last: int
     ) -> AsyncIterator[StoredRow]: ...
 
 
-__all__ = ["open_thread"]
+__all__ = ["latest_summary", "open_thread", "save_summary"]
 
 _META_SK = "META"
 
@@ -122,7 +136,7 @@ async def open_thread(
         pointer = int(head[SUMMARY_ORDER_ATTRIBUTE]["N"])
         order = pointer if pointer >= 0 else None
     else:  # a head from before the pointer: the latest summary is found the old way
-        summary = await store.latest_summary(thread_id)
+        summary = await latest_summary(store, thread_id)
         order = summary.up_to_order if summary is not None else None
     snapshot.summary_order = order
     if known is not None and known_still_hold(known, info, order):
@@ -164,3 +178,69 @@ async def _summary(store: SnapshotTable, head: Item, copy: Item | None, order: i
             raise CorruptRowError(f"thread {thread_id}: the head names summary {order}, which is missing")
     text = await store._io.read_payload(copy, f"thread {thread_id} summary")
     return Summary(text=text, up_to_order=order)
+
+
+# ---- the summary and its pointer ----------------------------------------------------------------
+
+
+async def save_summary(store: SnapshotTable, thread_id: str, summary: Summary) -> None:
+    sk = summary_sk(summary.up_to_order)
+    payload = await store._io.payload(summary.text, f"summaries/{thread_id}/{sk}")
+    canonical = put(store.table, item_key(thread_id, sk) | payload)
+    # With the head's summary pointer known (every thread created since it exists), the summary, its
+    # copy under a fixed key (read blind with the head) and the pointer move together; the copy's token
+    # ties it to this save. Otherwise (an older head, a summary older than the latest) only ``S#``.
+    token = uuid.uuid4().hex[:16]
+    order = n_attr(summary.up_to_order)
+    copy = item_key(thread_id, LATEST_SUMMARY_SK) | payload | {"up_to": order, "sv": s_attr(token)}
+    pointer = update(
+        store.table,
+        item_key(thread_id, HEAD_SK),
+        "SET #sum = :n, #sv = :sv",
+        {"#sum": SUMMARY_ORDER_ATTRIBUTE, "#sv": SUMMARY_TOKEN_ATTRIBUTE},
+        {":n": order, ":sv": s_attr(token)},
+        ConditionExpression="attribute_exists(#sum) AND #sum <= :n",
+    )
+    writes = [pointer, canonical, put(store.table, copy)]
+    for attempt in range(3):
+        try:
+            await store._io.call(
+                "TransactWriteItems", store.table, TransactItems=[w.action() for w in writes]
+            )
+        except TransactionCancelled as exc:
+            if exc.reasons[:1] == ["ConditionalCheckFailed"]:
+                break
+            if "TransactionConflict" in exc.reasons and attempt < 2:
+                continue
+            raise StoreError(
+                f"saving the summary of thread {thread_id} was cancelled: {', '.join(exc.reasons)}"
+            ) from None
+        store._io.count_written(writes)
+        store._remember(thread_id, None)
+        return
+    await store._io.write(canonical)
+
+
+async def latest_summary(store: SnapshotTable, thread_id: str, up_to: int | None = None) -> Summary | None:
+    if up_to is not None and up_to < 0:
+        return None
+    response = await store._io.call(
+        "Query",
+        store.table,
+        TableName=store.table,
+        KeyConditionExpression="#pk = :pk AND #sk BETWEEN :lo AND :hi",
+        ExpressionAttributeNames={"#pk": "pk", "#sk": "sk"},
+        ExpressionAttributeValues={
+            ":pk": s_attr(thread_id),
+            ":lo": s_attr(summary_sk(0)),
+            ":hi": s_attr(summary_sk(up_to) if up_to is not None else "S#~"),  # "~" sorts after digits
+        },
+        ScanIndexForward=False,
+        Limit=1,
+        ConsistentRead=True,
+    )
+    items = response.get("Items", [])
+    if not items:
+        return None
+    text = await store._io.read_payload(items[0], f"thread {thread_id} summary")
+    return Summary(text=text, up_to_order=int(str(items[0]["sk"]["S"])[2:]))
