@@ -7,6 +7,10 @@ Sections of the JSON (each with its own method notes):
   the ``-X importtime`` attribution;
 - ``step_overhead``: one worker step excluding the model, at 10 → 10,000 stored rows, all in context or
   compacted to 10, on the in-memory, SQLite and DynamoDB-on-moto stores, with AWS calls per step;
+- ``step_costs``: DynamoDB requests, items and bytes read and written per worker step in issue 15's peer
+  workload (user text → tool call → tool result → answer, ~1 KB messages) at turn 10 and turn 500 with
+  compaction, cold and warm, each figure next to its target (:mod:`bench.step_costs`); the issue-13 state
+  before the change is kept in ``docs/step-costs-before.json``;
 - ``live_text``: what the live partial text costs per step (requests, bytes) with it on and off, for
   streams of 0, 2 and 5 seconds, and what one client poll of an idle thread tree costs
   (:mod:`bench.live_text`);
@@ -49,6 +53,34 @@ IMPORT_TARGET_MS = 300
 # spec/bounded-history.md S6: step overhead excluding the model, against a local store.
 OVERHEAD_TARGETS_MS = {1_000: 150, 10_000: 1_500}
 SIZES = (10, 100, 1_000, 10_000)
+
+
+async def peer_step_costs(quick: bool) -> dict[str, Any]:
+    from bench.step_costs import dynamo_row_writer, judge, peer_costs
+    from stepagent.stores.dynamodb import dynamo_stores
+    from stepagent.stores.metrics import StoreMetrics
+
+    figures = []
+    async with moto_dynamodb() as moto:
+        for turn in (10, 60 if quick else 500):
+            result: dict[str, Any] = {}
+            for mode in ("cold", "warm"):
+                async with moto.fresh_tables() as tables:
+
+                    def stores(metrics: StoreMetrics, tables: Any = tables) -> Any:
+                        return dynamo_stores(
+                            tables.client,
+                            conversation_table=tables.conversation_table,
+                            state_table=tables.state_table,
+                            metrics=metrics,
+                            page_size=None,  # the worker's (aws/runtime.py)
+                        )
+
+                    writer = dynamo_row_writer(tables.client, tables.conversation_table)
+                    result.update(await peer_costs(stores, turn, True, f"peer{turn}", writer, modes=(mode,)))
+            figures.append(result)
+            print(f"  turn {turn}: cold {[s['requests'] for s in result['cold']]} requests", flush=True)
+    return {"turns": figures, "targets": judge(figures[0], figures[1])}
 
 
 async def overheads(quick: bool, skip_moto: bool) -> list[dict[str, Any]]:
@@ -269,6 +301,8 @@ def main(argv: list[str] | None = None) -> None:
         for rows, target in OVERHEAD_TARGETS_MS.items()
     }
     if not args.skip_moto:
+        print("step costs (peer workload) ...", flush=True)
+        results["step_costs"] = asyncio.run(peer_step_costs(args.quick))
         print("live partial text ...", flush=True)
         results["live_text"] = asyncio.run(live_text_costs(args.quick))
     print("local mode ...", flush=True)

@@ -17,7 +17,9 @@ late checkpoints (Theil-Sen slope of checkpoints 3..6 x their span) < :data:`LAT
 Traps (``VARIANTS``; negative controls, never constructed by the runtime): ``retaining`` keeps every row
 any step loads in a module-level list; ``per-thread-cache`` keeps each thread's last loaded history in a
 dict keyed by thread id and never releases it (threads close and new ones keep arriving); ``creep`` leaks
-a unique :data:`CREEP_BYTES`-byte string per step.
+a unique :data:`CREEP_BYTES`-byte string per step; ``unbounded-thread-cache`` runs the worker's own thread
+cache (``core/thread_cache.py``, which every run uses at :data:`CACHE_BYTES`, full and evicting) with no
+bound, keeping every version of every thread it is given (a cache keyed by head version that never lets go).
 
 Per-step peak (M2), :func:`step_peak`: one warm step (user text → model → commit → outputs) on a thread
 with ``rows`` stored rows of ~4 KB, of which ``in_context`` follow the latest compaction summary; the peak
@@ -49,6 +51,7 @@ from typing import Any
 
 from bench.sqlite_store import SqliteBackend, SqliteConversationStore, SqliteStateStore
 from bench.workload import Workload
+from stepagent.core.thread_cache import CachedThread, ThreadCache
 from stepagent.history_items import AssistantText, HistoryItem, Summary, UserItem
 from stepagent.messages import InputMessage, TextContent
 from stepagent.stores.base import Commit, StoredRow
@@ -65,8 +68,26 @@ WINDOW = 5
 CREEP_BYTES = 300
 PEAK_BOUND = 8 << 20
 
-VARIANTS = ("normal", "retaining", "per-thread-cache", "creep")
+VARIANTS = ("normal", "retaining", "per-thread-cache", "creep", "unbounded-thread-cache")
+#: The warm worker's thread cache bound in the retained-growth runs: small enough that the cache is full
+#: (at its bound, evicting) well before warm-up ends, so the gate judges a worker whose cache is at its
+#: bound. The ``unbounded-thread-cache`` trap is the same cache without a bound, keeping
+#: an entry per (thread, head version) it is given (:class:`EveryVersionCache`).
+CACHE_BYTES = 24 << 10
 PEAK_VARIANTS = ("normal", "holding")
+
+
+class EveryVersionCache(ThreadCache):
+    """Trap: the worker's thread cache with no bound that also keeps every version of every thread it is
+    given (keyed by thread and head version, never evicted)."""
+
+    def __init__(self) -> None:
+        super().__init__(max_bytes=1 << 62)
+        self.kept: dict[tuple[str, int], CachedThread] = {}
+
+    def put(self, thread_id: str, entry: CachedThread) -> None:
+        self.kept[(thread_id, entry.known.version)] = entry
+        super().put(thread_id, entry)
 
 
 def settled() -> int:
@@ -183,6 +204,11 @@ class RetainedRun:
     tool_results: int
     threads_seen: int
     retained_by_trap: int
+    cache_bound: int = 0
+    cache_bytes_at_warmup: int = 0
+    cache_bytes: int = 0
+    cache_threads: int = 0
+    cache_evictions: int = 0
     fitted_growth: float = 0.0
     failures: list[str] = field(default_factory=list)
 
@@ -204,7 +230,10 @@ async def retained(
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
     backend = SqliteBackend(path or ":memory:")
     conversation = _conversation_for(variant, backend)
-    workload = Workload.build(conversation, SqliteStateStore(backend), compact_after_tokens=3000)
+    cache = EveryVersionCache() if variant == "unbounded-thread-cache" else ThreadCache(CACHE_BYTES)
+    workload = Workload.build(
+        conversation, SqliteStateStore(backend), compact_after_tokens=3000, thread_cache=cache
+    )
     creep: Callable[[int], None] = (
         (lambda step: _KEPT.append(f"{step:010d}" * (CREEP_BYTES // 10)))
         if (variant == "creep")
@@ -224,6 +253,7 @@ async def retained(
         if converged and workload.steps >= warmup_min:
             break
     warmup_steps = workload.steps
+    cache_at_warmup = cache.size
     interval = measured // CHECKPOINTS
 
     async def reading_window() -> list[int]:
@@ -252,7 +282,14 @@ async def retained(
         compactions=workload.compactions_applied,
         tool_results=workload.tool_results,
         threads_seen=workload.threads_seen,
-        retained_by_trap=len(_KEPT) + sum(len(v) for v in getattr(conversation, "cache", {}).values()),
+        retained_by_trap=len(_KEPT)
+        + sum(len(v) for v in getattr(conversation, "cache", {}).values())
+        + len(getattr(cache, "kept", {})),
+        cache_bound=cache.max_bytes,
+        cache_bytes_at_warmup=cache_at_warmup,
+        cache_bytes=cache.size,
+        cache_threads=len(cache),
+        cache_evictions=cache.evictions,
     )
     run.failures, run.fitted_growth = verdict(run.baseline, run.checkpoints)
     return run

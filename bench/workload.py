@@ -29,6 +29,7 @@ from stepagent.aws.outputs import OutputPublisher
 from stepagent.aws.worker import CountingMetrics, Worker
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.step import StepConfig
+from stepagent.core.thread_cache import ThreadCache
 from stepagent.messages import CompactionComplete, InputMessage, ToolResult
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelInfo, ModelProvider, ModelRequest
@@ -90,8 +91,8 @@ class InputQueue:
         self.pending.append((logical, dedup_id))
 
 
-def lookup_tool() -> FunctionTool[..., Any]:
-    """A function tool whose every result is a unique ~4 KB text."""
+def lookup_tool(result_chars: int = 4000) -> FunctionTool[..., Any]:
+    """A function tool whose every result is a unique text of ``result_chars`` (~4 KB by default)."""
     calls = 0
 
     @tool
@@ -100,7 +101,7 @@ def lookup_tool() -> FunctionTool[..., Any]:
         nonlocal calls
         calls += 1
         seed = hashlib.sha256(f"{query}/{calls}".encode()).hexdigest()
-        return "result: " + (seed * 63)[:4000]
+        return "result: " + (seed * (result_chars // 64 + 1))[:result_chars]
 
     return lookup
 
@@ -173,11 +174,13 @@ class Workload:
         slots: int = 20,
         compact_after_tokens: int = 4000,
         provider: ModelProvider | None = None,
+        result_chars: int = 4000,
+        thread_cache: ThreadCache | None = None,
     ) -> Workload:
         """A worker over the given stores. ``compact_after_tokens``: how much conversation (beyond the fixed
         system prompt and tool specs) a thread holds before it compacts."""
         queue = InputQueue()
-        lookup = lookup_tool()
+        lookup = lookup_tool(result_chars)
         tools: list[Tool] = [lookup, *builtin_tools()]
         window = math.ceil((fixed_request_tokens(tools) + compact_after_tokens) / 0.75)
         config = StepConfig(
@@ -187,6 +190,7 @@ class Workload:
             runner=InProcessFunctionRunner([lookup]),
             retry=RetryPolicy(max_attempts=1),
             clock=lambda: 1_000_000.0,  # compaction leases: a fixed clock keeps runs deterministic
+            thread_cache=thread_cache,
         )
         system = AgentSystem(conversation, state, config)
         outputs = NullQueues()

@@ -86,11 +86,11 @@ async def test_turn_complete_is_republished_identically_when_its_step_is_redeliv
         real_publish = publisher.publish
         failed: list[list[str]] = []
 
-        async def lose_the_turn_complete_once(thread_id: str, events: Any) -> None:
+        async def lose_the_turn_complete_once(thread_id: str, events: Any, **options: Any) -> None:
             if not failed and any(e["type"] == "turn_complete" for e in events):
                 failed.append([e["type"] for e in events])
                 raise QueueError("injected output failure after the commit")
-            await real_publish(thread_id, events)
+            await real_publish(thread_id, events, **options)
 
         publisher.publish = lose_the_turn_complete_once  # type: ignore[method-assign]
         await stack.send_user(thread, "what is the weather?", "m1")

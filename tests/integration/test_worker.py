@@ -482,12 +482,12 @@ async def test_output_event_ids_are_stable_when_a_step_is_re_run() -> None:
         real_publish = publisher.publish
         calls = 0
 
-        async def publish_fails_once(thread_id: str, events: Any) -> None:
+        async def publish_fails_once(thread_id: str, events: Any, **options: Any) -> None:
             nonlocal calls
             calls += 1
             if calls == 1:
                 raise QueueError("injected output failure after the commit")
-            await real_publish(thread_id, events)
+            await real_publish(thread_id, events, **options)
 
         publisher.publish = publish_fails_once  # type: ignore[method-assign]
         await stack.send_user(thread, "what is the weather?", "m1")

@@ -10,6 +10,9 @@ the real worker handler, the scripted model, a function tool, and a store outsid
   kept in a module-level list), ``per-thread-cache`` (each thread's last loaded rows cached by thread id,
   never released) and ``creep`` (a unique 300-byte string leaked per step, which stays under the
   allowance at every checkpoint: only the trend estimator catches it).
+  A fourth trap, ``unbounded-thread-cache``, gives the worker's own thread cache (which every run uses,
+  full and evicting at ``bench.memory.CACHE_BYTES``) no bound and an entry per head version: it must fail
+  too.
 - **Per-step peak (M2).** The traced peak of one step on a thread with 10,000 stored rows (~4 KB each;
   a compaction summary leaves 10, or 100, in context) stays within 8 MiB of the same step at 10 rows; a
   trap that reads and holds every stored row during the step exceeds the bound (by more than twice; it
@@ -84,7 +87,13 @@ def test_the_predicate_passes_flat_noise_and_one_outlier_and_fails_a_steady_cree
 
 def test_retained_growth_stays_bounded_and_every_trap_fails_the_same_gate() -> None:
     variants = ["normal", "retaining", "per-thread-cache", "creep"]
-    normal, retaining, cache, creep = measure([["retained", "--variant", v] for v in variants])
+    jobs = [["retained", "--variant", v] for v in variants]
+    # The thread-cache trap leaks fast: a shorter measured window (still six checkpoints) is enough.
+    jobs.append(["retained", "--variant", "unbounded-thread-cache", "--measured", "300"])
+    normal, retaining, cache, creep, unbounded = measure(jobs)
+    # Every run's worker has its thread cache; the normal run's is full (evicting) throughout.
+    assert normal["cache_evictions"] > 0 and 0 < normal["cache_bytes"] <= normal["cache_bound"]
+    assert unbounded["failures"] and unbounded["retained_by_trap"] > 100
     for run in (normal, retaining, cache, creep):
         # A real workload, not a vacuous pass: the measured window really ran, with tool results,
         # compactions and new threads throughout.

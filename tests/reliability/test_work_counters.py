@@ -15,6 +15,10 @@ compaction summary leaves the same 10 rows in context.
   The big histories are seeded directly with ``BatchWriteItem`` in the store's row layout (committing
   10,000 rows one step at a time would take minutes on moto); without a summary, the Query pages grow
   with the rows in context (100 rows a page) and nothing else does.
+- **The peer workload** (``bench.step_costs``: user text → tool call → tool result → answer, ~1 KB
+  messages) at turn 10 and turn 60 with compaction: requests per cold and warm step (issue 15's
+  targets: ≤ 4 for a cold step of a one-page context, the head read once, no query of empty state, a
+  warm step reading only the head) and bytes read flat from turn 10 on (at most 1.2 times).
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.step_costs import dynamo_row_writer, peer_costs
 from bench.workload import Workload
 from stepagent.history_items import AssistantText, HistoryItem, Summary, UserItem, encode_item
 from stepagent.messages import InputMessage, TextContent
-from stepagent.stores.base import Commit
+from stepagent.stores.base import Commit, ConversationStore, StateStore
 from stepagent.stores.memory import memory_stores
 from stepagent.stores.metrics import StoreMetrics
 from tests.conftest import DynamoEnv
@@ -164,7 +169,7 @@ async def seed_dynamo(env: DynamoEnv, thread: str, rows: int, in_context: int | 
         {
             "pk": {"S": thread},
             "sk": {"S": f"R#{order:012d}"},
-            "message_id": {"S": f"seed-{order}"},
+            "message_id": {"S": f"seed-{order:06d}"},
             "cv": {"N": "1"},
             "body": {"S": encode_item(seeded_item(order))},
         }
@@ -220,3 +225,41 @@ async def test_dynamodb_reads_without_compaction_grow_only_by_query_pages(dynamo
         assert {op: n for op, n in b.calls.items() if op != "Query"} == {
             op: n for op, n in a.calls.items() if op != "Query"
         }
+
+
+# ---- the issue-15 peer workload: requests and bytes per cold and warm step -------------------------------
+
+
+async def peer_costs_on(dynamo: DynamoEnv, turn: int) -> dict[str, Any]:
+    def stores(metrics: StoreMetrics) -> tuple[ConversationStore, StateStore]:
+        return dynamo.stores(metrics=metrics, page_size=None)  # the worker's 1 MB pages
+
+    writer = dynamo_row_writer(dynamo.client, dynamo.conversation_table)
+    return await peer_costs(stores, turn, True, f"peer{turn:04d}", writer)
+
+
+async def test_peer_workload_steps_make_few_requests_and_read_no_more_at_turn_60(dynamo: DynamoEnv) -> None:
+    """One Query page of context: a cold step is one BatchGetItem (head, summary copy, metadata, dedup
+    markers), one Query and the commit (+ the outbox's done mark after a dispatch) — the head is read once,
+    nothing is queried for empty state, publishing reads nothing. A warm step reads only the head."""
+    early, late = await peer_costs_on(dynamo, 10), await peer_costs_on(dynamo, 60)
+    for figures in (early, late):
+        for step in figures["cold"] + figures["warm"]:
+            assert step["calls"].get("GetItem", 0) == 0, step  # the head: once, in the BatchGetItem
+        user, result = figures["cold"]
+        assert result["requests"] <= 3 and result["calls"] == {
+            "BatchGetItem": 1,
+            "Query": 1,
+            "TransactWriteItems": 1,
+        }
+        warm_user, warm_result = figures["warm"]
+        assert "Query" not in warm_user["calls"] and "Query" not in warm_result["calls"]
+        assert warm_user["bytes_read"] < 1_000 and warm_result["bytes_read"] < 1_000
+        assert warm_result["requests"] <= 2 and warm_user["requests"] <= user["requests"] - 1
+    assert early["cold"][0]["requests"] <= 4  # no summary: no call-id check against hidden history
+    # With compaction the user step also checks the model's new call id against calls the summary hides.
+    assert late["cold"][0]["requests"] <= 5
+    for kind in ("cold", "warm"):
+        for a, b in zip(early[kind], late[kind], strict=True):
+            assert b["requests"] <= a["requests"] + 1
+            assert b["bytes_read"] <= 1.2 * a["bytes_read"] + 2_000  # + the ~1 KB summary

@@ -237,10 +237,16 @@ class NoticingPublisher(OutputPublisher):
         super().__init__(queues, output_queue_url, conversation, state)
         self.live = live
 
-    async def publish(self, thread_id: str, events: Sequence[dict[str, Any]]) -> None:
+    async def publish(
+        self,
+        thread_id: str,
+        events: Sequence[dict[str, Any]],
+        *,
+        context: tuple[str, Any] | None = None,
+    ) -> None:
         # Notices first: a client that sees the step's commit should find them as soon as possible.
         await self._notice(thread_id, events)
-        await super().publish(thread_id, events)
+        await super().publish(thread_id, events, context=context)
 
     async def _notice(self, thread_id: str, events: Sequence[dict[str, Any]]) -> None:
         store = self.live.store

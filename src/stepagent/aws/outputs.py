@@ -283,11 +283,22 @@ class OutputPublisher:
         metadata = await self.state.get_metadata(root)
         return root, metadata if metadata is not None else {}
 
-    async def publish(self, thread_id: str, events: Sequence[dict[str, Any]]) -> None:
-        """Send ``events`` of ``thread_id`` in order. Raises ``QueueError`` (the caller fails the record)."""
+    async def publish(
+        self,
+        thread_id: str,
+        events: Sequence[dict[str, Any]],
+        *,
+        context: tuple[str, Any] | None = None,
+    ) -> None:
+        """Send ``events`` of ``thread_id`` in order. Raises ``QueueError`` (the caller fails the record).
+        ``context``: (root thread id, root metadata) as the step that made the events loaded and committed
+        them — then nothing is read; otherwise :meth:`thread_context` reads them."""
         if not events:
             return
-        root, metadata = await self.thread_context(thread_id)
+        if context is not None:
+            root, metadata = context[0], context[1] if context[1] is not None else {}
+        else:
+            root, metadata = await self.thread_context(thread_id)
         for event in events:
             body = {**event, "thread_id": thread_id, "root_thread_id": root, "metadata": metadata}
             await self.queues.send(

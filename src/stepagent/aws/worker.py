@@ -23,7 +23,8 @@ Guarantees (DESIGN §1 "Handlers", "Bad input"; §3 invariants 5 and 6):
 - A lost conditional write (:class:`~stepagent.errors.ConcurrentWriteError`: another worker advanced the
   thread) is retried at once from a fresh load; the dedup by logical id makes that re-run absorb whatever
   the other writer already did, so nothing is lost or doubled.
-- Output events are sent after the step, before the records are acknowledged. If a previous attempt
+- Output events are sent after the step, before the records are acknowledged, with the root id and root
+  metadata the step itself loaded (and committed, if it changed them): publishing reads nothing. If a previous attempt
   committed but did not publish (a crash, a failed send), the redelivery (``ApproximateReceiveCount`` > 1)
   re-publishes the rows that step made for the redelivered inputs, with the same event ids (consumers
   may see an event twice, never two ids for one event).
@@ -50,7 +51,7 @@ from stepagent.aws.outputs import (
     row_events,
     step_events,
 )
-from stepagent.core.step import StepInput
+from stepagent.core.step import StepInput, ThreadStep
 from stepagent.errors import (
     ConcurrentWriteError,
     GroupMismatchError,
@@ -292,15 +293,19 @@ class Worker:
         inputs = [StepInput(r.message, r.logical_id) for r in records if r.message is not None]
         logger.thread_safe_append_keys(message_ids=[i.message_id for i in inputs])
         observer = StepEvents()
+        steps: list[ThreadStep] = []
         # A lost head-version race means another writer advanced the thread: re-run from a fresh load;
         # the logical-id dedup absorbs whatever that writer already did.
         for attempt in range(1, MAX_STEP_ATTEMPTS + 1):
             observer = StepEvents()
             live = self.live.step(thread_id)  # the partial text clients poll (aws/live.py)
+
+            def started(step: ThreadStep, attach: Callable[[ThreadStep], None] = live.attach) -> None:
+                steps.append(step)
+                attach(step)
+
             try:
-                await self.system.step_thread(
-                    thread_id, inputs, live.observing(observer), on_start=live.attach
-                )
+                await self.system.step_thread(thread_id, inputs, live.observing(observer), on_start=started)
                 break
             except ConcurrentWriteError:
                 self.metrics.add_metric("WriteConflicts", "Count", 1)
@@ -320,7 +325,10 @@ class Worker:
             replayed = await replay_rows(conversation, thread_id, redelivered)
             done = await replay_turn_complete(conversation, thread_id, redelivered, events)
             events = row_events(thread_id, [r for r in replayed if r.order not in fresh]) + done + events
-        await self.publisher.publish(thread_id, events)
+        # The step loaded the root and its metadata and committed any change to it: the events carry those.
+        history = steps[-1].history if steps else None
+        context = (history.root_thread_id, history.metadata) if history is not None else None
+        await self.publisher.publish(thread_id, events, context=context)
         self.metrics.add_metric("Steps", "Count", 1)
         logger.info("step done", extra={"events": len(events)})
 

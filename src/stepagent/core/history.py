@@ -15,6 +15,12 @@ What it guarantees:
   subscription, deferral and metadata changes and the step's usage record as one :class:`~stepagent.stores.base.Commit`,
   conditioned on the head version the manager loaded (a concurrent writer makes it fail, never
   interleave). The commit carries :attr:`turn_complete` as set by the step, then it is reset to ``False``.
+- **One read to start.** :meth:`load` reads the thread through
+  :func:`~stepagent.stores.base.load_snapshot` (head, latest summary and rows, root metadata and the
+  batch's dedup ids together) and, given a :class:`~stepagent.core.thread_cache.ThreadCache`, offers the
+  store what the cache holds so a warm step reads only rows after it; every successful sync puts the
+  manager's own history back under the new head version (a failed one drops the entry). Children whose
+  history starts in an ancestor are loaded through the ancestors, as before, and never cached.
 - **Order bookkeeping.** Every item carries its own-log order (``None`` for inherited items), so spawn
   points and compaction splits are computed from orders, not index arithmetic.
 """
@@ -26,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent.core.ancestors import ancestor_chain, load_history_with_ancestors
+from stepagent.core.thread_cache import CachedThread, ThreadCache, item_bytes
 from stepagent.errors import InvariantViolation
 from stepagent.history_items import (
     AssistantText,
@@ -43,10 +50,13 @@ from stepagent.stores.base import (
     ConversationStore,
     DeferredInput,
     DispatchIntent,
+    KnownRows,
     StateStore,
     StoredRow,
     ThreadInfo,
+    ThreadSnapshot,
     UsageRecord,
+    load_snapshot,
 )
 
 INTERRUPTED_TEXT = "Tool call interrupted by user"
@@ -121,6 +131,10 @@ class HistoryManager:
         self._answered: set[str] = {cid for item in items if (cid := answered_call_id(item)) is not None}
         self._answer_checked: set[str] = set()  # call ids whose answered status was read from the store
         self.rows_read = 0
+        #: What the load read (its state flags tell the step which state reads it can skip).
+        self.snapshot = ThreadSnapshot(info)
+        self._cache: ThreadCache | None = None
+        self._cache_size = 0
         #: Rows made durable by this manager's syncs, in order (what observers and outputs report).
         self.committed_rows: list[StoredRow] = []
         #: What the next sync records as ``Commit.turn_complete``; the step sets it before its last sync,
@@ -130,27 +144,82 @@ class HistoryManager:
     # ---- construction ---------------------------------------------------------------------------------
 
     @classmethod
-    async def load(cls, conversation: ConversationStore, state: StateStore, thread_id: str) -> HistoryManager:
-        """Rebuild the thread from the stores. An unknown thread loads empty and creates no record."""
-        info = await conversation.get_thread(thread_id)
+    async def load(
+        cls,
+        conversation: ConversationStore,
+        state: StateStore,
+        thread_id: str,
+        *,
+        message_ids: Sequence[str] = (),
+        tool_call_ids: Sequence[str] = (),
+        cache: ThreadCache | None = None,
+    ) -> HistoryManager:
+        """Rebuild the thread from the stores. An unknown thread loads empty and creates no record.
+        ``message_ids`` / ``tool_call_ids``: the batch's dedup questions, answered by the same read."""
+        cached = cache.get(thread_id) if cache is not None else None
+        snapshot = await load_snapshot(
+            conversation,
+            state,
+            thread_id,
+            message_ids=message_ids,
+            tool_call_ids=tool_call_ids,
+            known=cached.known if cached is not None else None,
+        )
+        info = snapshot.info
         chain = await ancestor_chain(conversation, thread_id) if info and info.parent_id else []
-        loaded = await load_history_with_ancestors(conversation, thread_id, chain)
-        ancestors = [link.thread_id for link in chain]
-        root = ancestors[0] if ancestors else thread_id
+        own = not chain or snapshot.summary_order is not None or snapshot.incremental
+        if own:
+            items: list[HistoryItem] = []
+            orders: list[int | None] = []
+            size = 0
+            if snapshot.incremental and cached is not None:
+                items, orders, size = list(cached.items), list(cached.orders), cached.size
+            elif snapshot.summary is not None:
+                items, orders = [snapshot.summary], [snapshot.summary.up_to_order]
+                size = item_bytes(snapshot.summary)
+            for row in snapshot.rows:
+                items.append(row.item)
+                orders.append(row.order)
+                if cache is not None:
+                    size += item_bytes(row.item)
+            compacted = snapshot.summary_order
+            prefix, rows_read = 0, len(snapshot.rows)
+        else:
+            loaded = await load_history_with_ancestors(conversation, thread_id, chain)
+            items, orders, compacted = loaded.items, loaded.orders, loaded.compacted_up_to
+            prefix, rows_read, size = loaded.ancestor_prefix_len, loaded.rows_read, 0
         manager = cls(
             conversation,
             state,
             thread_id,
             info=info,
-            ancestors=ancestors,
-            items=loaded.items,
-            orders=loaded.orders,
-            compacted_up_to=loaded.compacted_up_to,
-            ancestor_prefix_len=loaded.ancestor_prefix_len,
-            metadata=await state.get_metadata(root),
+            ancestors=[link.thread_id for link in chain],
+            items=items,
+            orders=orders,
+            compacted_up_to=compacted,
+            ancestor_prefix_len=prefix,
+            metadata=snapshot.metadata,
         )
-        manager.rows_read = loaded.rows_read
+        manager.rows_read = rows_read
+        manager.snapshot = snapshot
+        manager._processed.update({m: m in snapshot.processed for m in message_ids})
+        manager._answered.update(snapshot.answered)
+        manager._answer_checked.update(tool_call_ids)
+        manager._cache = cache if own and not chain else None
+        manager._cache_size = size
+        manager._cache_put()
         return manager
+
+    def _cache_put(self) -> None:
+        """Offer the own history, as committed at the current head, to the cache."""
+        cache, info = self._cache, self.info
+        if cache is None or info is None:
+            return
+        if self._turn or not self._pending.to_commit(self.version).is_empty():
+            return  # not the committed history: keep what the cache has
+        known = KnownRows(info.version, info.epoch, info.tail, self.compacted_up_to)
+        orders = tuple(order or 0 for order in self._orders)
+        cache.put(self.thread_id, CachedThread(known, tuple(self.history), orders, self._cache_size))
 
     # ---- dedup lookups ----------------------------------------------------------------------------------
 
@@ -254,6 +323,8 @@ class HistoryManager:
         self._orders.append(self._next_order)
         self._next_order += 1
         self._pending.rows.append((item, message_id))
+        if self._cache is not None:
+            self._cache_size += item_bytes(item)
         answered = answered_call_id(item)
         if answered is not None:
             self._answered.add(answered)
@@ -352,7 +423,12 @@ class HistoryManager:
         if commit.is_empty():
             return False
         self.turn_complete = False
-        self.info = await self.conversation.commit(self.thread_id, commit)
+        try:
+            self.info = await self.conversation.commit(self.thread_id, commit)
+        except BaseException:
+            if self._cache is not None:
+                self._cache.drop(self.thread_id)
+            raise
         self.version = self.info.version
         first_order = self.info.tail - len(commit.rows) + 1
         self.committed_rows.extend(
@@ -360,6 +436,7 @@ class HistoryManager:
             for index, (item, message_id) in enumerate(commit.rows)
         )
         self._pending = _PendingCommit()
+        self._cache_put()
         return True
 
     # ---- thread tree and compaction -------------------------------------------------------------------------
@@ -400,6 +477,8 @@ class HistoryManager:
         self._orders = [summary.up_to_order, *(order for _, order in kept)]
         self.compacted_up_to = summary.up_to_order
         self.ancestor_prefix_len = 0
+        if self._cache is not None:
+            self._cache_size = sum(map(item_bytes, self.history))
         return True
 
     def find_tool_call(self, tool_call_id: str) -> ToolCallItem | None:

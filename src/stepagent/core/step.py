@@ -20,6 +20,9 @@ Durability (DESIGN §3):
   :class:`~stepagent.events.TurnComplete` after everything else, carrying that record's usage.
 - Tracing: model calls and tool dispatches run inside spans of ``StepConfig.tracer`` (none by default);
   tracing can never fail a step (``stepagent.tracing``).
+- Reads: the step starts with one snapshot of the thread (``HistoryManager.load``; a warm worker's
+  cache makes it read only new rows) and skips the outbox, deferral and choice reads the snapshot says
+  are empty.
 - Turn flag: the step's last commit says whether it left the thread with nothing pending
   (:mod:`stepagent.core.turn`); any earlier commit of the step says the turn is still running.
 """
@@ -44,6 +47,7 @@ from stepagent.core.completion import (
 )
 from stepagent.core.history import HistoryManager
 from stepagent.core.prepare import Preparer
+from stepagent.core.thread_cache import ThreadCache
 from stepagent.core.turn import turn_is_complete
 from stepagent.errors import ToolError, TransientError
 from stepagent.events import (
@@ -115,6 +119,8 @@ class StepConfig:
     tracer: Tracer | None = None
     compaction_lease_seconds: float = 3600.0
     clock: Callable[[], float] = time.time
+    #: A warm worker's cache of loaded threads (``core/thread_cache.py``); ``None``: every step reads all.
+    thread_cache: ThreadCache | None = None
 
     def __post_init__(self) -> None:
         check_agents(self.agent, self.toolset, self.providers)
@@ -169,8 +175,15 @@ class ThreadStep:
     # ---- the step -----------------------------------------------------------------------------------------
 
     async def run(self, inputs: Sequence[StepInput]) -> StepOutcome:
-        history = self.history = await HistoryManager.load(self.conversation, self.state, self.thread_id)
         tool_result_ids = [i.message.content.id for i in inputs if isinstance(i.message.content, ToolResult)]
+        history = self.history = await HistoryManager.load(
+            self.conversation,
+            self.state,
+            self.thread_id,
+            message_ids=[i.message_id for i in inputs],
+            tool_call_ids=tool_result_ids,
+            cache=self.config.thread_cache,
+        )
         await history.prefetch([i.message_id for i in inputs], tool_result_ids)
 
         # An unknown profile rejects the inputs before anything is written (or dispatched).
@@ -349,6 +362,8 @@ class ThreadStep:
     async def _redrive_outbox(self, history: HistoryManager) -> bool:
         """Dispatch intents a previous run committed but did not finish. Returns whether a re-run
         synchronous tool left a result the model has not seen yet."""
+        if history.snapshot.open_intents is False:
+            return False  # the store knows there are none
         intents = await self.state.open_intents(self.thread_id)
         if not intents:
             return False
@@ -455,7 +470,8 @@ class ThreadStep:
                     else:
                         kept.append(item)
                 return kept
-        deferred = await self.state.deferred_inputs(self.thread_id)
+        known_none = history.snapshot.deferred is False
+        deferred = [] if known_none else await self.state.deferred_inputs(self.thread_id)
         # One batched dedup read for everything released (a storm of held events is thousands of ids).
         await history.prefetch([d.message_id for d in deferred])
         for held in deferred:
@@ -467,6 +483,8 @@ class ThreadStep:
 
     async def _choices_if_needed(self, batch: Sequence[StepInput]) -> list[UserChoiceRequired]:
         """Pending choices matter only when a tool result may answer one; skip the read otherwise."""
+        if self.history is not None and self.history.snapshot.choices is False:
+            return []  # the store knows there are none
         if any(isinstance(i.message.content, ToolResult) and i.message.synthetic is None for i in batch):
             return await self.state.pending_choices(self.thread_id)
         return []

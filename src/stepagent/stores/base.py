@@ -13,6 +13,11 @@ Guarantees every implementation must give (the contract suite in ``tests/contrac
   consistent read and no access to the queues.
 - Dedup reads touch only the ids asked for (``filter_processed``), never a thread-sized set.
 - Compaction summaries are keyed by the order they cover; rows are never deleted by compaction.
+- :func:`load_snapshot` (what a step reads first) returns exactly what the separate port reads would:
+  the head, the own latest summary and the rows after it (or only the rows after a :class:`KnownRows`
+  the caller still holds, when the head proves those unchanged), the root's metadata and the asked dedup
+  ids — a store that implements :class:`SnapshotReader` does it in fewer requests, and may also say that
+  a thread has no open intents, deferred inputs or pending choices so the step need not ask.
 - History changes other than appends (``tests/contract/test_store_contract_replace.py``): a
   :class:`Rewind` is one conditional head update (it also moves the thread to a new epoch, and rows carry
   the epoch they were committed in, so content at a reused order is never mistaken for the old); a whole-history replacement is staged under a new
@@ -26,7 +31,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from stepagent.history_items import HistoryItem, Summary
 from stepagent.messages import InputMessage, ToolCall, UserChoiceRequired
@@ -221,6 +226,42 @@ class HistoryStaging(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class KnownRows:
+    """What a caller already holds of a thread's own history: the summary covering ``summary_order``
+    (``None``: none) and every row after it up to ``tail``, read at head ``version`` and ``epoch``."""
+
+    version: int
+    epoch: int
+    tail: int
+    summary_order: int | None
+
+
+@dataclass(slots=True)
+class ThreadSnapshot:
+    """A thread as one step first needs it (see :func:`load_snapshot`).
+
+    ``summary`` is the own latest summary and ``rows`` the own rows after it, up to the tail — or, when
+    ``incremental``, only the rows after ``known.tail`` (the caller's :class:`KnownRows` still hold: same
+    epoch and summary, nothing below ``known.tail`` changed). ``summary_order`` is the order the latest
+    summary covers (``None``: none). ``metadata`` is the root's (the root is ``info.root_id``, or the thread for a
+    thread that does not exist). ``processed`` / ``answered`` are the subsets of the asked ids already
+    recorded. ``open_intents``, ``deferred`` and ``choices`` are ``False`` when the store knows the thread
+    has none (the step skips those reads), ``None`` when it must ask the state store."""
+
+    info: ThreadInfo | None
+    summary: Summary | None = None
+    summary_order: int | None = None
+    rows: list[StoredRow] = field(default_factory=list)
+    incremental: bool = False
+    metadata: Any = None
+    processed: set[str] = field(default_factory=set)
+    answered: set[str] = field(default_factory=set)
+    open_intents: bool | None = None
+    deferred: bool | None = None
+    choices: bool | None = None
+
+
 class ConversationStore(Protocol):
     """Thread tree, per-thread ordered logs, compaction summaries and the atomic step commit."""
 
@@ -351,6 +392,84 @@ class StateStore(Protocol):
         """Store ``value`` under ``key`` (replacing any) until ``expires_at`` (epoch seconds). A small
         key/value cache for derived data (RAP manifests, which server owns a call); never history."""
         ...
+
+
+@runtime_checkable
+class SnapshotReader(Protocol):
+    """A conversation store that reads a :class:`ThreadSnapshot` in fewer requests than the port's
+    separate reads (the DynamoDB store: one ``BatchGetItem`` and at most one ``Query`` page per MB)."""
+
+    async def open_thread(
+        self,
+        thread_id: str,
+        *,
+        message_ids: Sequence[str] = (),
+        tool_call_ids: Sequence[str] = (),
+        known: KnownRows | None = None,
+    ) -> ThreadSnapshot: ...
+
+
+async def load_snapshot(
+    conversation: ConversationStore,
+    state: StateStore,
+    thread_id: str,
+    *,
+    message_ids: Sequence[str] = (),
+    tool_call_ids: Sequence[str] = (),
+    known: KnownRows | None = None,
+) -> ThreadSnapshot:
+    """The thread's :class:`ThreadSnapshot`: from the store's :class:`SnapshotReader` when it has one,
+    else composed from the port's reads (head, latest summary, rows, metadata, dedup filters)."""
+    if isinstance(conversation, SnapshotReader):
+        return await conversation.open_thread(
+            thread_id, message_ids=message_ids, tool_call_ids=tool_call_ids, known=known
+        )
+    return await compose_snapshot(
+        conversation, state, thread_id, message_ids=message_ids, tool_call_ids=tool_call_ids, known=known
+    )
+
+
+async def compose_snapshot(
+    conversation: ConversationStore,
+    state: StateStore,
+    thread_id: str,
+    *,
+    message_ids: Sequence[str] = (),
+    tool_call_ids: Sequence[str] = (),
+    known: KnownRows | None = None,
+) -> ThreadSnapshot:
+    """The :class:`ThreadSnapshot` composed from the port's separate reads (what every store must agree
+    with; the state flags stay unknown)."""
+    info = await conversation.get_thread(thread_id)
+    snapshot = ThreadSnapshot(info)
+    if info is not None:
+        summary = await conversation.latest_summary(thread_id)
+        order = summary.up_to_order if summary is not None else None
+        snapshot.summary_order = order
+        if known is not None and known_still_hold(known, info, order):
+            snapshot.incremental = True
+            after = known.tail
+        else:
+            snapshot.summary = summary
+            after = order if order is not None else 0
+        snapshot.rows = [row async for row in conversation.load_rows(thread_id, after=after)]
+    snapshot.metadata = await state.get_metadata(info.root_id if info is not None else thread_id)
+    if message_ids:
+        snapshot.processed = await state.filter_processed(thread_id, message_ids)
+    if tool_call_ids:
+        snapshot.answered = await state.filter_answered(thread_id, tool_call_ids)
+    return snapshot
+
+
+def known_still_hold(known: KnownRows, info: ThreadInfo, summary_order: int | None) -> bool:
+    """Whether rows a caller read at ``known`` are still the thread's rows up to ``known.tail``: the same
+    epoch (no rewind or replacement since: those move it) and summary, and the tail did not go back."""
+    return (
+        info.epoch == known.epoch
+        and summary_order == known.summary_order
+        and info.tail >= known.tail
+        and info.version >= known.version
+    )
 
 
 async def iterate_entries(

@@ -3,8 +3,9 @@
 :class:`DynamoConversationStore` and :class:`~stepagent.stores.dynamodb_state.DynamoStateStore` behave
 exactly like the in-memory stores (the contract suite runs against both) and add:
 
-- **Atomic, fenced commit.** A :class:`~stepagent.stores.base.Commit` is one consistent ``GetItem`` of the
-  head (to learn the tail) and one ``TransactWriteItems`` conditioned on the head version, so its cost
+- **Atomic, fenced commit.** A :class:`~stepagent.stores.base.Commit` is one ``TransactWriteItems``
+  conditioned on the head version — on the head the step's snapshot read (or its previous commit wrote)
+  at that version, remembered by the store, else one consistent ``GetItem`` of it first — so its cost
   depends on the commit's size, never on the history's length. A commit over the transaction limits
   (100 actions, ~4 MB) is written then flipped: rows are staged past the tail in transactions that each
   re-check the head version, then one transaction advances the head together with every non-row item —
@@ -26,6 +27,10 @@ exactly like the in-memory stores (the contract suite runs against both) and add
   stored exactly when the step is; ``usage_records`` is one paginated Query over the ``U#`` range.
 - **Streaming reads.** ``load_rows`` reads the head, then runs one strongly consistent, paginated Query over
   exactly the asked ``R#`` range, holding one page at a time, and checks that orders are gap-free.
+- **One snapshot per step.** ``open_thread`` (:mod:`~stepagent.stores.dynamodb_snapshot`) reads the head,
+  the latest summary's copy, the root metadata and the batch's dedup markers in one ``BatchGetItem`` and
+  the rows after the summary (or after what a warm caller holds) in one ``Query`` page per MB; the head's
+  state flags (maintained by every write of that state, ``dynamodb_layout``) spare the state queries.
 - **Thread tree.** A spawn writes the child's head and a ``C#`` index entry in the parent's partition in
   one transaction (idempotent by child id), so ``children`` is one Query plus batched head reads.
 - **Generations.** A rewind is one conditional head update (rows past the new tail become debris, as
@@ -47,8 +52,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import time
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError
@@ -56,10 +61,12 @@ from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.stores.base import (
     Commit,
     HistoryStaging,
+    KnownRows,
     Rewind,
     StoredRow,
     ThreadInfo,
     ThreadKind,
+    ThreadSnapshot,
     UsageRecord,
 )
 from stepagent.stores.dynamodb_io import (
@@ -82,25 +89,31 @@ from stepagent.stores.dynamodb_journal import JOURNAL_ATTR, roll_forward
 from stepagent.stores.dynamodb_journal import flip as journal_flip
 from stepagent.stores.dynamodb_layout import (
     CHILD_PREFIX,
-    CREATED_AT_ATTRIBUTE,
     HEAD_SK,
     INBOX_ATTRIBUTE,
-    TURN_COMPLETE_ATTRIBUTE,
     USAGE_PREFIX,
+    deferred_after,
+    head_after,
     head_generation,
     head_item,
+    head_update,
     info_from_item,
     row_sk,
-    summary_sk,
     usage_from_item,
     usage_item,
     usage_sk,
 )
 from stepagent.stores.dynamodb_replace import rewind_thread, stage_history, sweep_generations
+from stepagent.stores.dynamodb_snapshot import latest_summary, open_thread, save_summary
 from stepagent.stores.dynamodb_state import DynamoStateStore, state_writes
 from stepagent.stores.metrics import StoreMetrics
 
 __all__ = ["DynamoConversationStore", "DynamoStateStore", "dynamo_stores"]
+
+
+#: Heads a store remembers (the last one each thread's snapshot read or commit wrote), so a commit does not
+#: read the head its step just read. Small items; bounded so a long-lived worker's memory stays flat.
+REMEMBERED_HEADS = 256
 
 
 class _RowConflict(Exception):
@@ -128,6 +141,38 @@ class DynamoConversationStore:
         self.metrics = metrics if metrics is not None else StoreMetrics()
         self.page_size = page_size
         self._io = DynamoIo(client, s3_client, bucket, self.metrics)
+        self._heads: OrderedDict[str, Item] = OrderedDict()
+
+    def _remember(self, thread_id: str, head: Item | None) -> None:
+        """Keep ``head`` as the thread's head at its version (``None`` forgets it)."""
+        self._heads.pop(thread_id, None)
+        if head is not None and JOURNAL_ATTR not in head:
+            self._heads[thread_id] = head
+            while len(self._heads) > REMEMBERED_HEADS:
+                self._heads.popitem(last=False)
+
+    def _remembered(self, thread_id: str, version: int) -> Item | None:
+        """The remembered head of ``thread_id`` if it is at ``version``. Safe to use for a commit
+        conditioned on ``version``: everything a commit reads from the head (tail, epoch, generation,
+        deferred set) changes only together with the version."""
+        head = self._heads.get(thread_id)
+        if head is None or int(head.get("version", {}).get("N", "0")) != version:
+            return None
+        return head
+
+    async def open_thread(
+        self,
+        thread_id: str,
+        *,
+        message_ids: Sequence[str] = (),
+        tool_call_ids: Sequence[str] = (),
+        known: KnownRows | None = None,
+    ) -> ThreadSnapshot:
+        """What a step reads first, in one ``BatchGetItem`` and one ``Query`` page per MB of rows
+        (:mod:`~stepagent.stores.dynamodb_snapshot`)."""
+        return await open_thread(
+            self, thread_id, message_ids=message_ids, tool_call_ids=tool_call_ids, known=known
+        )
 
     # ---- thread records ----------------------------------------------------------------------------------
 
@@ -175,7 +220,7 @@ class DynamoConversationStore:
             kind=kind,
         )
         # The child's head and the parent's index entry for it land together, or neither does.
-        head = put(self.table, head_item(child), "attribute_not_exists(#pk)", {"#pk": "pk"})
+        head = put(self.table, head_item(child, fresh=True), "attribute_not_exists(#pk)", {"#pk": "pk"})
         entry = {**item_key(parent_id, f"{CHILD_PREFIX}{child_id}"), "seq": n_attr(insertion_seq())}
         writes = [head, put(self.table, entry)]
         try:
@@ -193,7 +238,9 @@ class DynamoConversationStore:
         """Put a root head only if the thread has none; if another writer created it first, return theirs."""
         info = ThreadInfo(thread_id=thread_id, root_id=thread_id)
         try:
-            await self._io.write(put(self.table, head_item(info), "attribute_not_exists(#pk)", {"#pk": "pk"}))
+            await self._io.write(
+                put(self.table, head_item(info, fresh=True), "attribute_not_exists(#pk)", {"#pk": "pk"})
+            )
         except ConditionFailed:
             return await self._existing(thread_id)
         return info
@@ -245,9 +292,15 @@ class DynamoConversationStore:
         head = await self._read_head(thread_id)
         if head is None:
             return
-        info, generation = info_from_item(head), head_generation(head)
+        info = info_from_item(head)
         last = info.tail if up_to is None else min(up_to, info.tail)
-        first = max(after, 0) + 1
+        async for row in self._query_rows(thread_id, head_generation(head), max(after, 0) + 1, last):
+            yield row
+
+    async def _query_rows(
+        self, thread_id: str, generation: str, first: int, last: int
+    ) -> AsyncIterator[StoredRow]:
+        """Rows ``first..last`` of ``generation`` (committed: ``last`` is at most the tail), gap-free."""
         if first > last:
             return
         query: Item = {
@@ -311,7 +364,9 @@ class DynamoConversationStore:
     # ---- commit -------------------------------------------------------------------------------------------
 
     async def commit(self, thread_id: str, commit: Commit) -> ThreadInfo:
-        head = await self._read_head(thread_id)
+        # The head this step's snapshot read (or its previous commit wrote) at the expected version is the
+        # head the conditional transaction checks: no second read.
+        head = self._remembered(thread_id, commit.expected_version) or await self._read_head(thread_id)
         info = info_from_item(head) if head else ThreadInfo(thread_id=thread_id, root_id=thread_id)
         generation = head_generation(head) if head else ""
         if info.version != commit.expected_version:
@@ -319,61 +374,33 @@ class DynamoConversationStore:
                 f"thread {thread_id} is at version {info.version}, commit expected {commit.expected_version}"
             )
         encoded = [(message_id, encode_item(item)) for item, message_id in commit.rows]
+        deferred = deferred_after(head, commit)
         try:
-            return await self._commit_at(info, generation, encoded, commit)
+            new = await self._commit_at(info, generation, encoded, commit, deferred)
         except _RowConflict:
-            pass
-        # Same-base debris past the tail: fence its writer out, then retry once above it.
-        await self._fence(info)
-        try:
-            fenced = replace(info, version=info.version + 1)
-            return await self._commit_at(fenced, generation, encoded, commit)
-        except _RowConflict:
-            raise ConcurrentWriteError(f"thread {thread_id}: rows past the tail keep changing") from None
+            # Same-base debris past the tail: fence its writer out, then retry once above it.
+            self._remember(thread_id, None)
+            await self._fence(info)
+            try:
+                fenced = replace(info, version=info.version + 1)
+                new = await self._commit_at(fenced, generation, encoded, commit, deferred)
+            except _RowConflict:
+                raise ConcurrentWriteError(f"thread {thread_id}: rows past the tail keep changing") from None
+            return new
+        except ConcurrentWriteError:
+            self._remember(thread_id, None)
+            raise
+        self._remember(thread_id, head_after(head, new, commit, deferred) if head else None)
+        return new
 
-    def _head_update(self, info: ThreadInfo, new_tail: int, commit: Commit | None = None) -> Write:
-        """Move the head from ``info.version`` to ``info.version + 1`` and ``new_tail``, only if it is still at
-        ``info.version``. At version 0 this creates the root record, keeping one a spawn already made. A
-        ``commit`` also sets the turn flag and takes the ids it processed out of the ``inbox``."""
-        names = {"#v": "version", "#t": "tail"}
-        values: Item = {":nv": n_attr(info.version + 1), ":nt": n_attr(new_tail), ":e": n_attr(info.version)}
-        expression = "SET #v = :nv, #t = :nt"
-        condition = "#v = :e"
-        deletes = ""
-        if commit is not None:
-            names["#tc"] = TURN_COMPLETE_ATTRIBUTE
-            values[":tc"] = {"BOOL": commit.turn_complete}
-            expression += ", #tc = :tc"
-            processed = sorted(set(commit.processed_message_ids))
-            if processed:
-                names["#in"] = INBOX_ATTRIBUTE
-                values[":in"] = {"SS": processed}
-                deletes = " DELETE #in :in"
-        if info.version == 0:
-            names.update(
-                {"#pk": "pk", "#r": "root_id", "#k": "kind", "#c": "closed", "#ca": CREATED_AT_ATTRIBUTE}
-            )
-            values.update(
-                {
-                    ":r": s_attr(info.thread_id),
-                    ":k": s_attr(ThreadKind.ROOT.value),
-                    ":f": {"BOOL": False},
-                    ":ca": n_attr(int(time.time() * 1000)),
-                }
-            )
-            expression += (
-                ", #r = if_not_exists(#r, :r), #k = if_not_exists(#k, :k), #c = if_not_exists(#c, :f)"
-                ", #ca = if_not_exists(#ca, :ca)"  # when the thread's first commit landed (console's list)
-            )
-            condition = "attribute_not_exists(#pk) OR #v = :e"
-        return update(
-            self.table,
-            item_key(info.thread_id, HEAD_SK),
-            expression + deletes,
-            names,
-            values,
-            ConditionExpression=condition,
-        )
+    def _head_update(
+        self,
+        info: ThreadInfo,
+        new_tail: int,
+        commit: Commit | None = None,
+        deferred: set[str] | None = None,
+    ) -> Write:
+        return head_update(self.table, info, new_tail, commit, deferred)
 
     def _head_check(self, info: ThreadInfo) -> Write:
         names = {"#v": "version"}
@@ -421,7 +448,12 @@ class DynamoConversationStore:
         )
 
     async def _commit_at(
-        self, info: ThreadInfo, generation: str, encoded: list[tuple[str, str]], commit: Commit
+        self,
+        info: ThreadInfo,
+        generation: str,
+        encoded: list[tuple[str, str]],
+        commit: Commit,
+        deferred: set[str] | None = None,
     ) -> ThreadInfo:
         thread_id = info.thread_id
         # Large rows go to S3 here, before any transaction, so a committed row never points at nothing.
@@ -432,7 +464,7 @@ class DynamoConversationStore:
         others = await state_writes(self._io, self.state_table, thread_id, commit, info.version + 1)
         if commit.usage is not None:
             others.append(put(self.table, usage_item(thread_id, commit.usage, info.version + 1)))
-        head = self._head_update(info, info.tail + len(rows), commit)
+        head = self._head_update(info, info.tail + len(rows), commit, deferred)
         if fits([head, *rows, *others]):
             await self._transact(thread_id, [head, *rows, *others])
         else:
@@ -531,33 +563,10 @@ class DynamoConversationStore:
     # ---- summaries ----------------------------------------------------------------------------------------
 
     async def save_summary(self, thread_id: str, summary: Summary) -> None:
-        sk = summary_sk(summary.up_to_order)
-        payload = await self._io.payload(summary.text, f"summaries/{thread_id}/{sk}")
-        await self._io.write(put(self.table, item_key(thread_id, sk) | payload))
+        await save_summary(self, thread_id, summary)
 
     async def latest_summary(self, thread_id: str, up_to: int | None = None) -> Summary | None:
-        if up_to is not None and up_to < 0:
-            return None
-        response = await self._io.call(
-            "Query",
-            self.table,
-            TableName=self.table,
-            KeyConditionExpression="#pk = :pk AND #sk BETWEEN :lo AND :hi",
-            ExpressionAttributeNames={"#pk": "pk", "#sk": "sk"},
-            ExpressionAttributeValues={
-                ":pk": s_attr(thread_id),
-                ":lo": s_attr(summary_sk(0)),
-                ":hi": s_attr(summary_sk(up_to) if up_to is not None else "S#~"),  # "~" sorts after digits
-            },
-            ScanIndexForward=False,
-            Limit=1,
-            ConsistentRead=True,
-        )
-        items = response.get("Items", [])
-        if not items:
-            return None
-        text = await self._io.read_payload(items[0], f"thread {thread_id} summary")
-        return Summary(text=text, up_to_order=int(str(items[0]["sk"]["S"])[2:]))
+        return await latest_summary(self, thread_id, up_to)
 
 
 def dynamo_stores(
@@ -582,6 +591,11 @@ def dynamo_stores(
         page_size=page_size,
     )
     state = DynamoStateStore(
-        client, state_table=state_table, s3_client=s3_client, bucket=bucket, metrics=shared
+        client,
+        state_table=state_table,
+        s3_client=s3_client,
+        bucket=bucket,
+        metrics=shared,
+        conversation_table=conversation_table,
     )
     return conversation, state

@@ -72,6 +72,8 @@ def _value_size(value: Mapping[str, Any]) -> int:
         return len(str(value["S"]).encode())
     if "N" in value:
         return _NUMBER_SIZE
+    if "SS" in value:
+        return sum(len(str(v).encode()) for v in value["SS"])
     return 1
 
 
@@ -176,7 +178,21 @@ class DynamoIo:
             ) from exc
         except (BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise StoreError(f"DynamoDB {op} on table {table} failed: {type(exc).__name__}: {exc}") from exc
+        self._count_read(response)
         return response
+
+    def _count_read(self, response: Item) -> None:
+        """Items (and their estimated size) a read returned: ``Item``, ``Items`` or ``Responses``."""
+        items: list[Item] = []
+        if response.get("Item"):
+            items.append(response["Item"])
+        items.extend(response.get("Items", ()))
+        for found in (response.get("Responses") or {}).values():
+            if isinstance(found, list):
+                items.extend(found)
+        if items:
+            self.metrics.items_read += len(items)
+            self.metrics.bytes_read += sum(item_size(item) for item in items)
 
     def count_written(self, writes: Sequence[Write]) -> None:
         for write in writes:
@@ -216,6 +232,7 @@ class DynamoIo:
                 data: bytes = await stream.read()
         except (BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise StoreError(f"S3 GetObject {self.bucket}/{key} failed while reading: {exc}") from exc
+        self.metrics.bytes_read += len(data)
         # The key ends with the content hash: check it, so a truncated or swapped object is never decoded.
         if not key.endswith("-" + hashlib.sha256(data).hexdigest()[:16]):
             raise CorruptRowError(f"{what}: S3 object {key} does not match its content hash")
@@ -266,6 +283,29 @@ class DynamoIo:
             else:
                 raise StoreError(
                     f"DynamoDB BatchGetItem on table {table}: keys still unprocessed after retries"
+                )
+        return found
+
+    async def batch_get_many(self, keys: Sequence[tuple[str, Item]]) -> dict[str, list[Item]]:
+        """Consistent BatchGetItem of ``(table, key)`` pairs over any tables: one request per 100 keys
+        (plus retries of ``UnprocessedKeys``); the found items by table."""
+        found: dict[str, list[Item]] = {}
+        for chunk in chunks(keys, _BATCH_GET_KEYS):
+            request: Item = {}
+            for table, key in chunk:
+                request.setdefault(table, {"Keys": [], "ConsistentRead": True})["Keys"].append(key)
+            label = ",".join(request)
+            for attempt in range(_MAX_BATCH_ATTEMPTS):
+                response = await self.call("BatchGetItem", label, RequestItems=request)
+                for table, items in (response.get("Responses") or {}).items():
+                    found.setdefault(table, []).extend(items)
+                request = response.get("UnprocessedKeys") or {}
+                if not request:
+                    break
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+            else:
+                raise StoreError(
+                    f"DynamoDB BatchGetItem on tables {label}: keys still unprocessed after retries"
                 )
         return found
 

@@ -16,9 +16,20 @@ Item layout (``pk`` = thread id in both tables)::
                                     [journal journal_n]                  a flipped commit's pending journal
                                     [created_at]                         epoch milliseconds of the first commit
                                                                          (absent on heads written before it)
-                  R#{order:012d}    message_id cv [ep] (body | blob)     one history row, encoded item JSON
+                                    [fl] [oi] [dq] [ch]                  state flags: with ``fl`` = 1 the
+                                                                         string sets ``oi`` (open intents),
+                                                                         ``dq`` (deferred inputs), ``ch``
+                                                                         (pending choices) are exact, an
+                                                                         absent set meaning none; without
+                                                                         ``fl`` nothing is known (ask)
+                                    [sum] [sv]                           order the latest summary covers
+                                                                         (-1: none; absent: unknown, query
+                                                                         ``S#``) and the token of its copy
+                  R#{order:012d}    message_id cv [ep] (body | blob)       one history row, encoded item JSON
                   R#g{gen}#{order:012d}  (same)                          a row of a replaced history
                   S#{up_to:012d}    (body | blob)                        compaction summary text
+                  SUMMARY           up_to sv (body | blob)               copy of the latest summary, valid
+                                                                         only while the head's ``sv`` matches
                   C#{child_id}      seq                                  child index entry (spawn order)
                   U#{version:012d}  step_id model in out cr cw calls done    model usage of the commit
                                                                           that produced head ``version``
@@ -31,6 +42,8 @@ Item layout (``pk`` = thread id in both tables)::
                   D#{message_id}    (body | blob) seq                    DeferredInput JSON
                   CALL#{tool_call_id} (body | blob)                      indexed ToolCall JSON (spawn/subscribe)
                   COMPACTION        claim_id lease_expires               compaction in progress
+                  FLAGS_UNKNOWN                                          state was added before the thread
+                                                                         had a head: its flags are not exact
                   LIVE              version [text phase tool] [notices notice_seq] expires_at
                                                                          what a step is doing now, for clients
                   J#{token}#{n:06d} (body | blob) expires_at             journal entry: one chunk of actions
@@ -40,22 +53,44 @@ The state-table items are written by :mod:`~stepagent.stores.dynamodb_state`, ex
 :meth:`~stepagent.stores.dynamodb.DynamoConversationStore.note_inbound` before a step sends another thread
 a message, and its processed ids are deleted by the commit that records them, so a non-empty ``inbox``
 means a message is on its way to (or waiting in) that thread.
+
+The state flags and the summary pointer let a step read a thread in one ``BatchGetItem`` (head, the
+``SUMMARY`` copy, ``META`` and the batch's markers) and one ``Query`` of the rows after the summary,
+without querying state that is almost always empty. Who keeps them exact: a commit's head update (``oi``
+gains its intents, ``dq`` is recomputed from the head it was conditioned on), ``mark_intent_done`` and
+``add/remove_pending_choice`` (one transaction with the item they change), ``save_summary`` (``S#``, the
+copy and ``sum``/``sv`` in one transaction). Rewinds and replacements drop ``fl`` and ``sv`` (their
+cleanup changes state the sets do not track) and set ``sum``; heads written before these attributes
+existed have neither and are read the old way.
 """
 
 from __future__ import annotations
 
-from stepagent.stores.base import ThreadInfo, ThreadKind, UsageRecord
-from stepagent.stores.dynamodb_io import Item, item_key, n_attr, s_attr
+import time
+
+from stepagent.stores.base import Commit, ThreadInfo, ThreadKind, UsageRecord
+from stepagent.stores.dynamodb_io import Item, Write, item_key, n_attr, s_attr, update
 
 __all__ = [
     "CHILD_PREFIX",
+    "CHOICES_ATTRIBUTE",
     "CREATED_AT_ATTRIBUTE",
+    "DEFERRED_ATTRIBUTE",
+    "FLAGS_ATTRIBUTE",
     "HEAD_SK",
     "INBOX_ATTRIBUTE",
+    "INTENTS_ATTRIBUTE",
+    "LATEST_SUMMARY_SK",
+    "SUMMARY_ORDER_ATTRIBUTE",
+    "SUMMARY_TOKEN_ATTRIBUTE",
     "TURN_COMPLETE_ATTRIBUTE",
+    "deferred_after",
+    "head_after",
     "head_generation",
     "head_inbox",
     "head_item",
+    "head_set",
+    "head_update",
     "info_from_item",
     "row_generation",
     "row_sk",
@@ -71,6 +106,13 @@ USAGE_PREFIX = "U#"
 TURN_COMPLETE_ATTRIBUTE = "turn_complete"
 INBOX_ATTRIBUTE = "inbox"
 CREATED_AT_ATTRIBUTE = "created_at"
+FLAGS_ATTRIBUTE = "fl"
+INTENTS_ATTRIBUTE = "oi"
+DEFERRED_ATTRIBUTE = "dq"
+CHOICES_ATTRIBUTE = "ch"
+SUMMARY_ORDER_ATTRIBUTE = "sum"
+SUMMARY_TOKEN_ATTRIBUTE = "sv"
+LATEST_SUMMARY_SK = "SUMMARY"
 
 
 def row_sk(order: int, generation: str = "") -> str:
@@ -94,6 +136,11 @@ def head_generation(head: Item) -> str:
 def head_inbox(head: Item) -> frozenset[str]:
     """The logical ids of messages other threads sent this thread that it has not processed yet."""
     return frozenset(str(value) for value in head.get(INBOX_ATTRIBUTE, {}).get("SS", []))
+
+
+def head_set(head: Item, attribute: str) -> set[str]:
+    """A string-set attribute of the head (empty when absent)."""
+    return {str(value) for value in head.get(attribute, {}).get("SS", [])}
 
 
 def summary_sk(up_to: int) -> str:
@@ -127,8 +174,10 @@ def info_from_item(item: Item) -> ThreadInfo:
     )
 
 
-def head_item(info: ThreadInfo) -> Item:
-    """The ``HEAD`` item of ``info`` (optional fields are omitted when unset; no generation)."""
+def head_item(info: ThreadInfo, *, fresh: bool = False) -> Item:
+    """The ``HEAD`` item of ``info`` (optional fields are omitted when unset; no generation). ``fresh``:
+    a thread created with no state at all, so its state flags are exact from the start (empty sets, no
+    summary)."""
     item: Item = {
         **item_key(info.thread_id, HEAD_SK),
         "root_id": s_attr(info.root_id),
@@ -147,6 +196,9 @@ def head_item(info: ThreadInfo) -> Item:
         item["epoch"] = n_attr(info.epoch)
     if info.turn_complete is not None:
         item[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": info.turn_complete}
+    if fresh:
+        item[FLAGS_ATTRIBUTE] = n_attr(1)
+        item[SUMMARY_ORDER_ATTRIBUTE] = n_attr(-1)
     return item
 
 
@@ -187,3 +239,123 @@ def usage_from_item(item: Item) -> UsageRecord:
         version=int(str(item["sk"]["S"])[len(USAGE_PREFIX) :]),
         **counts,
     )
+
+
+# ---- the commit's head update (pure: the store runs it) ----------------------------------------------
+
+
+def head_update(
+    table: str,
+    info: ThreadInfo,
+    new_tail: int,
+    commit: Commit | None = None,
+    deferred: set[str] | None = None,
+) -> Write:
+    """Move the head from ``info.version`` to ``info.version + 1`` and ``new_tail``, only if it is still at
+    ``info.version``. At version 0 this creates the root record, keeping one a spawn already made. A
+    ``commit`` also sets the turn flag, takes the ids it processed out of the ``inbox``, adds its
+    intents to the open-intent set and sets the deferred set to ``deferred`` (``None``: unchanged)."""
+    names = {"#v": "version", "#t": "tail"}
+    values: Item = {":nv": n_attr(info.version + 1), ":nt": n_attr(new_tail), ":e": n_attr(info.version)}
+    sets = ["#v = :nv", "#t = :nt"]
+    removes: list[str] = []
+    adds: list[str] = []
+    deletes: list[str] = []
+    condition = "#v = :e"
+    if commit is not None:
+        names["#tc"] = TURN_COMPLETE_ATTRIBUTE
+        values[":tc"] = {"BOOL": commit.turn_complete}
+        sets.append("#tc = :tc")
+        processed = sorted(set(commit.processed_message_ids))
+        if processed:
+            names["#in"] = INBOX_ATTRIBUTE
+            values[":in"] = {"SS": processed}
+            deletes.append("#in :in")
+        intents = sorted({intent.tool_call_id for intent in commit.intents_added})
+        if intents:
+            names["#oi"] = INTENTS_ATTRIBUTE
+            values[":oi"] = {"SS": intents}
+            adds.append("#oi :oi")
+        if deferred is not None:
+            names["#dq"] = DEFERRED_ATTRIBUTE
+            if deferred:
+                values[":dq"] = {"SS": sorted(deferred)}
+                sets.append("#dq = :dq")
+            else:
+                removes.append("#dq")
+    if info.version == 0:
+        names.update(
+            {
+                "#pk": "pk",
+                "#r": "root_id",
+                "#k": "kind",
+                "#c": "closed",
+                "#fl": FLAGS_ATTRIBUTE,
+                "#sum": SUMMARY_ORDER_ATTRIBUTE,
+                "#ca": CREATED_AT_ATTRIBUTE,
+            }
+        )
+        values.update(
+            {
+                ":r": s_attr(info.thread_id),
+                ":k": s_attr(ThreadKind.ROOT.value),
+                ":f": {"BOOL": False},
+                ":one": n_attr(1),
+                ":none": n_attr(-1),
+                ":ca": n_attr(int(time.time() * 1000)),
+            }
+        )
+        # A thread's first commit finds no state (nothing is stored before it), so its flags are exact.
+        sets += [
+            "#r = if_not_exists(#r, :r)",
+            "#k = if_not_exists(#k, :k)",
+            "#c = if_not_exists(#c, :f)",
+            "#fl = if_not_exists(#fl, :one)",
+            "#sum = if_not_exists(#sum, :none)",
+            "#ca = if_not_exists(#ca, :ca)",  # when the thread's first commit landed (the console's list)
+        ]
+        condition = "attribute_not_exists(#pk) OR #v = :e"
+    expression = "SET " + ", ".join(sets)
+    for clause, parts in (("REMOVE", removes), ("ADD", adds), ("DELETE", deletes)):
+        if parts:
+            expression += f" {clause} " + ", ".join(parts)
+    return update(
+        table,
+        item_key(info.thread_id, HEAD_SK),
+        expression,
+        names,
+        values,
+        ConditionExpression=condition,
+    )
+
+
+def deferred_after(head: Item | None, commit: Commit) -> set[str] | None:
+    """The deferred-input set after ``commit`` (``None``: the commit does not change it). Exact because the
+    commit is conditioned on the version of ``head``, and only versioned writes change deferrals."""
+    if not commit.deferred_added and not commit.deferred_removed:
+        return None
+    current = head_set(head, DEFERRED_ATTRIBUTE) if head else set()
+    removed = set(commit.deferred_removed)
+    return (current | {d.message_id for d in commit.deferred_added}) - removed
+
+
+def head_after(head: Item, new: ThreadInfo, commit: Commit, deferred: set[str] | None) -> Item:
+    """The head item ``commit`` left (as far as a later commit reads it: version, tail, epoch, generation,
+    deferred set; the inbox and intent sets for completeness)."""
+    after = {k: v for k, v in head.items() if k not in ("journal", "journal_n")}  # dynamodb_journal's
+    after["version"] = n_attr(new.version)
+    after["tail"] = n_attr(new.tail)
+    after[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": commit.turn_complete}
+    inbox = head_inbox(head) - set(commit.processed_message_ids)
+    sets = {
+        INBOX_ATTRIBUTE: inbox,
+        INTENTS_ATTRIBUTE: head_set(head, INTENTS_ATTRIBUTE) | {i.tool_call_id for i in commit.intents_added},
+    }
+    if deferred is not None:
+        sets[DEFERRED_ATTRIBUTE] = deferred
+    for name, values in sets.items():
+        if values:
+            after[name] = {"SS": sorted(values)}
+        else:
+            after.pop(name, None)
+    return after

@@ -52,7 +52,10 @@ from stepagent.stores.dynamodb_io import (
 from stepagent.stores.dynamodb_journal import flip as journal_flip
 from stepagent.stores.dynamodb_layout import (
     CHILD_PREFIX,
+    FLAGS_ATTRIBUTE,
     HEAD_SK,
+    SUMMARY_ORDER_ATTRIBUTE,
+    SUMMARY_TOKEN_ATTRIBUTE,
     head_generation,
     head_item,
     info_from_item,
@@ -80,6 +83,10 @@ class ConversationTable(Protocol):
     async def _get_head(self, thread_id: str) -> Item | None: ...
 
     async def _transact(self, thread_id: str, writes: list[Write]) -> None: ...
+
+    async def latest_summary(self, thread_id: str, up_to: int | None = None) -> Summary | None: ...
+
+    def _remember(self, thread_id: str, head: Item | None) -> None: ...
 
 
 def _versioned_head(head: Item | None, thread_id: str, expected: int) -> None:
@@ -154,18 +161,37 @@ async def rewind_thread(store: ConversationTable, thread_id: str, rewind: Rewind
     if not 0 <= rewind.to_order <= info.tail:
         raise InvalidRewindError(f"thread {thread_id}: cannot rewind to {rewind.to_order} (tail {info.tail})")
     markers, cleanup, late = _cleanup_writes(store, thread_id, rewind.cleanup, set())
+    # The summary pointer moves to the latest summary the cut keeps; the state flags are dropped (the
+    # cleanup changes state they do not track), so readers ask the state table again.
+    removed = set(rewind.summaries_removed)
+    bound: int | None = rewind.to_order
+    kept = None
+    while bound is not None and bound >= 0:
+        kept = await store.latest_summary(thread_id, up_to=bound)
+        if kept is None or kept.up_to_order not in removed:
+            break
+        bound, kept = kept.up_to_order - 1, None
     await store._io.batch_delete(store.state_table, markers)
+    store._remember(thread_id, None)
     # A new epoch: the orders past the cut will be reused, and (order, epoch) tells their rows apart.
     head_update = update(
         store.table,
         item_key(thread_id, HEAD_SK),
-        "SET #v = :nv, #t = :nt, #ep = :ep",
-        {"#v": "version", "#t": "tail", "#ep": "epoch"},
+        "SET #v = :nv, #t = :nt, #ep = :ep, #sum = :sum REMOVE #fl, #sv",
+        {
+            "#v": "version",
+            "#t": "tail",
+            "#ep": "epoch",
+            "#sum": SUMMARY_ORDER_ATTRIBUTE,
+            "#fl": FLAGS_ATTRIBUTE,
+            "#sv": SUMMARY_TOKEN_ATTRIBUTE,
+        },
         {
             ":nv": n_attr(info.version + 1),
             ":nt": n_attr(rewind.to_order),
             ":e": n_attr(info.version),
             ":ep": n_attr(info.epoch + 1),
+            ":sum": n_attr(kept.up_to_order if kept is not None else -1),
         },
         ConditionExpression="#v = :e",
     )
@@ -278,6 +304,7 @@ class DynamoStaging:
             entry = {**item_key(new.parent_id, f"{CHILD_PREFIX}{thread_id}"), "seq": n_attr(insertion_seq())}
             writes.insert(1, put(store.table, entry))
             with_head = 2  # a new child's index entry lands with its head, whatever else is journaled
+        store._remember(thread_id, None)
         await _apply(store, thread_id, writes, late, with_head=with_head)
         self._flipped = True
         return new
@@ -285,17 +312,32 @@ class DynamoStaging:
     def _head_write(self, new: ThreadInfo) -> Write:
         store = self._store
         if self._head is None:  # a new thread: the flip creates its head, only if nobody else did
-            item = head_item(new) | {"gen": s_attr(self.generation)}
+            item = head_item(new) | {
+                "gen": s_attr(self.generation),
+                SUMMARY_ORDER_ATTRIBUTE: n_attr(max(self._summaries, default=-1)),
+            }
             return put(store.table, item, "attribute_not_exists(#pk)", {"#pk": "pk"})
-        names = {"#v": "version", "#t": "tail", "#g": "gen", "#pg": "pending_gen", "#pa": "pending_at"}
+        names = {
+            "#v": "version",
+            "#t": "tail",
+            "#g": "gen",
+            "#pg": "pending_gen",
+            "#pa": "pending_at",
+            "#sum": SUMMARY_ORDER_ATTRIBUTE,
+            "#fl": FLAGS_ATTRIBUTE,
+            "#sv": SUMMARY_TOKEN_ATTRIBUTE,
+        }
         values: Item = {
             ":nv": n_attr(new.version),
             ":nt": n_attr(new.tail),
             ":g": s_attr(self.generation),
             ":e": n_attr(self._expected),
+            ":sum": n_attr(max(self._summaries, default=-1)),
         }
-        sets = ["#v = :nv", "#t = :nt", "#g = :g"]
-        removes = ["#pg", "#pa"]
+        # The staged summaries are the thread's now (the pointer names the latest); the state flags are
+        # dropped, since the replacement's state and cleanup change what they track.
+        sets = ["#v = :nv", "#t = :nt", "#g = :g", "#sum = :sum"]
+        removes = ["#pg", "#pa", "#fl", "#sv"]
         fields = head_item(new)
         for name in ("root_id", "kind", "closed", "parent_id", "spawn_order", "spawn_tool_call_id", "epoch"):
             names[f"#{name}"] = name

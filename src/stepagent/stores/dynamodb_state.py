@@ -8,6 +8,11 @@ What it guarantees (beyond the port's contract, which it meets exactly like the 
 - Ordered sets (intents, deferred inputs, pending choices) keep their insertion order through a ``seq``
   attribute written only on first insert (``if_not_exists``), the way a dict keeps a replaced key's
   position; listing them is one Query on the sort-key prefix, sorted by ``seq``.
+- With the conversation table known (:func:`~stepagent.stores.dynamodb.dynamo_stores` passes it), marking
+  an intent done and adding or removing a pending choice change the item and the head's state-flag set
+  (``oi`` / ``ch``, see ``dynamodb_layout``) in one transaction, so the head's flags stay exact; a thread
+  without a head gets the plain write (and, for an addition, a ``FLAGS_UNKNOWN`` item that tells readers
+  the head's flags do not cover that thread).
 - :func:`state_writes` produces the commit's state actions with the in-memory semantics (later entries
   win, removals apply after additions) and at most one action per item, as a transaction requires.
 """
@@ -19,6 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from stepagent.errors import StoreError
 from stepagent.messages import InputMessage, ToolCall, UserChoiceRequired
 from stepagent.stores.base import Commit, DeferredInput, DispatchIntent
 from stepagent.stores.dynamodb_io import (
@@ -26,6 +32,7 @@ from stepagent.stores.dynamodb_io import (
     AwsClient,
     ConditionFailed,
     DynamoIo,
+    TransactionCancelled,
     Write,
     delete,
     insertion_seq,
@@ -41,6 +48,8 @@ from stepagent.stores.metrics import StoreMetrics
 __all__ = ["MARKER_TTL_S", "DynamoStateStore", "state_writes"]
 
 META_SK = "META"
+#: Present when state was added to a thread before it had a head: its head's state flags are not exact.
+FLAGS_UNKNOWN_SK = "FLAGS_UNKNOWN"
 COMPACTION_SK = "COMPACTION"
 CACHE_SK = "CACHE"
 # Intents and deferrals are ordered by commit: head versions only grow, the index orders within a commit.
@@ -118,10 +127,51 @@ class DynamoStateStore:
         s3_client: AwsClient | None = None,
         bucket: str | None = None,
         metrics: StoreMetrics | None = None,
+        conversation_table: str | None = None,
     ) -> None:
         self.table = state_table
+        self.conversation_table = conversation_table
         self.metrics = metrics if metrics is not None else StoreMetrics()
         self._io = DynamoIo(client, s3_client, bucket, self.metrics)
+
+    async def _with_head_flag(
+        self, write: Write, thread_id: str, attribute: str, op: str, value: str
+    ) -> None:
+        """``write`` and ``{op} {attribute} {value}`` on the thread's head (``ADD`` / ``DELETE`` of a
+        string-set member) in one transaction; only ``write`` when the head does not exist or the
+        conversation table is unknown."""
+        if self.conversation_table is None:
+            await self._io.write(write)
+            return
+        flag = update(
+            self.conversation_table,
+            item_key(thread_id, "HEAD"),
+            f"{op} #f :f",
+            {"#f": attribute, "#pk": "pk"},
+            {":f": {"SS": [value]}},
+            ConditionExpression="attribute_exists(#pk)",
+        )
+        writes = [flag, write]
+        for attempt in range(3):
+            try:
+                await self._io.call(
+                    "TransactWriteItems", self.table, TransactItems=[w.action() for w in writes]
+                )
+            except TransactionCancelled as exc:
+                if exc.reasons[:1] == ["ConditionalCheckFailed"]:
+                    break  # no head: nothing to flag
+                if "TransactionConflict" in exc.reasons and attempt < 2:
+                    continue  # the thread's own commit touched the head at the same moment
+                raise StoreError(
+                    f"updating {attribute} of thread {thread_id} was cancelled: {', '.join(exc.reasons)}"
+                ) from None
+            self._io.count_written(writes)
+            return
+        await self._io.write(write)
+        if op == "ADD":
+            # State for a thread without a head (a choice before its first commit): the head its first
+            # commit creates would claim to know this thread's state. The marker tells readers it does not.
+            await self._io.write(put(self.table, item_key(thread_id, FLAGS_UNKNOWN_SK)))
 
     async def _present(self, thread_id: str, prefix: str, ids: Sequence[str]) -> set[str]:
         unique = list(dict.fromkeys(ids))  # BatchGetItem rejects duplicate keys
@@ -177,10 +227,11 @@ class DynamoStateStore:
         write = await payload_write(
             self._io, self.table, thread_id, sk, choice.model_dump_json(), insertion_seq()
         )
-        await self._io.write(write)
+        await self._with_head_flag(write, thread_id, "ch", "ADD", choice.id)
 
     async def remove_pending_choice(self, thread_id: str, choice_id: str) -> None:
-        await self._io.write(delete(self.table, item_key(thread_id, f"CHOICE#{choice_id}")))
+        write = delete(self.table, item_key(thread_id, f"CHOICE#{choice_id}"))
+        await self._with_head_flag(write, thread_id, "ch", "DELETE", choice_id)
 
     async def open_intents(self, thread_id: str) -> list[DispatchIntent]:
         intents = []
@@ -197,7 +248,8 @@ class DynamoStateStore:
         return intents
 
     async def mark_intent_done(self, thread_id: str, tool_call_id: str) -> None:
-        await self._io.write(delete(self.table, item_key(thread_id, f"I#{tool_call_id}")))
+        write = delete(self.table, item_key(thread_id, f"I#{tool_call_id}"))
+        await self._with_head_flag(write, thread_id, "oi", "DELETE", tool_call_id)
 
     async def deferred_inputs(self, thread_id: str) -> list[DeferredInput]:
         deferred = []
