@@ -54,6 +54,7 @@ REPLAY_WINDOW = 200
 
 
 def event_id(thread_id: str, *parts: str) -> str:
+    """The stable ``event_id`` of an output event of ``thread_id`` identified by ``parts``."""
     return derived_id("output", thread_id, *parts)
 
 

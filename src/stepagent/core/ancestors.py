@@ -38,6 +38,8 @@ class LoadedHistory:
 
 @dataclass(slots=True)
 class AncestorLink:
+    """One ancestor on a thread's path to its root and how much of its log the path inherits (``cutoff``)."""
+
     thread_id: str
     cutoff: int
 

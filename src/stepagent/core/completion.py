@@ -98,6 +98,8 @@ class RetryPolicy:
 
 @dataclass(slots=True)
 class CompletionOutcome:
+    """What the completion phase decided: the asynchronous call to dispatch, usage, and how it ended."""
+
     action: ToolCallItem | None = None
     usage: Usage | None = None
     step_usage: Usage | None = None
@@ -112,6 +114,8 @@ ContextFactory = Callable[[str, str | None], ToolContext]
 
 @dataclass(slots=True)
 class CompletionRunner:
+    """Runs the model rounds of one step against one thread's history (inline tools, retries, streaming)."""
+
     history: HistoryManager
     provider: ModelProvider
     toolset: Toolset

@@ -133,6 +133,8 @@ def should_compact(usage: Usage | None, context_window: int, threshold: float = 
 
 @dataclass(slots=True)
 class StepOutcome:
+    """What one step of one thread did: whether it ran to its commit, the model usage, the error if any."""
+
     thread_id: str
     completed: bool = False
     usage: Usage | None = None
@@ -142,6 +144,8 @@ class StepOutcome:
 
 @dataclass(frozen=True, slots=True)
 class StepInput:
+    """One input of a step: the message and its logical id (the dedup id every redelivery carries)."""
+
     message: InputMessage
     message_id: str
 

@@ -20,6 +20,8 @@ from stepagent.stores.base import ConversationStore, StateStore
 
 @dataclass(frozen=True, slots=True)
 class ThreadResult:
+    """The result of one thread's step in a batch: its outcome, or the error that failed its records."""
+
     thread_id: str
     outcome: StepOutcome | None = None
     error: BaseException | None = None
@@ -30,6 +32,7 @@ class ThreadResult:
 
 
 def group_by_thread(batch: Sequence[StepInput]) -> dict[str, list[StepInput]]:
+    """The batch's inputs per thread (``group_id``), each thread's in arrival order."""
     groups: dict[str, list[StepInput]] = {}
     for item in batch:
         groups.setdefault(item.message.group_id, []).append(item)

@@ -29,6 +29,8 @@ DEFAULT_CONTEXT_WINDOW = 32_768
 
 @dataclass(frozen=True, slots=True)
 class CatalogEntry:
+    """What the catalog knows of a model: context window, output limit, image input."""
+
     context_window: int
     max_output_tokens: int
     images: bool = True

@@ -1,0 +1,1 @@
+"""The store ports and their in-memory and DynamoDB implementations."""

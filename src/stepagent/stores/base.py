@@ -38,6 +38,8 @@ from stepagent.messages import InputMessage, ToolCall, UserChoiceRequired
 
 
 class ThreadKind(StrEnum):
+    """Why a thread exists: a root conversation, a spawned child, an event child or a compaction child."""
+
     ROOT = "root"
     CHILD = "child"
     SUBSCRIPTION_EVENT = "subscription_event"
@@ -68,6 +70,8 @@ class ThreadInfo:
 
 @dataclass(frozen=True, slots=True)
 class StoredRow:
+    """One committed history row: its 1-based order, the input id that produced it, the item, its epoch."""
+
     order: int
     message_id: str
     item: HistoryItem

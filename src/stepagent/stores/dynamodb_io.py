@@ -48,18 +48,22 @@ _NUMBER_SIZE = 11
 
 
 def s_attr(value: str) -> dict[str, str]:
+    """A DynamoDB string attribute value."""
     return {"S": value}
 
 
 def n_attr(value: int) -> dict[str, str]:
+    """A DynamoDB number attribute value."""
     return {"N": str(value)}
 
 
 def item_key(pk: str, sk: str) -> Item:
+    """The primary key of item (``pk``, ``sk``) in either table."""
     return {"pk": s_attr(pk), "sk": s_attr(sk)}
 
 
 def chunks(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """``seq`` in consecutive slices of at most ``size`` items."""
     for start in range(0, len(seq), size):
         yield seq[start : start + size]
 
@@ -78,6 +82,7 @@ def _value_size(value: Mapping[str, Any]) -> int:
 
 
 def item_size(item: Mapping[str, Any]) -> int:
+    """An item's size as DynamoDB counts it against the 400 KB item and 4 MB transaction limits."""
     return sum(len(name.encode()) + _value_size(value) for name, value in item.items())
 
 
@@ -103,6 +108,7 @@ def put(
     *,
     is_row: bool = False,
 ) -> Write:
+    """A Put of ``item``, optionally conditioned; ``is_row`` marks a history row (its conflicts are debris)."""
     request: Item = {"TableName": table, "Item": item}
     if condition is not None:
         request["ConditionExpression"] = condition
@@ -114,12 +120,14 @@ def put(
 
 
 def delete(table: str, key: Item) -> Write:
+    """An unconditional Delete of the item at ``key``."""
     return Write("Delete", {"TableName": table, "Key": key}, item_size(key))
 
 
 def update(
     table: str, key: Item, expression: str, names: dict[str, str], values: Item, **extra: Any
 ) -> Write:
+    """An Update of the item at ``key`` (``extra`` carries e.g. a ``ConditionExpression``)."""
     request: Item = {
         "TableName": table,
         "Key": key,
@@ -138,6 +146,8 @@ class ConditionFailed(Exception):
 
 
 class TransactionCancelled(Exception):
+    """A cancelled ``TransactWriteItems``, with DynamoDB's cancellation reason per action, in order."""
+
     def __init__(self, reasons: list[str]) -> None:
         super().__init__(", ".join(reasons))
         self.reasons = reasons
@@ -345,6 +355,7 @@ class DynamoIo:
 
 
 def marker_item(thread_id: str, sk: str) -> Item:
+    """A processed/answered marker item: its key and a TTL (``expires_at``) of ``MARKER_TTL_S``."""
     return {**item_key(thread_id, sk), "expires_at": n_attr(int(time.time()) + MARKER_TTL_S)}
 
 

@@ -61,6 +61,7 @@ class LiveState:
 
 
 def decode_live(item: Item | None) -> LiveState:
+    """The ``LIVE`` item as a :class:`LiveState` (an empty state when there is none)."""
     if not item:
         return LiveState()
 
@@ -88,6 +89,7 @@ def decode_live(item: Item | None) -> LiveState:
 
 
 def live_key(thread_id: str) -> Item:
+    """The key of a thread's ``LIVE`` item in the state table."""
     return item_key(thread_id, LIVE_SK)
 
 

@@ -153,6 +153,7 @@ async def _apply(
 
 
 async def rewind_thread(store: ConversationTable, thread_id: str, rewind: Rewind) -> ThreadInfo:
+    """Drop the rows after ``rewind.to_order`` in one conditional head update (a new epoch)."""
     head = await store._read_head(thread_id)
     _versioned_head(head, thread_id, rewind.expected_version)
     if head is None:
@@ -207,6 +208,7 @@ async def rewind_thread(store: ConversationTable, thread_id: str, rewind: Rewind
 
 
 async def stage_history(store: ConversationTable, thread_id: str, expected_version: int) -> DynamoStaging:
+    """Start replacing a thread's whole history: rows are staged under a new generation, then flipped."""
     head = await store._read_head(thread_id)
     _versioned_head(head, thread_id, expected_version)
     staging = DynamoStaging(store, thread_id, uuid.uuid4().hex[:16], expected_version, head)
@@ -410,6 +412,7 @@ async def _keys(store: ConversationTable, thread_id: str, lo: str, hi: str) -> A
 async def sweep_generations(
     store: ConversationTable, thread_id: str, *, now: float, lease_seconds: float
 ) -> int:
+    """Delete the rows of replaced or abandoned generations whose lease expired; the count deleted."""
     head = await store._read_head(thread_id)
     if head is None:
         return 0

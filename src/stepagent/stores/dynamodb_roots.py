@@ -54,6 +54,8 @@ class RootSummary:
 
 @dataclass(frozen=True, slots=True)
 class RootListing:
+    """A page of root conversations from the table scan, and whether the scan reached the end."""
+
     roots: list[RootSummary]
     #: False when ``max_pages`` stopped the scan before the end of the table.
     complete: bool

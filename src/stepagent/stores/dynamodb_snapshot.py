@@ -94,6 +94,7 @@ async def open_thread(
     tool_call_ids: Sequence[str] = (),
     known: KnownRows | None = None,
 ) -> ThreadSnapshot:
+    """What a step reads first (head, summary, metadata, the batch's markers, rows), in the fewest requests."""
     io, table, state_table = store._io, store.table, store.state_table
     processed_ids = list(dict.fromkeys(message_ids))
     answered_ids = list(dict.fromkeys(tool_call_ids))
@@ -184,6 +185,7 @@ async def _summary(store: SnapshotTable, head: Item, copy: Item | None, order: i
 
 
 async def save_summary(store: SnapshotTable, thread_id: str, summary: Summary) -> None:
+    """Store a compaction summary and its copy under the fixed latest-summary key."""
     sk = summary_sk(summary.up_to_order)
     payload = await store._io.payload(summary.text, f"summaries/{thread_id}/{sk}")
     canonical = put(store.table, item_key(thread_id, sk) | payload)
@@ -222,6 +224,7 @@ async def save_summary(store: SnapshotTable, thread_id: str, summary: Summary) -
 
 
 async def latest_summary(store: SnapshotTable, thread_id: str, up_to: int | None = None) -> Summary | None:
+    """The latest summary covering at most ``up_to`` (all when ``None``; none when negative)."""
     if up_to is not None and up_to < 0:
         return None
     response = await store._io.call(

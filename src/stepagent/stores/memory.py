@@ -65,6 +65,8 @@ class _Staged:
 
 @dataclass(slots=True)
 class MemoryBackend:
+    """The in-memory tables both memory stores share: threads, rows, summaries, state."""
+
     threads: dict[str, ThreadInfo] = field(default_factory=dict)
     rows: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)  # [(message_id, json, epoch)]
     summaries: dict[str, dict[int, str]] = field(default_factory=dict)
