@@ -8,7 +8,7 @@ SAM_VENV := .venv-sam
 SAM := $(SAM_VENV)/bin/sam
 SAM_STAMP := $(SAM_VENV)/.installed
 
-.PHONY: setup run test lint lint-template bench deploy clean
+.PHONY: setup run test lint lint-template bench coverage deploy clean
 
 setup: $(STAMP)
 
@@ -71,6 +71,10 @@ build-RuntimeLayer:
 ## bench: benchmarks, results in docs/benchmarks.json (not part of make test)
 bench: setup
 	$(PY) -m bench
+
+## coverage: the whole suite with a line-coverage report of src/stepagent (missing lines per file)
+coverage: setup
+	$(PY) -m pytest --cov=stepagent --cov-report=term-missing:skip-covered
 
 clean:
 	rm -rf $(VENV) $(SAM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
