@@ -282,18 +282,7 @@ class DynamoIo:
             spec: Item = {"Keys": list(chunk), "ConsistentRead": True}
             if keys_only:
                 spec.update(ProjectionExpression="#sk", ExpressionAttributeNames={"#sk": "sk"})
-            request: Item = {table: spec}
-            for attempt in range(_MAX_BATCH_ATTEMPTS):
-                response = await self.call("BatchGetItem", table, RequestItems=request)
-                found.extend(response.get("Responses", {}).get(table, []))
-                request = response.get("UnprocessedKeys") or {}
-                if not request:
-                    break
-                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
-            else:
-                raise StoreError(
-                    f"DynamoDB BatchGetItem on table {table}: keys still unprocessed after retries"
-                )
+            found.extend((await self._batch_get_request({table: spec}, table)).get(table, []))
         return found
 
     async def batch_get_many(self, keys: Sequence[tuple[str, Item]]) -> dict[str, list[Item]]:
@@ -304,20 +293,23 @@ class DynamoIo:
             request: Item = {}
             for table, key in chunk:
                 request.setdefault(table, {"Keys": [], "ConsistentRead": True})["Keys"].append(key)
-            label = ",".join(request)
-            for attempt in range(_MAX_BATCH_ATTEMPTS):
-                response = await self.call("BatchGetItem", label, RequestItems=request)
-                for table, items in (response.get("Responses") or {}).items():
-                    found.setdefault(table, []).extend(items)
-                request = response.get("UnprocessedKeys") or {}
-                if not request:
-                    break
-                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
-            else:
-                raise StoreError(
-                    f"DynamoDB BatchGetItem on tables {label}: keys still unprocessed after retries"
-                )
+            for table, items in (await self._batch_get_request(request, ",".join(request))).items():
+                found.setdefault(table, []).extend(items)
         return found
+
+    async def _batch_get_request(self, request: Item, label: str) -> dict[str, list[Item]]:
+        """One BatchGetItem ``request`` (at most 100 keys), retrying ``UnprocessedKeys`` with backoff; the
+        found items by table. ``label`` names the table(s) in the metrics and the error."""
+        found: dict[str, list[Item]] = {}
+        for attempt in range(_MAX_BATCH_ATTEMPTS):
+            response = await self.call("BatchGetItem", label, RequestItems=request)
+            for table, items in (response.get("Responses") or {}).items():
+                found.setdefault(table, []).extend(items)
+            request = response.get("UnprocessedKeys") or {}
+            if not request:
+                return found
+            await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+        raise StoreError(f"DynamoDB BatchGetItem on {label}: keys still unprocessed after retries")
 
     async def batch_put(self, table: str, items: Sequence[Item]) -> None:
         """BatchWriteItem in chunks of 25, retrying ``UnprocessedItems`` with backoff."""
