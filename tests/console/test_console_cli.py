@@ -69,6 +69,9 @@ def test_run_console_serves_the_demo_conversation_until_ctrl_c() -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+        for pipe in (process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
 
 
 class FakeSts:
