@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from bench.step_costs import peer_script, user_text
 from bench.workload import Workload
-from stepagent.core.thread_cache import CachedThread, ThreadCache, cache_bytes_from_env, item_bytes
+from stepagent.core.thread_cache import CachedThread, ThreadCache, item_bytes
 from stepagent.history_items import AssistantText, Summary
 from stepagent.lifecycle.rewind import rewind_thread
 from stepagent.messages import InputMessage
@@ -40,11 +42,14 @@ def test_the_cache_stays_within_its_bytes_evicting_least_recently_used() -> None
     assert ThreadCache(max_bytes=0).get("a") is None
 
 
-def test_cache_bound_setting(monkeypatch: Any) -> None:
-    monkeypatch.delenv("STEPAGENT_THREAD_CACHE_BYTES", raising=False)
-    assert cache_bytes_from_env() == 8 * 2**20
-    monkeypatch.setenv("STEPAGENT_THREAD_CACHE_BYTES", "0")
-    assert cache_bytes_from_env() == 0
+def test_cache_bound_setting() -> None:
+    from stepagent.aws.settings import Settings
+    from stepagent.errors import ConfigurationError
+
+    assert Settings.from_env({}).thread_cache_bytes == 8 * 2**20
+    assert Settings.from_env({"STEPAGENT_THREAD_CACHE_BYTES": "0"}).thread_cache_bytes == 0
+    with pytest.raises(ConfigurationError, match="STEPAGENT_THREAD_CACHE_BYTES"):
+        Settings.from_env({"STEPAGENT_THREAD_CACHE_BYTES": "-1"})
 
 
 class Recording:

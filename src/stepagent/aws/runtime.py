@@ -41,7 +41,7 @@ from stepagent.aws.tool_runner import SqsFunctionRunner, handle_tool_batch
 from stepagent.aws.worker import CountingMetrics, MetricsSink, Worker
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.step import StepConfig
-from stepagent.core.thread_cache import ThreadCache, cache_bytes_from_env
+from stepagent.core.thread_cache import ThreadCache
 from stepagent.errors import ConfigurationError
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelProvider
@@ -227,7 +227,7 @@ class AwsRuntime:
             agent=self.agent,
             providers=self.profile_providers,
             tracer=self.tracer,
-            thread_cache=ThreadCache(cache_bytes_from_env()),
+            thread_cache=ThreadCache(settings.thread_cache_bytes),
         )
         self._system = AgentSystem(conversation, state, config)
         self.live = LiveText(self.dynamodb, str(settings.state_table), enabled=settings.live_text)

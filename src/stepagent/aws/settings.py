@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from stepagent.agent_config import AGENT_SETTING_NAMES, AgentConfig, agent_config_from_env, search_roots
+from stepagent.core.thread_cache import DEFAULT_CACHE_BYTES
 from stepagent.errors import ConfigurationError
 from stepagent.tools.mcp_config import McpServer
 
@@ -57,6 +58,7 @@ KNOWN_NAMES = frozenset(
         "STEPAGENT_SCHEDULER_ROLE_ARN",
         "STEPAGENT_SCHEDULER_DLQ_ARN",
         "STEPAGENT_MAX_RECEIVE_COUNT",
+        "STEPAGENT_THREAD_CACHE_BYTES",
         "STEPAGENT_STATE_DIR",
         "STEPAGENT_CRASH_SEED",
         "STEPAGENT_CRASH_RUNS",
@@ -101,6 +103,8 @@ class Settings:
     #: The input queue's maxReceiveCount: on a record's last allowed attempt the worker gives up on it
     #: itself (DLQ copy, ``error`` event with ``retrying: false``), so the thread's later records proceed.
     max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT
+    #: Bytes of loaded threads a warm worker keeps (``STEPAGENT_THREAD_CACHE_BYTES``; 0 turns the cache off).
+    thread_cache_bytes: int = DEFAULT_CACHE_BYTES
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -131,6 +135,9 @@ class Settings:
                     f"STEPAGENT_RAP_SERVERS contains {url!r}, which is not an http(s) URL"
                 )
         return cls(
+            thread_cache_bytes=_byte_count(
+                "STEPAGENT_THREAD_CACHE_BYTES", get("STEPAGENT_THREAD_CACHE_BYTES")
+            ),
             max_receive_count=_positive_int("STEPAGENT_MAX_RECEIVE_COUNT", get("STEPAGENT_MAX_RECEIVE_COUNT"))
             or DEFAULT_MAX_RECEIVE_COUNT,
             conversation_table=get("STEPAGENT_CONVERSATION_TABLE"),
@@ -209,6 +216,14 @@ def _switch(name: str, raw: str | None, *, default: bool) -> bool:
 
 def _attribute(name: str) -> str:
     return name.removeprefix("STEPAGENT_").lower()
+
+
+def _byte_count(name: str, raw: str | None) -> int:
+    if raw is None:
+        return DEFAULT_CACHE_BYTES
+    if not raw.isdigit():
+        raise ConfigurationError(f"{name}={raw!r} is invalid: expected a number of bytes (0 or more)")
+    return int(raw)
 
 
 def _positive_int(name: str, raw: str | None) -> int | None:

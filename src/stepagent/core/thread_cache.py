@@ -20,28 +20,16 @@ Items are immutable (frozen dataclasses), so entries share them with the history
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from stepagent.history_items import HistoryItem, Summary, encode_item
 from stepagent.stores.base import KnownRows
 
-__all__ = ["DEFAULT_CACHE_BYTES", "CachedThread", "ThreadCache", "cache_bytes_from_env", "item_bytes"]
+__all__ = ["DEFAULT_CACHE_BYTES", "CachedThread", "ThreadCache", "item_bytes"]
 
-#: The default bound: 8 MiB of encoded history per warm worker (STEPAGENT_THREAD_CACHE_BYTES overrides).
+#: The default bound: 8 MiB of encoded history per warm worker (the worker's ``STEPAGENT_THREAD_CACHE_BYTES`` setting overrides).
 DEFAULT_CACHE_BYTES = 8 * 2**20
-
-
-def cache_bytes_from_env() -> int:
-    """``STEPAGENT_THREAD_CACHE_BYTES`` (bytes; 0 disables), else :data:`DEFAULT_CACHE_BYTES`."""
-    raw = os.environ.get("STEPAGENT_THREAD_CACHE_BYTES", "").strip()
-    if not raw:
-        return DEFAULT_CACHE_BYTES
-    value = int(raw)
-    if value < 0:
-        raise ValueError(f"STEPAGENT_THREAD_CACHE_BYTES must be >= 0, got {raw!r}")
-    return value
 
 
 def item_bytes(item: HistoryItem) -> int:
