@@ -364,3 +364,20 @@ __all__ = [
     "failed_ids",
     "lambda_record",
 ]
+
+
+class FailsOnMessage:
+    """Wraps a conversation store: every commit that holds message ``message_id`` raises ``error``;
+    everything else passes through. ``failures`` counts the refused commits."""
+
+    def __init__(self, inner: Any, message_id: str, error: BaseException) -> None:
+        self.inner, self.message_id, self.error, self.failures = inner, message_id, error, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def commit(self, thread_id: str, commit: Any) -> Any:
+        if self.message_id in commit.processed_message_ids:
+            self.failures += 1
+            raise self.error
+        return await self.inner.commit(thread_id, commit)

@@ -16,7 +16,7 @@ from stepagent.errors import PayloadTooLargeError, ProviderError, QueueError, St
 from stepagent.messages import InputMessage
 from stepagent.providers.base import ModelInfo, ModelRequest, StreamEvent, ToolCallComplete
 from stepagent.providers.scripted import ScriptedProvider
-from tests.integration.aws_helpers import SCRIPT, Stack, aws_stack, failed_ids
+from tests.integration.aws_helpers import SCRIPT, FailsOnMessage, Stack, aws_stack, failed_ids
 
 pytestmark = pytest.mark.asyncio
 
@@ -236,28 +236,15 @@ async def test_malformed_body_and_group_mismatch_go_to_the_dlq_with_an_error_eve
         assert thread_events == ["error", "text", "turn_complete"]
 
 
-class RefusesMessage:
-    """Wraps the conversation store: a commit holding message ``message_id`` is refused as too large."""
-
-    def __init__(self, inner: Any, message_id: str) -> None:
-        self.inner, self.message_id = inner, message_id
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def commit(self, thread_id: str, commit: Any) -> Any:
-        if self.message_id in commit.processed_message_ids:
-            raise PayloadTooLargeError(f"message {self.message_id} is too large to store")
-        return await self.inner.commit(thread_id, commit)
-
-
 async def test_input_the_step_refuses_is_isolated_and_rejected_alone() -> None:
     async with aws_stack() as stack:
         thread = tid()
         for n in (1, 2, 3):
             await stack.send_user(thread, f"message {n}", f"m{n}")
         event = await _batch(stack, 3)
-        stack.runtime.system.conversation = RefusesMessage(stack.runtime.system.conversation, "m2")
+        stack.runtime.system.conversation = FailsOnMessage(
+            stack.runtime.system.conversation, "m2", PayloadTooLargeError("message m2 is too large to store")
+        )
         result = await stack.runtime.handle_sqs_batch(event)
         assert failed_ids(result) == []
         assert await stack.texts(thread) == ["message 1", "ok", "message 3", "ok"]
@@ -306,28 +293,14 @@ async def test_a_poison_message_is_given_up_on_its_last_attempt() -> None:
         assert stack.runtime.metrics.counts["GaveUp"] == 1  # type: ignore[attr-defined]
 
 
-class PoisonMessage:
-    """Wraps the conversation store: every commit that holds message ``message_id`` fails (transient)."""
-
-    def __init__(self, inner: Any, message_id: str) -> None:
-        self.inner, self.message_id, self.failures = inner, message_id, 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def commit(self, thread_id: str, commit: Any) -> Any:
-        if self.message_id in commit.processed_message_ids:
-            self.failures += 1
-            raise StoreError(f"injected: message {self.message_id} always fails")
-        return await self.inner.commit(thread_id, commit)
-
-
 async def test_a_poison_message_does_not_drag_its_threads_follow_ups_into_the_dlq() -> None:
     """FIFO makes the follow-up fail with the poison on every attempt, so its receive count climbs with
     the poison's; on the last attempt the worker isolates them: only the poison is dead-lettered."""
     async with aws_stack() as stack:
         thread, other = tid("poison"), tid("other")
-        stack.runtime.system.conversation = PoisonMessage(stack.runtime.system.conversation, "p1")
+        stack.runtime.system.conversation = FailsOnMessage(
+            stack.runtime.system.conversation, "p1", StoreError("injected: message p1 always fails")
+        )
         await stack.send_user(thread, "never works", "p1")
         await stack.send_user(thread, "but this is fine", "f1")
         await stack.send_user(other, "unrelated", "o1")
@@ -341,20 +314,6 @@ async def test_a_poison_message_does_not_drag_its_threads_follow_ups_into_the_dl
         final = [e for e in events if e["type"] == "error" and not e["retrying"]]
         assert len(final) == 1 and final[0]["attempts"] == 5 and "p1" in final[0]["message"]
         assert [e["text"] for e in of_type(events, "text")] == ["ok"]
-
-
-class RaisingCommit(PoisonMessage):
-    """Every commit that holds message ``message_id`` raises ``error`` (an exception outside the tree)."""
-
-    def __init__(self, inner: Any, message_id: str, error: BaseException) -> None:
-        super().__init__(inner, message_id)
-        self.error = error
-
-    async def commit(self, thread_id: str, commit: Any) -> Any:
-        if self.message_id in commit.processed_message_ids:
-            self.failures += 1
-            raise self.error
-        return await self.inner.commit(thread_id, commit)
 
 
 @pytest.mark.parametrize(
@@ -375,7 +334,7 @@ async def test_the_worker_classifies_every_failure_through_the_error_tree(
     with a final error event; anything else fails the record for a retry and says so."""
     async with aws_stack() as stack:
         thread = tid("classify")
-        stack.runtime.system.conversation = RaisingCommit(stack.runtime.system.conversation, "x1", error)
+        stack.runtime.system.conversation = FailsOnMessage(stack.runtime.system.conversation, "x1", error)
         await stack.send_user(thread, "this one fails", "x1")
         await stack.send_user(thread, "this one is fine", "x2")
         url = stack.resources.input_queue_url

@@ -50,7 +50,7 @@ from stepagent.errors import StoreError
 from stepagent.history_items import AssistantText, ToolCallItem, UserItem
 from stepagent.providers.base import ModelInfo, ModelRequest, StreamEvent
 from stepagent.providers.scripted import ScriptedProvider
-from tests.integration.aws_helpers import Stack, aws_stack, failed_ids
+from tests.integration.aws_helpers import FailsOnMessage, Stack, aws_stack, failed_ids
 from tests.reliability.scenarios import check_thread, expected_output_ids, snapshot
 
 SOAK = os.environ.get("STEPAGENT_SOAK") == "1"
@@ -307,21 +307,6 @@ async def test_a_poison_thread_does_not_delay_the_others() -> None:
         assert all(e["attempts"] == 5 for e in final)
 
 
-class PoisonMessage:
-    """Wraps a conversation store: every commit holding the message ``message_id`` fails (transient)."""
-
-    def __init__(self, inner: Any, message_id: str) -> None:
-        self.inner, self.message_id = inner, message_id
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def commit(self, thread_id: str, commit: Any) -> Any:
-        if self.message_id in commit.processed_message_ids:
-            raise StoreError(f"injected: message {self.message_id} always fails")
-        return await self.inner.commit(thread_id, commit)
-
-
 async def test_a_poison_message_with_follow_ups_on_concurrent_pollers() -> None:
     """One message of a thread always fails; its thread's later messages fail with it on every attempt
     (FIFO), so their receive counts climb with its own. On the last allowed attempt the worker gives up on
@@ -333,7 +318,8 @@ async def test_a_poison_message_with_follow_ups_on_concurrent_pollers() -> None:
         for step in range(4):
             await stack.send_user(thread, f"message {step}", f"{thread}-m{step}")
         await send_interleaved(stack, healthy, 2)
-        wrap = lambda inner: PoisonMessage(inner, poison)  # noqa: E731
+        failure = StoreError(f"injected: message {poison} always fails")
+        wrap = lambda inner: FailsOnMessage(inner, poison, failure)  # noqa: E731
         async with fleet(stack, wrap=wrap) as running:
             await wait_until(lambda: drained(stack), "the queues never drained")
         gave_up = sum(p.runtime.metrics.counts.get("GaveUp", 0) for p in running.pollers)  # type: ignore[attr-defined]
