@@ -16,7 +16,8 @@ Sections of the JSON (each with its own method notes):
   (:mod:`bench.live_text`);
 - ``local_mode``: local-mode steps per second;
 - ``memory``: the retained-growth gate (normal run and traps) and per-step peaks (see
-  :mod:`bench.memory`), each measured in a fresh process.
+  :mod:`bench.memory`), and the peak of one step against its model request body at 10 → 10,000 rows in
+  context with its trap (``request_peaks``, :mod:`bench.request_peak`), each measured in a fresh process.
 
 Options: ``--quick`` (a smoke run with tiny counts; its numbers mean nothing), ``--skip-moto``,
 ``--skip-memory``, ``--out-dir`` (default: the repository's ``docs/``).
@@ -53,6 +54,14 @@ IMPORT_TARGET_MS = 300
 # spec/bounded-history.md S6: step overhead excluding the model, against a local store.
 OVERHEAD_TARGETS_MS = {1_000: 150, 10_000: 1_500}
 SIZES = (10, 100, 1_000, 10_000)
+#: Issue 15's memory target (bench.request_peak): peak <= 2x the request body + 8 MiB; the last is the trap.
+REQUEST_PEAKS = (
+    (10, "anthropic", "normal"),
+    (1_000, "anthropic", "normal"),
+    (10_000, "anthropic", "normal"),
+    (10_000, "openai", "normal"),
+    (10_000, "anthropic", "second-copy"),
+)
 
 
 async def peer_step_costs(quick: bool) -> dict[str, Any]:
@@ -111,6 +120,13 @@ def memory_runs(quick: bool) -> dict[str, Any]:
     for variant in ("normal", "retaining", "per-thread-cache", "creep"):
         extra = ["--measured", "120"] if quick else []
         jobs.append((f"retained/{variant}", ["retained", "--variant", variant, *extra]))
+    for rows, provider, variant in REQUEST_PEAKS:
+        jobs.append(
+            (
+                f"request/{rows}/{provider}/{variant}",
+                ["--rows", str(rows), "--provider", provider, "--variant", variant],
+            )
+        )
     peaks = [(10, 10), (1_000, 10), (10_000, 10), (10_000, 100), (100, 100), (1_000, 1_000)]
     for rows, in_context in peaks:
         jobs.append(
@@ -125,7 +141,8 @@ def memory_runs(quick: bool) -> dict[str, Any]:
             running = []
             for name, args in jobs[start : start + 2]:
                 out = os.path.join(folder, name.replace("/", "_") + ".json")
-                command = [sys.executable, "-m", "bench.memory", *args, "--out", out]
+                module = "bench.request_peak" if name.startswith("request/") else "bench.memory"
+                command = [sys.executable, "-m", module, *args, "--out", out]
                 process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
                 running.append((name, out, process))
             for name, out, process in running:
@@ -155,7 +172,8 @@ def memory_runs(quick: bool) -> dict[str, Any]:
         for name, run in results.items()
         if name.startswith("peak/")
     ]
-    return {"retained": retained, "peaks": peaks_out}
+    request_peaks = [run for name, run in results.items() if name.startswith("request/")]
+    return {"retained": retained, "peaks": peaks_out, "request_peaks": request_peaks}
 
 
 def charts(results: dict[str, Any], out_dir: Path) -> list[str]:

@@ -27,6 +27,7 @@ from stepagent.messages import (
 )
 from stepagent.providers.base import ModelInfo, ModelRequest, ToolSpec
 from stepagent.providers.openai_compat import openai_body
+from stepagent.providers.json_body import dump_json
 from stepagent.providers.requests_common import (
     CONVERSATION_START,
     EMPTY_OUTPUT,
@@ -40,7 +41,6 @@ from stepagent.providers.requests_common import (
     ToolUsePart,
     Turn,
     conversation,
-    dump_json,
     image_bytes,
     image_media_type,
     wire_tool_id,
@@ -210,7 +210,7 @@ def test_openai_tool_images_move_to_a_user_message() -> None:
         result("1", TextBlock(text="here"), ImageBlock(data=PNG)),
     ]
     request = ModelRequest(system="", history=history, tools=[ToolSpec("t", "d", {})], model=info)
-    messages = openai_body(request, "gpt-4o")["messages"]
+    messages = list(openai_body(request, "gpt-4o")["messages"])
     assert messages[2] == {
         "role": "tool",
         "tool_call_id": "1",

@@ -44,15 +44,15 @@ PARALLEL = 2
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def measure(jobs: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
-    """Run ``python -m bench.memory <args> --out <file>`` for each job, ``PARALLEL`` at a time."""
+def measure(jobs: Sequence[Sequence[str]], module: str = "bench.memory") -> list[dict[str, Any]]:
+    """Run ``python -m <module> <args> --out <file>`` for each job, ``PARALLEL`` at a time."""
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="stepagent-memory-") as folder:
         outs = [os.path.join(folder, f"{n}.json") for n in range(len(jobs))]
         for start in range(0, len(jobs), PARALLEL):
             running = [
                 subprocess.Popen(
-                    [sys.executable, "-m", "bench.memory", *jobs[n], "--out", outs[n]],
+                    [sys.executable, "-m", module, *jobs[n], "--out", outs[n]],
                     cwd=ROOT,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,

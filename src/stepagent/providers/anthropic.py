@@ -27,7 +27,7 @@ a ProviderError classified by its type; a stream that ends before ``message_stop
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +50,7 @@ from stepagent.providers.base import (
     Usage,
 )
 from stepagent.providers.http import ClientHolder, post_sse, stream_cut
+from stepagent.providers.json_body import JsonArray, dump_json
 from stepagent.providers.requests_common import (
     ImagePart,
     Part,
@@ -60,7 +61,6 @@ from stepagent.providers.requests_common import (
     ToolUsePart,
     Turn,
     conversation,
-    dump_json,
 )
 from stepagent.providers.sse import SSEEvent
 from stepagent.providers.window import TruncationReport, annotate, fit_request
@@ -109,19 +109,18 @@ def _block(part: Part) -> dict[str, Any]:
     raise TypeError(f"unknown part {part!r}")  # pragma: no cover - the union is exhaustive
 
 
-def anthropic_messages(turns: list[Turn]) -> list[dict[str, Any]]:
-    """The Messages API ``messages`` for ``turns``; the last cacheable block of the last message carries
-    ``cache_control``, so the whole prefix is cached."""
-    messages: list[dict[str, Any]] = [
-        {"role": turn.role, "content": [_block(part) for part in turn.parts]} for turn in turns
-    ]
-    last: list[dict[str, Any]] = messages[-1]["content"] if messages else []
-    # Cache the whole conversation prefix: mark the last block that may carry cache_control.
-    for block in reversed(last):
-        if block["type"] not in ("thinking", "redacted_thinking"):
-            block["cache_control"] = dict(_EPHEMERAL)
-            break
-    return messages
+def anthropic_messages(turns: list[Turn]) -> Iterator[dict[str, Any]]:
+    """The Messages API ``messages`` for ``turns``, one at a time (the body streams them); the last cacheable
+    block of the last message carries ``cache_control``, so the whole prefix is cached."""
+    for index, turn in enumerate(turns):
+        blocks = [_block(part) for part in turn.parts]
+        if index == len(turns) - 1:
+            # Cache the whole conversation prefix: mark the last block that may carry cache_control.
+            for block in reversed(blocks):
+                if block["type"] not in ("thinking", "redacted_thinking"):
+                    block["cache_control"] = dict(_EPHEMERAL)
+                    break
+        yield {"role": turn.role, "content": blocks}
 
 
 def anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
@@ -145,7 +144,7 @@ def anthropic_body(
     )
     body: dict[str, Any] = {
         "max_tokens": request.output_limit,
-        "messages": anthropic_messages(turns),
+        "messages": JsonArray(lambda: anthropic_messages(turns)),
         "model": model,
         "stream": True,
     }
@@ -376,10 +375,15 @@ class AnthropicProvider:
     def info(self) -> ModelInfo:
         return self._info
 
-    def request_bytes(self, request: ModelRequest) -> bytes:
-        """The exact body :meth:`stream` sends for ``request`` (after window truncation)."""
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The body :meth:`stream` sends for ``request`` (after window truncation; messages are a
+        :class:`~stepagent.providers.json_body.JsonArray`)."""
         history, self.last_truncation = fit_request(request)
-        return dump_json(anthropic_body(request, self._model, history=history, thinking=self._thinking))
+        return anthropic_body(request, self._model, history=history, thinking=self._thinking)
+
+    def request_bytes(self, request: ModelRequest) -> bytes:
+        """The exact bytes :meth:`stream` sends for ``request``."""
+        return dump_json(self.request_body(request))
 
     def headers(self) -> dict[str, str]:
         return {
@@ -390,7 +394,7 @@ class AnthropicProvider:
         }
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-        body = self.request_bytes(request)
+        body = self.request_body(request)
         truncation = self.last_truncation
         parser = AnthropicStreamParser()
         events = post_sse(self._clients.get(), PROVIDER, self._url, self.headers(), body)

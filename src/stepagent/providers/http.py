@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from stepagent.errors import ProviderError
+from stepagent.providers.json_body import http_content
 from stepagent.providers.sse import SSEEvent, aiter_sse
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
@@ -152,13 +153,19 @@ async def post_sse(
     provider: str,
     url: str,
     headers: Mapping[str, str],
-    body: bytes,
+    body: Mapping[str, Any],
 ) -> AsyncGenerator[SSEEvent, None]:
-    """POST ``body`` and yield the SSE events of a 2xx answer; raise ProviderError for anything else.
+    """POST the JSON ``body`` and yield the SSE events of a 2xx answer; raise ProviderError for anything else.
+
+    The body is streamed in pieces with its exact ``Content-Length`` (:func:`~stepagent.providers.json_body.http_content`),
+    so it never exists as one object beside the history it was built from.
 
     Transport errors before the response become retryable errors "the request failed"; errors while
     reading the body become retryable "the response stream was cut"."""
-    request = client.build_request("POST", url, headers=dict(headers), content=body)
+    length, content = http_content(body)
+    request = client.build_request(
+        "POST", url, headers={**headers, "content-length": str(length)}, content=content
+    )
     try:
         response = await client.send(request, stream=True)
     except httpx.RequestError as exc:

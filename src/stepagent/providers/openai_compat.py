@@ -32,7 +32,7 @@ before ``finish_reason`` raises a retryable one.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +55,7 @@ from stepagent.providers.base import (
     Usage,
 )
 from stepagent.providers.http import ClientHolder, post_sse, stream_cut
+from stepagent.providers.json_body import JsonArray, dump_json
 from stepagent.providers.requests_common import (
     ImagePart,
     TextPart,
@@ -63,7 +64,6 @@ from stepagent.providers.requests_common import (
     Turn,
     arguments_json,
     conversation,
-    dump_json,
 )
 from stepagent.providers.sse import SSEEvent
 from stepagent.providers.window import TruncationReport, annotate, fit_request
@@ -142,15 +142,13 @@ def _assistant_turn(turn: Turn) -> list[dict[str, Any]]:
     return [message]
 
 
-def openai_messages(system: str, turns: list[Turn]) -> list[dict[str, Any]]:
-    """The Chat Completions ``messages``: the system prompt (unless blank), then ``turns``, tool results as
-    ``tool`` messages."""
-    messages: list[dict[str, Any]] = []
+def openai_messages(system: str, turns: list[Turn]) -> Iterator[dict[str, Any]]:
+    """The Chat Completions ``messages``, one at a time (the body streams them): the system prompt (unless
+    blank), then ``turns``, tool results as ``tool`` messages."""
     if system.strip():
-        messages.append({"role": "system", "content": system})
+        yield {"role": "system", "content": system}
     for turn in turns:
-        messages.extend(_user_turn(turn) if turn.role == "user" else _assistant_turn(turn))
-    return messages
+        yield from _user_turn(turn) if turn.role == "user" else _assistant_turn(turn)
 
 
 def openai_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
@@ -185,7 +183,7 @@ def openai_body(
     body: dict[str, Any] = {
         "model": model,
         "stream": True,
-        "messages": openai_messages(request.system, turns),
+        "messages": JsonArray(lambda: openai_messages(request.system, turns)),
     }
     if request.max_tokens is not None:
         body[max_tokens_field] = request.max_tokens
@@ -391,12 +389,15 @@ class OpenAIProvider:
     def info(self) -> ModelInfo:
         return self._info
 
-    def request_bytes(self, request: ModelRequest) -> bytes:
-        """The exact body :meth:`stream` sends for ``request`` (after window truncation)."""
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        """The body :meth:`stream` sends for ``request`` (after window truncation; messages are a
+        :class:`~stepagent.providers.json_body.JsonArray`)."""
         history, self.last_truncation = fit_request(request)
-        return dump_json(
-            openai_body(request, self._model, history=history, max_tokens_field=self._max_tokens_field)
-        )
+        return openai_body(request, self._model, history=history, max_tokens_field=self._max_tokens_field)
+
+    def request_bytes(self, request: ModelRequest) -> bytes:
+        """The exact bytes :meth:`stream` sends for ``request``."""
+        return dump_json(self.request_body(request))
 
     def headers(self) -> dict[str, str]:
         return {
@@ -406,7 +407,7 @@ class OpenAIProvider:
         }
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
-        body = self.request_bytes(request)
+        body = self.request_body(request)
         truncation = self.last_truncation
         parser = OpenAIStreamParser()
         events = post_sse(self._clients.get(), PROVIDER, self._url, self.headers(), body)

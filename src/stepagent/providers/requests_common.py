@@ -26,8 +26,9 @@ every provider, so a conversation renders alike everywhere:
 - **Tool ids** are normalised to ``[A-Za-z0-9_-]{1,64}`` (:func:`wire_tool_id`), the strictest of the
   APIs; ids that already comply are kept unchanged, others map to a stable hash.
 
-Bodies are serialised by :func:`dump_json` exactly as the vendors' SDKs do (compact separators, raw
-UTF-8, no NaN), so a retry re-sends identical bytes and tests can compare with the SDKs byte for byte.
+Bodies are serialised by :mod:`stepagent.providers.json_body` exactly as the vendors' SDKs do (compact
+separators, raw UTF-8, no NaN), so a retry re-sends identical bytes and tests can compare with the SDKs
+byte for byte.
 """
 
 from __future__ import annotations
@@ -167,18 +168,6 @@ def image_bytes(data: str) -> bytes:
 def arguments_json(arguments: dict[str, Any]) -> str:
     """Tool-call arguments as a compact JSON string (OpenAI sends arguments as a string)."""
     return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def dump_json(body: Any) -> bytes:
-    """Serialise a request body exactly like the vendors' SDKs (``ensure_ascii=False``, compact).
-
-    A lone surrogate (only possible from already-broken tool output) cannot be encoded as UTF-8; it is
-    replaced deterministically rather than failing the step."""
-    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    try:
-        return text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", errors="replace")
 
 
 def nonblank(text: str, placeholder: str) -> str:
