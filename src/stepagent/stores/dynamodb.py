@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -400,7 +401,7 @@ class DynamoConversationStore:
         commit: Commit | None = None,
         deferred: set[str] | None = None,
     ) -> Write:
-        return head_update(self.table, info, new_tail, commit, deferred)
+        return head_update(self.table, info, new_tail, commit, deferred, now_ms=int(time.time() * 1000))
 
     def _head_check(self, info: ThreadInfo) -> Write:
         names = {"#v": "version"}

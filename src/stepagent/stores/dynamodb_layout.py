@@ -66,8 +66,6 @@ existed have neither and are read the old way.
 
 from __future__ import annotations
 
-import time
-
 from stepagent.stores.base import Commit, ThreadInfo, ThreadKind, UsageRecord
 from stepagent.stores.dynamodb_io import Item, Write, item_key, n_attr, s_attr, update
 
@@ -250,9 +248,12 @@ def head_update(
     new_tail: int,
     commit: Commit | None = None,
     deferred: set[str] | None = None,
+    *,
+    now_ms: int,
 ) -> Write:
     """Move the head from ``info.version`` to ``info.version + 1`` and ``new_tail``, only if it is still at
-    ``info.version``. At version 0 this creates the root record, keeping one a spawn already made. A
+    ``info.version``. At version 0 this creates the root record (``created_at`` = ``now_ms``, epoch
+    milliseconds), keeping one a spawn already made. A
     ``commit`` also sets the turn flag, takes the ids it processed out of the ``inbox``, adds its
     intents to the open-intent set and sets the deferred set to ``deferred`` (``None``: unchanged)."""
     names = {"#v": "version", "#t": "tail"}
@@ -302,7 +303,7 @@ def head_update(
                 ":f": {"BOOL": False},
                 ":one": n_attr(1),
                 ":none": n_attr(-1),
-                ":ca": n_attr(int(time.time() * 1000)),
+                ":ca": n_attr(now_ms),
             }
         )
         # A thread's first commit finds no state (nothing is stored before it), so its flags are exact.
