@@ -81,6 +81,9 @@ def rejection(error: BaseException) -> StepagentError | None:
 MAX_STEP_ATTEMPTS = 3
 _MAX_ATTRIBUTE_CHARS = 4_000
 _UNROUTABLE_GROUP = "stepagent-unroutable"
+#: Log field: the line's content also went to the thread as an ``error`` event (a chat at a terminal,
+#: which prints that event, leaves the line out: ``devstack/terminal_logs.py``).
+REPORTED_TO_THREAD = "reported_to_thread"
 
 
 class MetricsSink(Protocol):
@@ -335,33 +338,35 @@ class Worker:
     # ---- failure and rejection --------------------------------------------------------------------------
 
     async def _report_failure(self, thread_id: str, record: Record, error: BaseException | None) -> None:
+        self.metrics.add_metric("StepFailures", "Count", 1)
+        published = False
+        if record.group_id is not None:  # an unroutable record has no thread to tell
+            attempt = f"attempt {record.receive_count} of {self.max_receive_count}"
+            message = f"Processing failed ({attempt}) and will be retried: {type(error).__name__}: {error}"[
+                :_MAX_ATTRIBUTE_CHARS
+            ]
+            # One event per attempt (the text names it), each with its own stable id.
+            event = error_event(thread_id, message, True, record.logical_id, attempt=record.receive_count)
+            try:
+                await self.publisher.publish(thread_id, [event])
+                published = True
+            except Exception:  # the record is retried anyway; the event is a courtesy
+                logger.exception("could not publish the retrying error event")
         logger.error(
             "thread failed; its records will be retried",
-            extra={"message_id": record.logical_id, "error": f"{type(error).__name__}: {error}"},
+            extra={
+                "message_id": record.logical_id,
+                "error": f"{type(error).__name__}: {error}",
+                REPORTED_TO_THREAD: published,
+            },
         )
-        self.metrics.add_metric("StepFailures", "Count", 1)
-        if record.group_id is None:
-            return  # unroutable: no thread to tell
-        attempt = f"attempt {record.receive_count} of {self.max_receive_count}"
-        message = f"Processing failed ({attempt}) and will be retried: {type(error).__name__}: {error}"[
-            :_MAX_ATTRIBUTE_CHARS
-        ]
-        # One event per attempt (the text names it), each with its own stable id.
-        event = error_event(thread_id, message, True, record.logical_id, attempt=record.receive_count)
-        try:
-            await self.publisher.publish(thread_id, [event])
-        except Exception:  # the record is retried anyway; the event is a courtesy
-            logger.exception("could not publish the retrying error event")
 
     async def _reject(self, record: Record) -> bool:
         """Copy a bad record to the input DLQ and tell its thread. ``False`` if that failed."""
         error: StepagentError | None = record.rejected
         reason = str(error)
-        gave_up = isinstance(error, RetriesExhaustedError)
-        logger.warning(
-            "gave up on input" if gave_up else "rejected bad input",
-            extra={"message_id": record.logical_id, "reason": reason},
-        )
+        summary = "gave up on input" if isinstance(error, RetriesExhaustedError) else "rejected bad input"
+        fields = {"message_id": record.logical_id, "reason": reason}
         attributes = {
             "stepagent_error": reason[:_MAX_ATTRIBUTE_CHARS],
             "stepagent_message_id": record.record_id,
@@ -391,7 +396,9 @@ class Worker:
                     event = error_event(record.group_id, text, False, record.logical_id)
                 await self.publisher.publish(record.group_id, [event])
         except Exception:
+            logger.warning(summary, extra=fields)
             logger.exception("could not dispose of bad input; it will be retried")
             return False
+        logger.warning(summary, extra={**fields, REPORTED_TO_THREAD: record.group_id is not None})
         self.metrics.add_metric("BadInputs", "Count", 1)
         return True

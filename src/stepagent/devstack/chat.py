@@ -64,7 +64,7 @@ async def run_chat(
     """Start the local stack and chat on it — or, with ``session``, run that instead of the terminal chat
     once the services are up (``run --console``: the web console)."""
     terminal_logs.configure(debug=debug, debug_sdk=debug_sdk)
-    terminal_logs.adopt_powertools_loggers()
+    terminal_logs.adopt_powertools_loggers(debug=debug)
     model, demo = choose_model(os.environ)
     validate_before_start(model)
     # Build the model provider before the local stack swaps in throwaway credentials: a bedrock: model

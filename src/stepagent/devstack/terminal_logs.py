@@ -67,11 +67,22 @@ class HumanPowertoolsFormatter(LambdaPowertoolsFormatter):
         return line
 
 
-def adopt_powertools_loggers(stream: TextIO | None = None) -> None:
+class ShownAsEvent(logging.Filter):
+    """Leaves out the worker's lines whose content the chat already prints as an ``error`` event (a retry,
+    a rejection, giving up): at a terminal each would otherwise appear twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from stepagent.aws.worker import REPORTED_TO_THREAD
+
+        return not getattr(record, REPORTED_TO_THREAD, False)
+
+
+def adopt_powertools_loggers(stream: TextIO | None = None, *, debug: bool = False) -> None:
     """Make the powertools loggers (the stdlib logger ``stepagent`` with a JSON handler on stdout, shared
     by every ``Logger(service="stepagent")``) print human lines on stderr. powertools configures that
     handler once, when the first such ``Logger`` is created, so the modules that create one are imported
-    first; the handler is kept (powertools needs it), only its stream and formatter change."""
+    first; the handler is kept (powertools needs it), only its stream, formatter and filter change. Unless
+    ``debug``, lines already shown as ``error`` events are left out (:class:`ShownAsEvent`)."""
     import stepagent.aws.lambda_entry
     import stepagent.aws.timers
     import stepagent.aws.tool_runner
@@ -81,3 +92,13 @@ def adopt_powertools_loggers(stream: TextIO | None = None) -> None:
         if isinstance(handler, logging.StreamHandler):
             handler.setStream(stream or sys.stderr)
         handler.setFormatter(HumanPowertoolsFormatter())
+        _leave_out_reported(handler, debug)
+    for handler in logging.getLogger().handlers:  # records that propagate to the root
+        _leave_out_reported(handler, debug)
+
+
+def _leave_out_reported(handler: logging.Handler, debug: bool) -> None:
+    for old in [f for f in handler.filters if isinstance(f, ShownAsEvent)]:
+        handler.removeFilter(old)
+    if not debug:
+        handler.addFilter(ShownAsEvent())
