@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent.core.completion import RetryPolicy
+from stepagent.core.effects import StoreToolAccess
 from stepagent.core.history import HistoryManager
 from stepagent.core.step import StepConfig, StepInput
 from stepagent.errors import ProviderError
@@ -242,8 +243,7 @@ def tool_context(
         call_id=call_id,
         thread_stack=stack if stack is not None else [thread_id],
         sender=h.sender,
-        conversation=h.conversation,
-        state=h.state,
+        access=StoreToolAccess(h.conversation, h.state),
         notifier=h.config.notifier,
     )
 

@@ -219,13 +219,20 @@ async def test_a_trigger_measured_before_the_summary_landed_starts_no_second_com
     await h.say("t1", "hello", "m0")
     stale = await HistoryManager.load(h.conversation, h.state, "t1")  # before any summary
     step = ThreadStep(h.conversation, h.state, h.config, h.observer, "t1")
-    await step._maybe_trigger_compaction(stale, Usage(input_tokens=1900), 2000)
+
+    async def trigger(history: HistoryManager) -> None:
+        """What a step's end does with the request it decided on: send it (``StepEffects.finish``)."""
+        request = step._compaction_request(history, Usage(input_tokens=1900), 2000)
+        assert request is not None
+        await h.config.sender.send(*request)
+
+    await trigger(stale)
     await h.run()  # the first compaction runs to completion
     assert len(compaction_children(h, "t1")) == 1
-    await step._maybe_trigger_compaction(stale, Usage(input_tokens=1900), 2000)  # the stale trigger
+    await trigger(stale)  # the stale trigger
     await h.run()
     assert len(compaction_children(h, "t1")) == 1
     fresh = await HistoryManager.load(h.conversation, h.state, "t1")
-    await step._maybe_trigger_compaction(fresh, Usage(input_tokens=1900), 2000)  # a real new need
+    await trigger(fresh)  # a real new need
     await h.run()
     assert len(compaction_children(h, "t1")) == 2

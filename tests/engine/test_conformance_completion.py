@@ -550,23 +550,28 @@ async def test_retryable_failure_discards_the_partial_turn_and_retries() -> None
 
 
 class StoreInspectingTool(Tool):
-    """Looks at the stores from inside ``execute``: what a remote tool server could observe."""
+    """Looks at the stores from inside ``execute``: what a remote tool server could observe. (Tools are given
+    no raw store, so it reads the harness's stores directly.)"""
 
     name = "inspect_store"
 
     def __init__(self) -> None:
         self.seen_rows: list[Any] = []
         self.seen_intents: list[Any] = []
+        self.stores: tuple[Any, Any] | None = None
 
     async def execute(self, arguments: dict[str, Any], context: ToolContext) -> None:
-        self.seen_rows = [r async for r in context.conversation.load_rows(context.thread_id)]
-        self.seen_intents = await context.state.open_intents(context.thread_id)
+        assert self.stores is not None
+        conversation, state = self.stores
+        self.seen_rows = [r async for r in conversation.load_rows(context.thread_id)]
+        self.seen_intents = await state.open_intents(context.thread_id)
 
 
 async def test_async_call_and_its_intent_are_committed_before_dispatch() -> None:
     tool = StoreInspectingTool()
     provider = ReplayProvider().then(TextDelta("checking"), call("inspect_store", "tc-1", a=1), Final())
     h = Harness(provider, [tool])
+    tool.stores = (h.conversation, h.state)
     await h.say("t1", "go", "m1")
     assert [r.message_id for r in tool.seen_rows] == ["m1", "t1-m1-completion-0", "t1-m1-completion-1"]
     last = tool.seen_rows[-1].item

@@ -16,6 +16,7 @@ import pytest
 from botocore.credentials import Credentials
 
 from stepagent.aws.settings import Settings
+from stepagent.core.effects import StoreToolAccess
 from stepagent.errors import ConfigurationError, ToolError
 from stepagent.rap.protocol import RapManifestError
 from stepagent.rap.tokens import verify_token
@@ -86,8 +87,7 @@ class Env:
             call_id=kw.pop("call_id", "call-1"),
             thread_stack=stack or [thread],
             sender=self.sender,
-            conversation=conversation,
-            state=self.state,
+            access=StoreToolAccess(conversation, self.state),
             **kw,
         )
 

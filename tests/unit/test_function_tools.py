@@ -13,6 +13,7 @@ from typing import Any, Literal, Optional
 import pytest
 from pydantic import BaseModel
 
+from stepagent.core.effects import StoreToolAccess
 from stepagent.errors import ConfigurationError, ToolError
 from stepagent.function_schema import parse_docstring, result_text
 from stepagent.messages import InputMessage, ToolResult
@@ -63,8 +64,7 @@ def make_context(
         call_id=call_id,
         thread_stack=["root", thread_id],
         sender=sender or RecordingSender(),
-        conversation=conversation,
-        state=state,
+        access=StoreToolAccess(conversation, state),
         runner=runner,
     )
 

@@ -8,7 +8,9 @@ Guarantees:
 - Once a round's tool call was emitted, the rest of the stream is ignored (so the call stays the tail of
   history) and a later stream failure ends the round instead of retrying it.
 - A synchronous tool runs only after the history holding its call — and a dispatch intent for it — is
-  committed, so a crash mid-tool is re-driven by the next step instead of wedging the thread.
+  committed, so a crash mid-tool is re-driven by the next step instead of wedging the thread. The round
+  loop decides (the call, its intent, its index entry); :meth:`~stepagent.core.effects.StepEffects.run_inline`
+  commits and runs: this module performs no write of its own.
 - Every tool call gets a thread-unique id: a provider id that is empty or already used is replaced by
   one derived from the call's row id (so a re-run is byte-identical).
 - Loop-backs are capped per step, so a model that keeps calling unknown tools cannot spin forever.
@@ -29,8 +31,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from stepagent import texts
+from stepagent.core.effects import StepEffects
 from stepagent.core.history import HistoryManager
-from stepagent.errors import InvariantViolation, ProviderError, ToolError, TransientError
+from stepagent.errors import InvariantViolation, ProviderError
 from stepagent.events import (
     AgentEvent,
     Info,
@@ -66,7 +69,7 @@ from stepagent.providers.base import (
     Usage,
 )
 from stepagent.stores.base import DispatchIntent
-from stepagent.tools.base import Tool, ToolContext, Toolset
+from stepagent.tools.base import Toolset
 from stepagent.tracing import Tracer, traced
 
 MAX_ROUNDS_PER_STEP = 25
@@ -109,9 +112,6 @@ class CompletionOutcome:
     cancelled: bool = False
 
 
-ContextFactory = Callable[[str, str | None], ToolContext]
-
-
 @dataclass(slots=True)
 class CompletionRunner:
     """Runs the model rounds of one step against one thread's history (inline tools, retries, streaming)."""
@@ -120,7 +120,8 @@ class CompletionRunner:
     provider: ModelProvider
     toolset: Toolset
     system_prompt: str
-    make_context: ContextFactory
+    #: Performs the rounds' writes: the commit before a synchronous tool runs, and the run itself.
+    effects: StepEffects
     emit: Callable[[AgentEvent], None]
     message_id: str
     retry: RetryPolicy = field(default_factory=RetryPolicy)
@@ -340,20 +341,16 @@ class CompletionRunner:
             if tool.referenced_later:
                 history.index_call(call)
             return
-        # Commit the call (and an intent to run it) before running it: a crash from here on is re-driven.
+        # An intent to run it: the seam commits it with the call before the tool runs, so a crash from
+        # there on is re-driven.
         history.add_intent(DispatchIntent(call.id, call.name, call.arguments, call.call_id))
         if tool.referenced_later:
             history.index_call(call)
-        await history.sync()
-        annotations = {"thread_id": history.thread_id, "tool_call_id": call.id, "tool": call.name}
-        context = self.make_context(call.id, call.call_id)
-        async with traced(self.tracer, "tool", annotations):
-            result = await run_inline_tool(tool, call, context)
+        result = await self.effects.run_inline(tool, call)
         first = result.first_text()
         if first is not None:
             self.emit(ToolResultReceived(segments=[{"type": "text", "content": first}]))
         history.append_generated(ToolResultItem(result=result), sync_result_id(call.id))
-        apply_tool_effects(history, context)
         outcome.executed_sync_calls.append(call.id)
         state.loop_back = True
 
@@ -388,31 +385,6 @@ async def _next_or_none(events: AsyncIterator[StreamEvent]) -> StreamEvent | Non
     return await anext(events, None)
 
 
-def apply_tool_effects(history: HistoryManager, context: ToolContext) -> None:
-    """Queue a synchronous tool's state changes for the commit that holds its result."""
-    if context.effects is not None:
-        for subscription in context.effects.subscriptions_removed:
-            history.remove_subscription(subscription)
-
-
 def sync_result_id(tool_call_id: str) -> str:
     """The row id of a synchronous tool's result: the same whether it ran in its step or was re-driven."""
     return f"{tool_call_id}-sync-result"
-
-
-async def run_inline_tool(tool: Tool, call: ToolCall, context: ToolContext) -> ToolResult:
-    """Run a synchronous tool; failures the model should see become ``Error: ...`` results. Transient
-    infrastructure errors propagate so the step is retried."""
-    try:
-        result = await tool.execute(call.arguments, context)
-    except TransientError:
-        raise
-    except ToolError as error:
-        return ToolResult.text(call.id, f"Error: {error}", call_id=call.call_id)
-    except Exception as error:  # a user tool's bug must reach the model, not kill the thread
-        return ToolResult.text(call.id, texts.DISPATCH_FAILED.format(error=error), call_id=call.call_id)
-    if result is None:
-        return ToolResult.text(
-            call.id, f"Error: synchronous tool '{tool.name}' returned no result", call_id=call.call_id
-        )
-    return result.with_id(call.id, call_id=call.call_id)

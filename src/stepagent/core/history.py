@@ -15,6 +15,7 @@ What it guarantees:
   subscription, deferral and metadata changes and the step's usage record as one :class:`~stepagent.stores.base.Commit`,
   conditioned on the head version the manager loaded (a concurrent writer makes it fail, never
   interleave). The commit carries :attr:`turn_complete` as set by the step, then it is reset to ``False``.
+  Within a step only the seam (``core/effects.py``) calls it; every other method writes nothing.
 - **One read to start.** :meth:`load` reads the thread through
   :func:`~stepagent.stores.base.load_snapshot` (head, latest summary and rows, root metadata and the
   batch's dedup ids together) and, given a :class:`~stepagent.core.thread_cache.ThreadCache`, offers the

@@ -15,21 +15,28 @@ Rules, in order (the first that applies decides):
    ``receive_event__injected`` call/result pair;
 6. everything else → a ``user`` or ``tool_result`` item through ``HistoryManager.handle_content``.
 
-Children are spawned from committed history only (the thread is synced first) and all ids are derived
-from the input's logical id, so a re-run after a crash finds the same child and re-sends the same message.
+The preparer decides; every write it needs — a state change, a compaction claim, a child spawned from
+committed history — is handed to :class:`~stepagent.core.effects.StepEffects` as a plain value and performed
+there (the history's own pending changes are committed by the step). All ids are derived from the input's
+logical id, so a re-run after a crash finds the same child and re-sends the same message.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stepagent import texts
+from stepagent.core.effects import (
+    AddPendingChoice,
+    ChildSpawn,
+    ReleaseCompaction,
+    RemovePendingChoice,
+    StepEffects,
+)
 from stepagent.core.history import INTERRUPTED_TEXT, HistoryManager
-from stepagent.errors import ConcurrentWriteError
 from stepagent.events import (
     AgentEvent,
     CompactionApplied,
@@ -64,8 +71,7 @@ from stepagent.messages import (
     ToolResult,
     UserChoiceRequired,
 )
-from stepagent.senders.base import InputSender
-from stepagent.stores.base import Commit, ConversationStore, StateStore, ThreadKind
+from stepagent.stores.base import ConversationStore, StateStore, ThreadKind
 
 INTERRUPT_MARKER = "<interrupt>"
 
@@ -75,9 +81,10 @@ class Preparer:
     """Prepares a thread's inputs for one step."""
 
     history: HistoryManager
+    #: Read only here (thread records, subscriptions, the call index); every write goes through ``effects``.
     conversation: ConversationStore
     state: StateStore
-    sender: InputSender
+    effects: StepEffects
     emit: Callable[[AgentEvent], None]
     pending_choices: list[UserChoiceRequired] = field(default_factory=list)
     #: Tools whose late results (after an interruption answered the call) are still shown, as events.
@@ -118,7 +125,7 @@ class Preparer:
         history = self.history
         if isinstance(synthetic, CompactionComplete):
             applied = await history.apply_compaction()
-            await self.state.release_compaction(self.thread_id)
+            await self.effects.change(ReleaseCompaction())
             history.record_processed(message_id)
             if applied:
                 self.emit(CompactionApplied())
@@ -130,7 +137,7 @@ class Preparer:
         # The durable claim makes compactions of one thread exclusive, across steps and processes;
         # the lease frees it if a compaction child never finishes.
         lease = self.compaction_lease_seconds
-        if await self.state.claim_compaction(self.thread_id, message_id, self.clock(), lease):
+        if await self.effects.claim_compaction(message_id, self.clock(), lease):
             await self._spawn_compaction_child(message_id)
         else:
             self.emit(Info("A compaction of this thread is already in progress"))
@@ -143,7 +150,7 @@ class Preparer:
         if isinstance(content, OAuthRequired):
             self.emit(OAuthRequiredEvent(auth_url=content.auth_url, tool_call_id=content.id))
         else:
-            await self.state.add_pending_choice(self.thread_id, content)
+            await self.effects.change(AddPendingChoice(content))
             self.pending_choices[:] = [c for c in self.pending_choices if c.id != content.id] + [content]
             self.emit(UserChoiceRequiredEvent(choice=content))
         self.history.record_processed(message_id)
@@ -289,18 +296,9 @@ class Preparer:
 
     async def _route_to_event_child(self, original: ToolCallItem, event: ToolResult, message_id: str) -> None:
         """Process a non-associative subscription event in a new child that inherits committed history."""
-        await self.history.sync()
-        safe = self.history.safe_spawn_point()
         child_id = derived_id("event-child", self.thread_id, message_id)
         spawn_call_id = derived_id("event-spawn", self.thread_id, message_id)
         event_call_id = derived_id("event-call", self.thread_id, message_id)
-        child = await self.conversation.spawn_thread(
-            self.thread_id,
-            child_id=child_id,
-            spawn_tool_call_id=original.call.id,
-            kind=ThreadKind.SUBSCRIPTION_EVENT,
-            spawn_order=safe,
-        )
         spawn_call = ToolCall(
             id=spawn_call_id,
             name="spawn_thread",
@@ -323,44 +321,38 @@ class Preparer:
             (ToolResultItem(result=seed), f"{spawn_call_id}-spawn-result"),
             (ToolCallItem(call=event_call), f"{event_call_id}-event-call"),
         ]
-        await self._seed_child(child.thread_id, child.version, rows, answered=[spawn_call_id])
-        outgoing = InputMessage.tool_result(child_id, event.with_id(event_call_id))
-        await self.sender.send(outgoing, event_call_id)
+        await self.effects.spawn(
+            ChildSpawn(
+                child_id=child_id,
+                spawn_tool_call_id=original.call.id,
+                kind=ThreadKind.SUBSCRIPTION_EVENT,
+                spawn_order=self.history.safe_spawn_point(),
+                seed=rows,
+                answered=[spawn_call_id],
+                message=InputMessage.tool_result(child_id, event.with_id(event_call_id)),
+                dedup_id=event_call_id,
+            )
+        )
 
     async def _spawn_compaction_child(self, message_id: str) -> None:
-        await self.history.sync()
-        safe = self.history.safe_spawn_point()
         child_id = derived_id("compaction-child", self.thread_id, message_id)
         spawn_call_id = derived_id("compaction-call", self.thread_id, message_id)
-        child = await self.conversation.spawn_thread(
-            self.thread_id,
-            child_id=child_id,
-            spawn_tool_call_id=spawn_call_id,
-            kind=ThreadKind.COMPACTION,
-            spawn_order=safe,
-        )
         begin = ToolCallItem(call=ToolCall(id=spawn_call_id, name=texts.COMPACTION_TOOL_NAME))
-        await self._seed_child(child.thread_id, child.version, [(begin, f"{spawn_call_id}-compaction-call")])
         instructions = ToolResult.text(spawn_call_id, texts.COMPACTION_INSTRUCTIONS.format(child=child_id))
-        await self.sender.send(InputMessage.tool_result(child_id, instructions), spawn_call_id)
-
-    async def _seed_child(
-        self,
-        child_id: str,
-        version: int,
-        rows: list[tuple[HistoryItem, str]],
-        answered: list[str] | None = None,
-    ) -> None:
-        if version != 0:
-            return  # seeded by an earlier run of this step
-        # A concurrent re-run of this step may have seeded it with the same rows first.
-        with contextlib.suppress(ConcurrentWriteError):
-            await self.conversation.commit(
-                child_id, Commit(expected_version=0, rows=rows, answered_tool_calls=answered or [])
+        await self.effects.spawn(
+            ChildSpawn(
+                child_id=child_id,
+                spawn_tool_call_id=spawn_call_id,
+                kind=ThreadKind.COMPACTION,
+                spawn_order=self.history.safe_spawn_point(),
+                seed=[(begin, f"{spawn_call_id}-compaction-call")],
+                message=InputMessage.tool_result(child_id, instructions),
+                dedup_id=spawn_call_id,
             )
+        )
 
     async def _dismiss_choice(self, tool_call_id: str) -> None:
         if any(choice.id == tool_call_id for choice in self.pending_choices):
-            await self.state.remove_pending_choice(self.thread_id, tool_call_id)
+            await self.effects.change(RemovePendingChoice(tool_call_id))
             self.pending_choices[:] = [c for c in self.pending_choices if c.id != tool_call_id]
             self.emit(UserChoiceDismissed(choice_id=tool_call_id))

@@ -1,10 +1,12 @@
 """One step of one thread: re-drive the outbox → prepare inputs → interruption side effects → complete →
 **commit** → observe → dispatch.
 
-Durability (DESIGN §3):
+This module decides what the step does; it performs no write itself. Every commit, state change, send,
+spawn, tool run and dispatch goes through :class:`~stepagent.core.effects.StepEffects` (the seam), whose
+docstring holds the durability argument (DESIGN §3) and the order of the writes. What it relies on here:
 
 - Sync before dispatch: the asynchronous call and its dispatch intent are committed, atomically with the
-  step's inputs and rows, before the tool is dispatched.
+  step's inputs and rows, before the tool is dispatched (:class:`~stepagent.core.effects.StepEnd`).
 - Outbox: an intent is marked done only after its dispatch; every step first re-drives open intents with
   the same idempotency key (the tool call id), so no crash point leaves an unanswered, undispatched call.
 - Resume: a redelivered input that is already processed, on a thread whose history still ends with
@@ -30,26 +32,18 @@ Durability (DESIGN §3):
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from stepagent import texts
 from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
 from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, system_prompt
-from stepagent.core.completion import (
-    CompletionRunner,
-    RetryPolicy,
-    apply_tool_effects,
-    run_inline_tool,
-    sync_result_id,
-)
+from stepagent.core.completion import CompletionRunner, RetryPolicy, sync_result_id
+from stepagent.core.effects import StepEffects, StepEnd, ToolServices
 from stepagent.core.history import HistoryManager
 from stepagent.core.prepare import Preparer
 from stepagent.core.thread_cache import ThreadCache
 from stepagent.core.turn import turn_is_complete
-from stepagent.errors import ToolError, TransientError
 from stepagent.events import (
     AgentEvent,
     CompletionFinished,
@@ -57,9 +51,7 @@ from stepagent.events import (
     Info,
     Observer,
     StepFailed,
-    TurnCommitted,
     TurnComplete,
-    UserChoiceDismissed,
 )
 from stepagent.history_items import EventItem, ToolResultItem, UserItem
 from stepagent.ids import derived_id
@@ -87,13 +79,9 @@ from stepagent.tools.base import (
     FunctionRunner,
     LifecycleNotifier,
     TimerBackend,
-    ToolContext,
-    ToolEffects,
     Toolset,
 )
-from stepagent.tracing import Tracer, traced
-
-log = logging.getLogger(__name__)
+from stepagent.tracing import Tracer
 
 
 @dataclass(slots=True)
@@ -170,7 +158,8 @@ class ThreadStep:
         self.thread_id = thread_id
         self.cancel = cancel
         self.history: HistoryManager | None = None
-        self._reported_rows = 0  # how many of history.committed_rows a TurnCommitted has reported
+        #: Performs every write of the step (``core/effects.py``); built once the thread is loaded.
+        self.effects: StepEffects | None = None
         self._held = False  # whether this step deferred an input (the thread then has input pending)
 
     def emit(self, event: AgentEvent) -> None:
@@ -189,6 +178,22 @@ class ThreadStep:
             cache=self.config.thread_cache,
         )
         await history.prefetch([i.message_id for i in inputs], tool_result_ids)
+        config = self.config
+        self.effects = StepEffects(
+            history,
+            self.conversation,
+            self.state,
+            services=ToolServices(
+                sender=config.sender,
+                callback_url=config.callback_url,
+                timers=config.timers,
+                runner=config.runner,
+                notifier=config.notifier,
+            ),
+            toolset=config.toolset,
+            emit=self.emit,
+            tracer=config.tracer,
+        )
 
         # An unknown profile rejects the inputs before anything is written (or dispatched).
         metadata = history.metadata
@@ -200,7 +205,7 @@ class ThreadStep:
         owes_completion = await self._redrive_outbox(history)
         if history.info is not None and history.info.closed:
             history.turn_complete = True
-            await self._commit_and_report(history)
+            await self._effects.commit()
             return StepOutcome(self.thread_id)
 
         batch = await self._apply_deferral(history, list(inputs))
@@ -209,7 +214,7 @@ class ThreadStep:
             history,
             self.conversation,
             self.state,
-            self.config.sender,
+            self._effects,
             self.emit,
             passive_tools=passive,
             clock=self.config.clock,
@@ -225,13 +230,13 @@ class ThreadStep:
             if await preparer.prepare(item.message, item.message_id):
                 ready = True
                 last_ready_id = item.message_id
-        await self._interruption_side_effects(history)
+        await self._effects.cancel_interrupted(history.take_interrupted_tool_calls())
 
         if not ready and (owes_completion or (saw_duplicate and self._awaits_model(history))):
             ready = True
         if not ready:
             history.turn_complete = turn_is_complete(history, self.config.toolset)
-            await self._commit_and_report(history)
+            await self._effects.commit()
             return StepOutcome(self.thread_id)
         return await self._complete_commit_dispatch(history, last_ready_id)
 
@@ -260,7 +265,7 @@ class ThreadStep:
                 thread_id=history.thread_id,
                 root_thread_id=history.root_thread_id,
             ),
-            make_context=lambda call_id, provider_call_id: self._context(history, call_id, provider_call_id),
+            effects=self._effects,
             emit=self.emit,
             message_id=message_id,
             retry=self.config.retry,
@@ -294,25 +299,26 @@ class ThreadStep:
                 turn_complete=complete,
             )
         )
-        await self._commit_and_report(history)
-        for call_id in outcome.executed_sync_calls:
-            await self.state.mark_intent_done(self.thread_id, call_id)
-        self.emit(
-            CompletionFinished(
-                usage=outcome.usage,
-                context_window=model.context_window,
-                step_usage=outcome.step_usage,
-                model=agent.model,
-            )
+        finished = CompletionFinished(
+            usage=outcome.usage,
+            context_window=model.context_window,
+            step_usage=outcome.step_usage,
+            model=agent.model,
         )
-        error = None
-        if outcome.error is not None:
-            error = f"The model failed: {outcome.error}"
-            self.emit(StepFailed(message=error, retrying=False))
-        if intent is not None:
-            await self._dispatch(history, intent)
-        await self._maybe_trigger_compaction(
+        error = None if outcome.error is None else f"The model failed: {outcome.error}"
+        failed = [] if error is None else [StepFailed(message=error, retrying=False)]
+        request = self._compaction_request(
             history, outcome.usage, model.context_window, agent.compaction_threshold
+        )
+        notice = Info(f"✦ Auto-compaction triggered (context > {agent.compaction_threshold:.0%})")
+        await self._effects.finish(
+            StepEnd(
+                sync_calls=outcome.executed_sync_calls,
+                observe=[finished, *failed],
+                dispatch=intent,
+                compaction_request=request,
+                compaction_notice=notice,
+            )
         )
         if complete:
             self.emit(
@@ -320,14 +326,14 @@ class ThreadStep:
             )
         return StepOutcome(self.thread_id, True, outcome.usage, model.context_window, error)
 
-    async def _maybe_trigger_compaction(
+    def _compaction_request(
         self,
         history: HistoryManager,
         usage: Usage | None,
         window: int,
         threshold: float = DEFAULT_COMPACTION_THRESHOLD,
-    ) -> None:
-        """Ask this thread to compact itself, with an input ordered like any other.
+    ) -> tuple[InputMessage, str] | None:
+        """The input (and its dedup id) that asks this thread to compact itself, ordered like any other.
 
         The request's id names what would be compacted (the summary the thread already has) and the lease
         period, so every trigger between two compactions sends the same request: the queue's dedup and the
@@ -336,13 +342,12 @@ class ThreadStep:
         durable claim (two compactions never overlap); once a lease period has passed without a new
         summary — a compaction child that never finished — the id changes and compaction is tried again."""
         if not self._compaction_due(history, usage, window, threshold):
-            return
+            return None
         epoch = int(self.config.clock() // self.config.compaction_lease_seconds)
         covered = str(history.compacted_up_to or 0)
         request_id = derived_id("compaction-request", self.thread_id, covered, str(epoch))
         request = InputMessage(content=TextContent(text=""), group_id=self.thread_id, synthetic=Compaction())
-        await self.config.sender.send(request, request_id)
-        self.emit(Info(f"✦ Auto-compaction triggered (context > {threshold:.0%})"))
+        return request, request_id
 
     def _compaction_due(
         self, history: HistoryManager, usage: Usage | None, window: int, threshold: float
@@ -351,15 +356,10 @@ class ThreadStep:
             return False
         return history.info is None or history.info.kind != ThreadKind.COMPACTION
 
-    async def _commit_and_report(self, history: HistoryManager) -> None:
-        if history.info is None and not history.has_pending_rows:
-            return  # never create a thread record just to remember dropped inputs
-        await history.sync()
-        # Report from the last reported row, not from before this sync: rows committed mid-step (before
-        # a synchronous tool runs, or before a child is spawned) are reported here too.
-        if len(history.committed_rows) > self._reported_rows:
-            self.emit(TurnCommitted(rows=history.committed_rows[self._reported_rows :]))
-            self._reported_rows = len(history.committed_rows)
+    @property
+    def _effects(self) -> StepEffects:
+        assert self.effects is not None  # built by run() right after the load
+        return self.effects
 
     # ---- outbox -----------------------------------------------------------------------------------------------
 
@@ -373,15 +373,16 @@ class ThreadStep:
             return False
         await history.prefetch(tool_call_ids=[i.tool_call_id for i in intents])
         owes_completion = False
+        effects = self._effects
         for intent in intents:
             if history.is_answered(intent.tool_call_id):
-                await self.state.mark_intent_done(self.thread_id, intent.tool_call_id)
+                await effects.intent_done(intent.tool_call_id)
                 continue
             tool = self.config.toolset.get(intent.tool_name)
             if tool is not None and tool.inline:
                 pending = history.pending_tool_call()
                 if pending is None or pending.call.id != intent.tool_call_id:
-                    await self.state.mark_intent_done(self.thread_id, intent.tool_call_id)
+                    await effects.intent_done(intent.tool_call_id)
                     continue
                 call = ToolCall(
                     id=intent.tool_call_id,
@@ -389,42 +390,15 @@ class ThreadStep:
                     arguments=intent.arguments,
                     call_id=intent.call_id,
                 )
-                context = self._context(history, call.id, call.call_id)
-                result = await run_inline_tool(tool, call, context)
+                result = await effects.rerun_inline(tool, call)
                 history.append_generated(ToolResultItem(result=result), sync_result_id(call.id))
-                apply_tool_effects(history, context)
-                await self._commit_and_report(history)
-                await self.state.mark_intent_done(self.thread_id, intent.tool_call_id)
+                await effects.commit()
+                await effects.intent_done(intent.tool_call_id)
                 owes_completion = True
             else:
                 self.emit(Info(f"Re-dispatching tool call {intent.tool_call_id} ({intent.tool_name})"))
-                await self._dispatch(history, intent)
+                await effects.dispatch(intent)
         return owes_completion
-
-    async def _dispatch(self, history: HistoryManager, intent: DispatchIntent) -> None:
-        """Dispatch an asynchronous call. Failures the model should know about become its result;
-        transient infrastructure errors propagate (the intent stays open and is re-driven)."""
-        context = self._context(history, intent.tool_call_id, intent.call_id)
-        tool = self.config.toolset.get(intent.tool_name)
-        annotations = {
-            "thread_id": self.thread_id,
-            "tool_call_id": intent.tool_call_id,
-            "tool": intent.tool_name,
-        }
-        try:
-            if tool is None:
-                raise ToolError(f"tool '{intent.tool_name}' is no longer available")
-            async with traced(self.config.tracer, "tool", annotations):
-                await tool.execute(intent.arguments, context)
-        except TransientError:
-            raise
-        except ToolError as error:
-            await context.send_result(f"Error: {error}")
-        except Exception as error:  # a tool's bug must reach the model, not wedge the thread
-            log.exception("tool %s failed to dispatch", intent.tool_name)
-            await context.send_result(texts.DISPATCH_FAILED.format(error=error))
-            self.emit(Info(f"Error: {error}"))
-        await self.state.mark_intent_done(self.thread_id, intent.tool_call_id)
 
     # ---- deferral -----------------------------------------------------------------------------------------------
 
@@ -493,38 +467,8 @@ class ThreadStep:
             return await self.state.pending_choices(self.thread_id)
         return []
 
-    async def _interruption_side_effects(self, history: HistoryManager) -> None:
-        for call_id in history.take_interrupted_tool_calls():
-            notifier = self.config.notifier
-            if notifier is not None:
-                try:
-                    await notifier.cancel_tool_call(self.thread_id, call_id)
-                except Exception:  # best effort: the call's result is ignored either way
-                    log.warning("could not notify tool servers of interrupted call %s", call_id)
-            await self.state.remove_pending_choice(self.thread_id, call_id)
-            self.emit(UserChoiceDismissed(choice_id=call_id))
-
     @staticmethod
     def _awaits_model(history: HistoryManager) -> bool:
         return bool(history.history) and isinstance(
             history.history[-1], UserItem | ToolResultItem | EventItem
-        )
-
-    def _context(self, history: HistoryManager, tool_call_id: str, call_id: str | None) -> ToolContext:
-        metadata = history.metadata
-        user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
-        return ToolContext(
-            thread_id=self.thread_id,
-            tool_call_id=tool_call_id,
-            call_id=call_id,
-            thread_stack=history.thread_stack,
-            sender=self.config.sender,
-            conversation=self.conversation,
-            state=self.state,
-            user_id=user_id if isinstance(user_id, str) else None,
-            callback_url=self.config.callback_url,
-            timers=self.config.timers,
-            runner=self.config.runner,
-            notifier=self.config.notifier,
-            effects=ToolEffects(),
         )

@@ -9,6 +9,10 @@ Two kinds of tools:
   arrives later as an input message for the thread. Dispatch happens after the commit, from the durable
   outbox, with the tool call id as the idempotency key.
 
+A tool reaches the stores only through :class:`ToolAccess` (thread records, spawning and closing threads,
+subscriptions, a key/value cache): a thread's history, processed ids, intents and choices are written by the
+step's commit alone.
+
 A tool signals a problem the model should see by raising :class:`~stepagent.errors.ToolError` (sync) or
 by sending an ``Error: ...`` result itself (async; see :func:`send_tool_error`).
 """
@@ -24,8 +28,9 @@ from stepagent.messages import InputMessage, ToolResult
 from stepagent.providers.base import ToolSpec
 
 if TYPE_CHECKING:
+    from stepagent.history_items import Summary
     from stepagent.senders.base import InputSender
-    from stepagent.stores.base import ConversationStore, StateStore
+    from stepagent.stores.base import ThreadInfo, ThreadKind
 
 
 class TimerBackend(Protocol):
@@ -48,6 +53,29 @@ class LifecycleNotifier(Protocol):
     async def thread_closed(self, thread_id: str) -> None: ...
 
 
+class ToolAccess(Protocol):
+    """The store operations a tool may use: thread records, spawning and closing threads, handing a
+    summary over, subscriptions and the key/value cache. Deliberately not a thread's history commit, its
+    processed ids, dispatch intents or pending choices: those are written only by the step's commit
+    (``core/effects.py``), so a tool cannot change a thread behind the step's back."""
+
+    async def get_thread(self, thread_id: str) -> ThreadInfo | None: ...
+
+    async def spawn_thread(
+        self, parent_id: str, *, child_id: str, spawn_tool_call_id: str, kind: ThreadKind
+    ) -> ThreadInfo: ...
+
+    async def close_thread(self, thread_id: str) -> None: ...
+
+    async def save_summary(self, thread_id: str, summary: Summary) -> None: ...
+
+    async def active_subscriptions(self, thread_id: str) -> set[str]: ...
+
+    async def remove_subscription(self, thread_id: str, tool_call_id: str) -> None: ...
+
+    async def cache_put(self, key: str, value: str, expires_at: float) -> None: ...
+
+
 @dataclass(slots=True)
 class ToolEffects:
     """Thread state a synchronous tool changes. The step commits it together with the tool's result, so a
@@ -65,8 +93,8 @@ class ToolContext:
     call_id: str | None
     thread_stack: list[str]
     sender: InputSender
-    conversation: ConversationStore
-    state: StateStore
+    #: The stores as far as a tool may use them (``core/effects.py`` builds it over the real stores).
+    access: ToolAccess
     user_id: str | None = None
     callback_url: str | None = None
     timers: TimerBackend | None = None

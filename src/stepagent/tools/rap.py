@@ -126,7 +126,7 @@ class RapTool(Tool):
         # Recorded before the POST: once the server has the call, a cancellation must find its owner.
         # A store failure propagates (transient): the intent stays open and is re-driven with the same id.
         expires = self.clock() + OWNER_TTL
-        await context.state.cache_put(
+        await context.access.cache_put(
             owner_key(context.thread_id, context.tool_call_id), self.server.base_url, expires
         )
         try:

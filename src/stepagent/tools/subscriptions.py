@@ -41,7 +41,7 @@ class CancelSubscription(Tool):
         subscription = arguments.get("tool_call_id")
         if not isinstance(subscription, str) or not subscription:
             raise ToolError("tool_call_id is required")
-        if subscription not in await context.state.active_subscriptions(context.thread_id):
+        if subscription not in await context.access.active_subscriptions(context.thread_id):
             raise ToolError(f"no active subscription found for tool call ID '{subscription}'")
         if context.notifier is not None:
             try:
@@ -53,7 +53,7 @@ class CancelSubscription(Tool):
         if context.effects is not None:
             context.effects.subscriptions_removed.append(subscription)
         else:
-            await context.state.remove_subscription(context.thread_id, subscription)
+            await context.access.remove_subscription(context.thread_id, subscription)
         text = texts.SUBSCRIPTION_CANCELLED.format(id=subscription)
         return ToolResult.text(context.tool_call_id, text, call_id=context.call_id)
 

@@ -78,7 +78,7 @@ class SpawnThread(Tool):
         if instructions is None:
             raise ToolError("instructions is required")
         child = child_thread_id(context.thread_id, context.tool_call_id)
-        await context.conversation.spawn_thread(
+        await context.access.spawn_thread(
             context.thread_id, child_id=child, spawn_tool_call_id=context.tool_call_id, kind=ThreadKind.CHILD
         )
         seed = ToolResult.text(
@@ -93,7 +93,7 @@ class SpawnThread(Tool):
 
 
 async def _own_record(context: ToolContext) -> ThreadInfo | None:
-    info = await context.conversation.get_thread(context.thread_id)
+    info = await context.access.get_thread(context.thread_id)
     return info if info is not None and info.parent_id is not None else None
 
 
@@ -176,12 +176,12 @@ class CloseThread(Tool):
             return
         report = _string(arguments, "report_to_parent")
         # Close first: from here on every input to this thread is dropped, so nothing races the report.
-        await context.conversation.close_thread(thread_id)
+        await context.access.close_thread(thread_id)
         await _end_subscriptions(context, thread_id)
         if info.kind == ThreadKind.COMPACTION:
             if report:
                 summary = Summary(text=report, up_to_order=info.spawn_order or 0)
-                await context.conversation.save_summary(info.parent_id, summary)
+                await context.access.save_summary(info.parent_id, summary)
             done = InputMessage(
                 content=ToolResult.text("", texts.COMPACTION_COMPLETE),
                 group_id=info.parent_id,
@@ -215,13 +215,13 @@ async def _end_subscriptions(context: ToolContext, thread_id: str) -> None:
     """A closed thread has no subscriptions: "a thread is active while it has subscriptions" must not keep
     it alive. Tool servers are told, best effort, as for an interrupted call. Idempotent (a re-dispatch
     after a crash finds fewer or none)."""
-    for subscription in sorted(await context.state.active_subscriptions(thread_id)):
+    for subscription in sorted(await context.access.active_subscriptions(thread_id)):
         if context.notifier is not None:
             try:
                 await context.notifier.cancel_tool_call(thread_id, subscription)
             except Exception:  # best effort by contract: the subscription ends here regardless
                 log.warning("could not tell the tool server that subscription %s ended", subscription)
-        await context.state.remove_subscription(thread_id, subscription)
+        await context.access.remove_subscription(thread_id, subscription)
 
 
 class SendMessageToChild(Tool):
@@ -252,7 +252,7 @@ class SendMessageToChild(Tool):
         if message is None:
             await send_tool_error(context, "message is required")
             return
-        info = await context.conversation.get_thread(child)
+        info = await context.access.get_thread(child)
         if info is None or info.parent_id is None:
             await send_tool_error(context, "Child thread not found or has no parent")
             return
