@@ -26,8 +26,8 @@ from stepagent.messages import (
     ToolResult,
 )
 from stepagent.providers.base import ModelInfo, ModelRequest, ToolSpec
-from stepagent.providers.openai_compat import openai_body
 from stepagent.providers.json_body import dump_json
+from stepagent.providers.openai_compat import openai_body
 from stepagent.providers.requests_common import (
     CONVERSATION_START,
     EMPTY_OUTPUT,
