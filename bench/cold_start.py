@@ -1,0 +1,281 @@
+"""Cold start of the worker Lambda against the peer, measured in one run: import and first invocation.
+
+:func:`cold_start` runs, interleaved and ``runs`` times each, in fresh interpreters (:mod:`bench.cold_child`,
+``python -I``):
+
+- the worker handler's import exactly as Lambda does it: module ``worker`` of ``Handler: worker.handler``
+  (template.yaml) with the function's code (``handlers/``, Lambda's ``/var/task``) first on ``sys.path``,
+  in the environment the template gives ``WorkerFunction`` (evaluated by ``tests/artifact/template_env.py``)
+  plus the variables Lambda sets;
+- ``import strands`` in the peer's interpreter: ``STEPAGENT_PEER_PYTHON``, else ``.venv-peer/bin/python``
+  (``bench/peer-requirements.txt``); without one that ratio is skipped with a note saying so;
+- a cold container: the import, then two handler calls, each with a real SQS-event-shaped batch of one user
+  message on a new thread (the second is the warm, comparable call), against a moto server in this process
+  (so not in the measured one's CPU), with the scripted model. Reported: the CPU (``time.process_time``) of
+  the first call minus that of the second, and the botocore clients alive after the import (must be 0) and
+  after each call. Every call must answer its message (checked on the output queue), or the run fails.
+
+The ratios use medians of the same run, so a loaded machine slows both sides alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = Path(__file__).with_name("cold_child.py")
+PEER_PYTHON_ENV = "STEPAGENT_PEER_PYTHON"
+IMPORT_RATIO_TARGET = 0.8
+FIRST_MINUS_WARM_TARGET_MS = 300
+REGION = "us-east-1"
+SCRIPT = {"rules": [], "default": [{"text": "Cold start answered."}]}
+
+# What Lambda's Python runtime sets for every function (fake credentials: the moto server only).
+LAMBDA_ENV = {
+    "AWS_LAMBDA_FUNCTION_NAME": "WorkerFunction",
+    "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "1024",
+    "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+    "AWS_EXECUTION_ENV": "AWS_Lambda_python3.11",
+    "AWS_REGION": REGION,
+    "AWS_DEFAULT_REGION": REGION,
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_SESSION_TOKEN": "bench",
+    "AWS_XRAY_CONTEXT_MISSING": "LOG_ERROR",
+    "AWS_XRAY_DAEMON_ADDRESS": "127.0.0.1:2000",
+    "_X_AMZN_TRACE_ID": "Root=1-00000000-000000000000000000000000;Parent=53995c3f42cd8ad8;Sampled=1",
+    "PATH": "/usr/bin:/bin",
+    "TZ": ":UTC",
+}
+
+
+def peer_python() -> Path | None:
+    """The peer's interpreter, or ``None`` when there is none."""
+    configured = os.environ.get(PEER_PYTHON_ENV)
+    path = Path(configured) if configured else ROOT / ".venv-peer" / "bin" / "python"
+    return path if path.exists() else None
+
+
+def handler_path() -> tuple[str, str]:
+    """``(module, function)`` of the worker's ``Handler`` in template.yaml."""
+    from tests.artifact.template_env import load_template
+
+    handler = str(load_template()["Resources"]["WorkerFunction"]["Properties"]["Handler"])
+    module, _, function = handler.rpartition(".")
+    return module, function
+
+
+def run_child(python: str, request: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    done = subprocess.run(
+        [python, "-I", str(CHILD)],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=request["path"][0] if request["path"] else None,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"cold-start child failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@dataclass
+class MotoStack:
+    """The worker's resources on a moto server in this process, and clients to drive them."""
+
+    env: dict[str, str]
+    sqs: Any
+    urls: dict[str, str]
+
+    async def batch(self, group: str) -> dict[str, Any]:
+        """One user message on thread ``group``, as `stepagent send` queues it, received as Lambda's SQS
+        event source hands it to the worker."""
+        body = {"content": {"type": "text", "text": "hello"}, "group_id": group}
+        await self.sqs.send_message(
+            QueueUrl=self.urls["input"],
+            MessageBody=json.dumps(body),
+            MessageGroupId=group,
+            MessageDeduplicationId=f"{group}-1",
+        )
+        found = await self.sqs.receive_message(
+            QueueUrl=self.urls["input"],
+            MaxNumberOfMessages=1,
+            MessageSystemAttributeNames=["All"],
+            MessageAttributeNames=["All"],
+            WaitTimeSeconds=1,
+        )
+        (message,) = found["Messages"]
+        record = {
+            "messageId": message["MessageId"],
+            "receiptHandle": message["ReceiptHandle"],
+            "body": message["Body"],
+            "attributes": dict(message.get("Attributes", {})),
+            "messageAttributes": {},
+            "eventSource": "aws:sqs",
+        }
+        return {"Records": [record]}
+
+    async def answered(self) -> set[str]:
+        """Threads that got the scripted answer on the output queue since the last call."""
+        threads: set[str] = set()
+        while True:
+            found = await self.sqs.receive_message(
+                QueueUrl=self.urls["output"], MaxNumberOfMessages=10, WaitTimeSeconds=0
+            )
+            messages = found.get("Messages", [])
+            if not messages:
+                return threads
+            for message in messages:
+                event = json.loads(message["Body"])
+                if event.get("type") == "text" and event.get("text") == SCRIPT["default"][0]["text"]:
+                    threads.add(event["thread_id"])
+                await self.sqs.delete_message(
+                    QueueUrl=self.urls["output"], ReceiptHandle=message["ReceiptHandle"]
+                )
+
+
+@asynccontextmanager
+async def moto_stack(script: Path, handler: str) -> AsyncIterator[MotoStack]:
+    import logging
+
+    import aioboto3
+    from moto.server import ThreadedMotoServer
+    from tests.artifact.template_env import Evaluator, load_template
+
+    from stepagent.aws.queue_resources import LOCAL_SCHEDULER_ROLE_ARN, ensure_queues_and_bucket
+    from stepagent.aws.resources import ensure_tables
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    session = aioboto3.Session(region_name=REGION, aws_access_key_id="bench", aws_secret_access_key="bench")
+    try:
+        async with AsyncExitStack() as stack:
+
+            async def client(service: str) -> Any:
+                return await stack.enter_async_context(session.client(service, endpoint_url=endpoint))
+
+            sqs, s3, dynamodb, secrets = [
+                await client(s) for s in ("sqs", "s3", "dynamodb", "secretsmanager")
+            ]
+            prefix = f"cold-{uuid.uuid4().hex[:8]}"
+            resources = await ensure_queues_and_bucket(sqs, s3, prefix=prefix, region=REGION)
+            await ensure_tables(dynamodb, f"{prefix}-conversation", f"{prefix}-state")
+            secret = await secrets.create_secret(Name=f"{prefix}-callback", SecretString=uuid.uuid4().hex)
+            physical = {
+                "ConversationTable": f"{prefix}-conversation",
+                "StateTable": f"{prefix}-state",
+                "InputQueue": resources.input_queue_url,
+                "OutputQueue": resources.output_queue_url,
+                "DelayQueue": resources.delay_queue_url,
+                "ToolQueue": resources.tool_queue_url,
+                "BlobBucket": resources.bucket,
+                "CallbackSecret": secret["ARN"],
+                "SchedulerRole.Arn": LOCAL_SCHEDULER_ROLE_ARN,
+                "DelayDeadLetterQueue.Arn": resources.scheduler_dlq_arn,
+                "RapReceiverFunctionUrl.FunctionUrl": "https://receiver.lambda-url.us-east-1.on.aws/",
+            }
+            evaluator = Evaluator(load_template(), physical, {"Model": f"scripted:{script}"}, region=REGION)
+            env = {
+                **evaluator.environment("WorkerFunction"),
+                **LAMBDA_ENV,
+                "LAMBDA_TASK_ROOT": str(ROOT / "handlers"),
+                "_HANDLER": handler,
+                "AWS_ENDPOINT_URL": endpoint,
+            }
+            yield MotoStack(env, sqs, resources.urls)
+    finally:
+        server.stop()
+
+
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 1)
+
+
+async def cold_start(runs: int = 7) -> dict[str, Any]:
+    module, function = handler_path()
+    path = [str(ROOT / "handlers"), str(ROOT / "src")]
+    peer = peer_python()
+    worker_imports: list[dict[str, Any]] = []
+    peer_imports: list[dict[str, Any]] = []
+    invocations: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="stepagent-cold-") as folder:
+        script = Path(folder) / "agent.json"
+        script.write_text(json.dumps(SCRIPT), encoding="utf-8")
+        async with moto_stack(script, f"{module}.{function}") as stack:
+            importing = {"path": path, "module": module}
+            # One unmeasured import each first: bytecode caches written, files in the page cache.
+            run_child(sys.executable, importing, stack.env)
+            if peer is not None:
+                run_child(str(peer), {"path": [], "module": "strands"}, LAMBDA_ENV)
+            for run in range(runs):
+                worker_imports.append(run_child(sys.executable, importing, stack.env))
+                if peer is not None:
+                    peer_imports.append(run_child(str(peer), {"path": [], "module": "strands"}, LAMBDA_ENV))
+                groups = [f"cold-{run}-first", f"cold-{run}-warm"]
+                events = [await stack.batch(group) for group in groups]
+                calling = {**importing, "function": function, "events": events}
+                invocations.append(run_child(sys.executable, calling, stack.env))
+                for call in invocations[-1]["calls"]:
+                    if call["result"] != {"batchItemFailures": []}:
+                        raise RuntimeError(f"the worker failed a record: {call['result']}")
+                if await stack.answered() != set(groups):
+                    raise RuntimeError(f"the worker did not answer both threads of run {run}")
+    return summary(worker_imports, peer_imports, invocations, peer)
+
+
+def summary(
+    worker: list[dict[str, Any]],
+    peer: list[dict[str, Any]],
+    invocations: list[dict[str, Any]],
+    peer_python: Path | None,
+) -> dict[str, Any]:
+    first = [i["calls"][0]["cpu_ms"] for i in invocations]
+    warm = [i["calls"][1]["cpu_ms"] for i in invocations]
+    extra = [f - w for f, w in zip(first, warm, strict=True)]
+    out: dict[str, Any] = {
+        "runs": len(worker),
+        "worker_import_ms_median": _median([w["import_wall_ms"] for w in worker]),
+        "worker_import_cpu_ms_median": _median([w["import_cpu_ms"] for w in worker]),
+        "aws_clients_after_import": max(i["aws_clients_after_import"] for i in invocations),
+        "aws_clients_after_first_call": max(i["calls"][0]["aws_clients"] for i in invocations),
+        "first_call_cpu_ms_median": _median(first),
+        "warm_call_cpu_ms_median": _median(warm),
+        "first_minus_warm_cpu_ms_median": _median(extra),
+        "first_minus_warm_target_ms": FIRST_MINUS_WARM_TARGET_MS,
+        "first_minus_warm_within_target": statistics.median(extra) <= FIRST_MINUS_WARM_TARGET_MS,
+        "import_ratio_target": IMPORT_RATIO_TARGET,
+    }
+    if not peer:
+        out["peer"] = (
+            f"skipped: no peer interpreter (set {PEER_PYTHON_ENV} or create .venv-peer from "
+            "bench/peer-requirements.txt), so there is no import ratio"
+        )
+        out["import_ratio_within_target"] = None
+        return out
+    out["peer"] = f"strands-agents in {peer_python}"
+    out["peer_import_ms_median"] = _median([p["import_wall_ms"] for p in peer])
+    out["peer_import_cpu_ms_median"] = _median([p["import_cpu_ms"] for p in peer])
+    out["import_ratio"] = round(out["worker_import_ms_median"] / out["peer_import_ms_median"], 3)
+    out["import_cpu_ratio"] = round(out["worker_import_cpu_ms_median"] / out["peer_import_cpu_ms_median"], 3)
+    out["import_ratio_within_target"] = out["import_ratio"] <= IMPORT_RATIO_TARGET
+    return out
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(cold_start(int(sys.argv[1]) if len(sys.argv) > 1 else 3)), indent=2))
