@@ -28,8 +28,6 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
-import httpx
-
 from stepagent.agent_config import AgentConfig
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.inbox import InboxSender
@@ -51,7 +49,6 @@ from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore,
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import Invocable, load_toolset
-from stepagent.tools.mcp import load_mcp_tools
 from stepagent.tools.remote import load_remote
 from stepagent.tools.sleep import Clock, Sleep, SleepUntil, utc_now
 from stepagent.tracing import Tracer
@@ -185,6 +182,8 @@ class AwsRuntime:
         local_tools = [*builtin_tools(), Sleep(), SleepUntil(clock), *self.user_tools]
         if WORKER not in self.roles:
             if TOOL_RUNNER in self.roles and settings.mcp_servers:
+                from stepagent.tools.mcp import load_mcp_tools
+
                 mcp_tools = await load_mcp_tools(settings.mcp_servers, existing=local_tools)
                 self.function_tools.update({t.name: t for t in mcp_tools if isinstance(t, Invocable)})
             return
@@ -207,8 +206,13 @@ class AwsRuntime:
             dead_letter_arn=settings.scheduler_dlq_arn,
             clock=clock,
         )
-        # Remote tools (RAP servers, MCP servers) are listed once per process, at cold start.
-        http = await self._stack.enter_async_context(httpx.AsyncClient(timeout=30.0))
+        # Remote tools (RAP servers, MCP servers) are listed once per process, at cold start. Only RAP
+        # servers need an HTTP client: without them httpx is not even imported.
+        http = None
+        if settings.rap_servers:
+            import httpx
+
+            http = await self._stack.enter_async_context(httpx.AsyncClient(timeout=30.0))
         remote = await load_remote(
             settings, state, http, existing=local_tools, mcp=bool(settings.mcp_servers)
         )
