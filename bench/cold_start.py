@@ -4,9 +4,12 @@
 ``python -I``):
 
 - the worker handler's import exactly as Lambda does it: module ``worker`` of ``Handler: worker.handler``
-  (template.yaml) with the function's code (``handlers/``, Lambda's ``/var/task``) first on ``sys.path``,
-  in the environment the template gives ``WorkerFunction`` (evaluated by ``tests/artifact/template_env.py``)
-  plus the variables Lambda sets;
+  (template.yaml), ``python -I -S`` with the function's code (``handlers/``, Lambda's ``/var/task``), this
+  checkout's ``src/`` and the built layer (``make build-RuntimeLayer``: the Lambda wheels of the pinned
+  dependencies, nothing development-only) on ``sys.path``, in the environment the template gives
+  ``WorkerFunction`` (evaluated by ``tests/artifact/template_env.py``) plus the variables Lambda sets. The
+  layer is built into a temporary folder (a few minutes: pip fetches the wheels) unless
+  ``STEPAGENT_BENCH_LAYER`` names an already built one (its ``python/`` folder);
 - ``import strands`` in the peer's interpreter: ``STEPAGENT_PEER_PYTHON``, else ``.venv-peer/bin/python``
   (``bench/peer-requirements.txt``); without one that ratio is skipped with a note saying so;
 - a cold container: the import, then two handler calls, each with a real SQS-event-shaped batch of one user
@@ -37,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).with_name("cold_child.py")
 PEER_PYTHON_ENV = "STEPAGENT_PEER_PYTHON"
+LAYER_ENV = "STEPAGENT_BENCH_LAYER"
 IMPORT_RATIO_TARGET = 0.8
 FIRST_MINUS_WARM_TARGET_MS = 300
 REGION = "us-east-1"
@@ -68,6 +72,26 @@ def peer_python() -> Path | None:
     return path if path.exists() else None
 
 
+def built_layer(folder: Path) -> Path:
+    """The layer's ``python/`` folder: ``STEPAGENT_BENCH_LAYER``, else built into ``folder`` as `sam build`
+    builds it."""
+    configured = os.environ.get(LAYER_ENV)
+    if configured:
+        return Path(configured)
+    subprocess.run(
+        ["make", "-s", "build-RuntimeLayer", f"ARTIFACTS_DIR={folder}", f"PYTHON={sys.executable}"],
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return folder / "python"
+
+
+def base_python() -> str:
+    """The interpreter behind the venv: with ``-S`` none of the venv's packages are importable."""
+    return str(getattr(sys, "_base_executable", None) or sys.executable)
+
+
 def handler_path() -> tuple[str, str]:
     """``(module, function)`` of the worker's ``Handler`` in template.yaml."""
     from tests.artifact.template_env import load_template
@@ -77,9 +101,9 @@ def handler_path() -> tuple[str, str]:
     return module, function
 
 
-def run_child(python: str, request: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+def run_child(command: list[str], request: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     done = subprocess.run(
-        [python, "-I", str(CHILD)],
+        [*command, str(CHILD)],
         input=json.dumps(request),
         capture_output=True,
         text=True,
@@ -209,28 +233,31 @@ def _median(values: list[float]) -> float:
 
 async def cold_start(runs: int = 7) -> dict[str, Any]:
     module, function = handler_path()
-    path = [str(ROOT / "handlers"), str(ROOT / "src")]
     peer = peer_python()
+    worker_python = [base_python(), "-I", "-S"]
+    peer_python_command = [str(peer), "-I"]
     worker_imports: list[dict[str, Any]] = []
     peer_imports: list[dict[str, Any]] = []
     invocations: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="stepagent-cold-") as folder:
+        path = [str(ROOT / "handlers"), str(ROOT / "src"), str(built_layer(Path(folder) / "layer"))]
         script = Path(folder) / "agent.json"
         script.write_text(json.dumps(SCRIPT), encoding="utf-8")
         async with moto_stack(script, f"{module}.{function}") as stack:
             importing = {"path": path, "module": module}
             # One unmeasured import each first: bytecode caches written, files in the page cache.
-            run_child(sys.executable, importing, stack.env)
+            run_child(worker_python, importing, stack.env)
             if peer is not None:
-                run_child(str(peer), {"path": [], "module": "strands"}, LAMBDA_ENV)
+                run_child(peer_python_command, {"path": [], "module": "strands"}, LAMBDA_ENV)
             for run in range(runs):
-                worker_imports.append(run_child(sys.executable, importing, stack.env))
+                worker_imports.append(run_child(worker_python, importing, stack.env))
                 if peer is not None:
-                    peer_imports.append(run_child(str(peer), {"path": [], "module": "strands"}, LAMBDA_ENV))
+                    strands = {"path": [], "module": "strands"}
+                    peer_imports.append(run_child(peer_python_command, strands, LAMBDA_ENV))
                 groups = [f"cold-{run}-first", f"cold-{run}-warm"]
                 events = [await stack.batch(group) for group in groups]
                 calling = {**importing, "function": function, "events": events}
-                invocations.append(run_child(sys.executable, calling, stack.env))
+                invocations.append(run_child(worker_python, calling, stack.env))
                 for call in invocations[-1]["calls"]:
                     if call["result"] != {"batchItemFailures": []}:
                         raise RuntimeError(f"the worker failed a record: {call['result']}")
