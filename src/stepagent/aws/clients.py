@@ -2,10 +2,15 @@
 
 One session per process; clients are async context managers bound to the running event loop, so a
 long-lived process (a Lambda container, the local stack) opens them once and keeps them.
+:class:`LazyClient` stands in for a client that most invocations never call (S3 holds only payloads too
+large for a queue message or a DynamoDB item): it is opened on its first call, once, so a cold start does
+not pay for loading its service model.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -30,3 +35,35 @@ def client(session: aioboto3.Session, service: str, settings: Settings) -> Abstr
     if settings.endpoint_url:
         kwargs["endpoint_url"] = settings.endpoint_url
     return session.client(service, **kwargs)  # type: ignore[no-any-return]
+
+
+class LazyClient:
+    """A client whose API calls (``await lazy.put_object(...)``) open the real one first, exactly once.
+
+    ``opener`` opens it and returns it (typically entering :func:`client` in the owner's exit stack, which
+    then closes it). Only API methods are forwarded; a lazy client has no ``meta`` or ``exceptions``."""
+
+    def __init__(self, opener: Callable[[], Awaitable[Any]]) -> None:
+        self._opener = opener
+        self._client: Any = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def opened(self) -> bool:
+        """Whether the real client has been opened."""
+        return self._client is not None
+
+    async def _opened(self) -> Any:
+        async with self._lock:
+            if self._client is None:
+                self._client = await self._opener()
+        return self._client
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        if name.startswith("_") or name in {"meta", "exceptions"}:
+            raise AttributeError(name)
+
+        async def call(**kwargs: Any) -> Any:
+            return await getattr(await self._opened(), name)(**kwargs)
+
+        return call

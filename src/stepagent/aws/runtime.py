@@ -6,7 +6,8 @@ Guarantees:
   (``worker``, ``tool_runner``, ``timer_relay``; one :class:`~stepagent.errors.ConfigurationError` naming
   every missing variable; for the worker, the agent settings too, one line per bad value), aioboto3
   clients are opened (``AWS_ENDPOINT_URL`` honoured), the stores, the model providers (the default one and
-  one per profile model) and the toolsets are built. The EventBridge Scheduler client is opened on first use only.
+  one per profile model) and the toolsets are built. The EventBridge Scheduler and S3 clients are opened on
+  first use only (long timers; payloads too large for a message or an item).
   Clients are bound to the event loop that created the runtime: call its handlers on that loop.
 - The handlers (:meth:`handle_sqs_batch`, :meth:`handle_tool_batch`, :meth:`handle_delay_batch`) take a
   Lambda-shaped event and return ``{"batchItemFailures": [...]}``; they never raise for a partial failure.
@@ -29,7 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from stepagent.agent_config import AgentConfig
-from stepagent.aws.clients import aws_session, client
+from stepagent.aws.clients import LazyClient, aws_session, client
 from stepagent.aws.inbox import InboxSender
 from stepagent.aws.live import LiveText, NoticingPublisher
 from stepagent.aws.secrets import provider_environment, resolve_secrets
@@ -176,7 +177,8 @@ class AwsRuntime:
         settings = self.settings
         self._session = session
         self.sqs = await self._stack.enter_async_context(client(session, "sqs", settings))
-        self.s3 = await self._stack.enter_async_context(client(session, "s3", settings))
+        # S3 holds only oversized payloads: its client (the largest service model) opens on first use.
+        self.s3 = LazyClient(lambda: self._stack.enter_async_context(client(session, "s3", settings)))
         self.queues = SqsQueues(self.sqs, s3_client=self.s3, bucket=settings.blob_bucket)
         self.sender = SqsSender(self.sqs, str(settings.input_queue_url), queues=self.queues)
         local_tools = [*builtin_tools(), Sleep(), SleepUntil(clock), *self.user_tools]
