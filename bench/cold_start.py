@@ -172,57 +172,66 @@ class MotoStack:
 
 
 @asynccontextmanager
-async def moto_stack(script: Path, handler: str) -> AsyncIterator[MotoStack]:
-    import logging
-
+async def deployed_worker(endpoint: str, script: Path) -> AsyncIterator[MotoStack]:
+    """The worker's resources, fresh, on the moto server at ``endpoint``, with ``WorkerFunction``'s
+    environment as the template gives it (``Model``: the scripted model ``script``; every other parameter
+    its default) plus Lambda's variables."""
     import aioboto3
-    from moto.server import ThreadedMotoServer
     from tests.artifact.template_env import Evaluator, load_template
 
     from stepagent.aws.queue_resources import LOCAL_SCHEDULER_ROLE_ARN, ensure_queues_and_bucket
     from stepagent.aws.resources import ensure_tables
 
+    module, function = handler_path()
+    session = aioboto3.Session(region_name=REGION, aws_access_key_id="bench", aws_secret_access_key="bench")
+    async with AsyncExitStack() as stack:
+
+        async def client(service: str) -> Any:
+            return await stack.enter_async_context(session.client(service, endpoint_url=endpoint))
+
+        sqs, s3, dynamodb, secrets = [await client(s) for s in ("sqs", "s3", "dynamodb", "secretsmanager")]
+        prefix = f"cold-{uuid.uuid4().hex[:8]}"
+        resources = await ensure_queues_and_bucket(sqs, s3, prefix=prefix, region=REGION)
+        await ensure_tables(dynamodb, f"{prefix}-conversation", f"{prefix}-state")
+        secret = await secrets.create_secret(Name=f"{prefix}-callback", SecretString=uuid.uuid4().hex)
+        physical = {
+            "ConversationTable": f"{prefix}-conversation",
+            "StateTable": f"{prefix}-state",
+            "InputQueue": resources.input_queue_url,
+            "OutputQueue": resources.output_queue_url,
+            "DelayQueue": resources.delay_queue_url,
+            "ToolQueue": resources.tool_queue_url,
+            "BlobBucket": resources.bucket,
+            "CallbackSecret": secret["ARN"],
+            "SchedulerRole.Arn": LOCAL_SCHEDULER_ROLE_ARN,
+            "DelayDeadLetterQueue.Arn": resources.scheduler_dlq_arn,
+            "RapReceiverFunctionUrl.FunctionUrl": "https://receiver.lambda-url.us-east-1.on.aws/",
+        }
+        evaluator = Evaluator(load_template(), physical, {"Model": f"scripted:{script}"}, region=REGION)
+        env = {
+            **evaluator.environment("WorkerFunction"),
+            **LAMBDA_ENV,
+            "LAMBDA_TASK_ROOT": str(ROOT / "handlers"),
+            "_HANDLER": f"{module}.{function}",
+            "AWS_ENDPOINT_URL": endpoint,
+        }
+        yield MotoStack(env, sqs, resources.urls)
+
+
+@asynccontextmanager
+async def moto_stack(script: Path) -> AsyncIterator[MotoStack]:
+    """:func:`deployed_worker` on a moto server of its own, in this process."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    session = aioboto3.Session(region_name=REGION, aws_access_key_id="bench", aws_secret_access_key="bench")
     try:
-        async with AsyncExitStack() as stack:
-
-            async def client(service: str) -> Any:
-                return await stack.enter_async_context(session.client(service, endpoint_url=endpoint))
-
-            sqs, s3, dynamodb, secrets = [
-                await client(s) for s in ("sqs", "s3", "dynamodb", "secretsmanager")
-            ]
-            prefix = f"cold-{uuid.uuid4().hex[:8]}"
-            resources = await ensure_queues_and_bucket(sqs, s3, prefix=prefix, region=REGION)
-            await ensure_tables(dynamodb, f"{prefix}-conversation", f"{prefix}-state")
-            secret = await secrets.create_secret(Name=f"{prefix}-callback", SecretString=uuid.uuid4().hex)
-            physical = {
-                "ConversationTable": f"{prefix}-conversation",
-                "StateTable": f"{prefix}-state",
-                "InputQueue": resources.input_queue_url,
-                "OutputQueue": resources.output_queue_url,
-                "DelayQueue": resources.delay_queue_url,
-                "ToolQueue": resources.tool_queue_url,
-                "BlobBucket": resources.bucket,
-                "CallbackSecret": secret["ARN"],
-                "SchedulerRole.Arn": LOCAL_SCHEDULER_ROLE_ARN,
-                "DelayDeadLetterQueue.Arn": resources.scheduler_dlq_arn,
-                "RapReceiverFunctionUrl.FunctionUrl": "https://receiver.lambda-url.us-east-1.on.aws/",
-            }
-            evaluator = Evaluator(load_template(), physical, {"Model": f"scripted:{script}"}, region=REGION)
-            env = {
-                **evaluator.environment("WorkerFunction"),
-                **LAMBDA_ENV,
-                "LAMBDA_TASK_ROOT": str(ROOT / "handlers"),
-                "_HANDLER": handler,
-                "AWS_ENDPOINT_URL": endpoint,
-            }
-            yield MotoStack(env, sqs, resources.urls)
+        async with deployed_worker(f"http://{host}:{port}", script) as stack:
+            yield stack
     finally:
         server.stop()
 
@@ -235,7 +244,7 @@ async def cold_start(runs: int = 7) -> dict[str, Any]:
     module, function = handler_path()
     peer = peer_python()
     worker_python = [base_python(), "-I", "-S"]
-    peer_python_command = [str(peer), "-I"]
+    peer_python_command = [str(peer), "-I"] if peer is not None else []
     worker_imports: list[dict[str, Any]] = []
     peer_imports: list[dict[str, Any]] = []
     invocations: list[dict[str, Any]] = []
@@ -243,7 +252,7 @@ async def cold_start(runs: int = 7) -> dict[str, Any]:
         path = [str(ROOT / "handlers"), str(ROOT / "src"), str(built_layer(Path(folder) / "layer"))]
         script = Path(folder) / "agent.json"
         script.write_text(json.dumps(SCRIPT), encoding="utf-8")
-        async with moto_stack(script, f"{module}.{function}") as stack:
+        async with moto_stack(script) as stack:
             importing = {"path": path, "module": module}
             # One unmeasured import each first: bytecode caches written, files in the page cache.
             run_child(worker_python, importing, stack.env)
@@ -279,8 +288,10 @@ def summary(
         "runs": len(worker),
         "worker_import_ms_median": _median([w["import_wall_ms"] for w in worker]),
         "worker_import_cpu_ms_median": _median([w["import_cpu_ms"] for w in worker]),
-        "aws_clients_after_import": max(i["aws_clients_after_import"] for i in invocations),
-        "aws_clients_after_first_call": max(i["calls"][0]["aws_clients"] for i in invocations),
+        "aws_clients_after_import": max(len(i["aws_clients_after_import"]) for i in invocations),
+        "aws_clients_created_by_first_call": invocations[-1]["calls"][0]["aws_clients_created"],
+        "aws_clients_created_by_warm_call": invocations[-1]["calls"][1]["aws_clients_created"],
+        "http_clients_created_by_first_call": invocations[-1]["calls"][0]["http_clients_created"],
         "first_call_cpu_ms_median": _median(first),
         "warm_call_cpu_ms_median": _median(warm),
         "first_minus_warm_cpu_ms_median": _median(extra),
