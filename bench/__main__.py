@@ -5,6 +5,11 @@ Sections of the JSON (each with its own method notes):
 
 - ``cold_import``: the worker handler's cold import in fresh interpreters, against the 300 ms target, with
   the ``-X importtime`` attribution;
+- ``cold_start``: the worker Lambda's cold start against the peer in one run (:mod:`bench.cold_start`):
+  the handler's import as Lambda does it (built layer, template environment) next to ``import strands`` in
+  the peer's venv (ratio, target 0.8), and the first invocation's CPU over a warm one's (target 300 ms),
+  with the AWS clients each opens; needs moto (skipped by ``--skip-moto``) and builds the layer (a few
+  minutes; ``STEPAGENT_BENCH_LAYER`` reuses one);
 - ``step_overhead``: one worker step excluding the model, at 10 → 10,000 stored rows, all in context or
   compacted to 10, on the in-memory, SQLite and DynamoDB-on-moto stores, with AWS calls per step;
 - ``step_costs``: DynamoDB requests, items and bytes read and written per worker step in issue 15's peer
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.charts import Series, line_plot
+from bench.cold_start import cold_start
 from bench.imports import cold_import, import_costs
 from bench.live_text import live_text_costs
 from bench.overhead import (
@@ -285,6 +291,9 @@ def main(argv: list[str] | None = None) -> None:
     imports["within_target"] = imports["import_ms_median"] <= IMPORT_TARGET_MS
     imports["costs"] = import_costs(ROOT)
     results["cold_import"] = imports
+    if not args.skip_moto:
+        print("cold start (worker vs peer) ...", flush=True)
+        results["cold_start"] = asyncio.run(cold_start(runs=3 if args.quick else 7))
     print("step overhead ...", flush=True)
     results["step_overhead"] = asyncio.run(overheads(args.quick, args.skip_moto))
     memory_all = {

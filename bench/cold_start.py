@@ -285,6 +285,12 @@ def summary(
     warm = [i["calls"][1]["cpu_ms"] for i in invocations]
     extra = [f - w for f, w in zip(first, warm, strict=True)]
     out: dict[str, Any] = {
+        "method": (
+            "medians of fresh interpreters, interleaved in one run; import: the WorkerFunction handler "
+            "module as Lambda imports it (python -I -S, built layer, template environment) vs import "
+            "strands in the peer venv, wall (import_ratio, judged) and CPU; first minus warm: process CPU "
+            "of a cold container's first one-message SQS batch minus its second's, moto in another process"
+        ),
         "runs": len(worker),
         "worker_import_ms_median": _median([w["import_wall_ms"] for w in worker]),
         "worker_import_cpu_ms_median": _median([w["import_cpu_ms"] for w in worker]),
