@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.cold_start_only:
         existing = json.loads(out.read_text(encoding="utf-8"))
-        existing["cold_start"] = asyncio.run(cold_start(runs=3 if args.quick else 7))
+        existing["cold_start"] = asyncio.run(cold_start(runs=3 if args.quick else 9))
         out.write_text(json.dumps(existing, indent=2) + "\n", encoding="utf-8")
         print(f"wrote the cold_start section of {out}")
         return
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     results["cold_import"] = imports
     if not args.skip_moto:
         print("cold start (worker vs peer) ...", flush=True)
-        results["cold_start"] = asyncio.run(cold_start(runs=3 if args.quick else 7))
+        results["cold_start"] = asyncio.run(cold_start(runs=3 if args.quick else 9))
     print("step overhead ...", flush=True)
     results["step_overhead"] = asyncio.run(overheads(args.quick, args.skip_moto))
     memory_all = {

@@ -2,7 +2,8 @@
 
 Started as ``python -I [-S] cold_child.py`` with one JSON request on stdin: ``{"path": [...], "module": ...,
 "function": ..., "events": [...]}``. It puts ``path`` first on ``sys.path`` (the function's code, as Lambda's
-``/var/task``, then the package source and the layer), imports ``module`` timing it (wall and CPU), notes
+``/var/task``, then the package source and the layer), imports ``module`` (and the modules of ``also``,
+if any) timing it (wall and CPU), notes
 the modules and the AWS clients alive after the import, then calls ``function`` once per event in order
 with a Lambda-like context, timing each call's CPU (``time.process_time``: this process only, so a moto
 server in another process is not counted) and noting the AWS (botocore) and httpx clients it created,
@@ -85,6 +86,8 @@ def main() -> None:
     sys.path[:0] = request["path"]
     wall, cpu = time.perf_counter(), time.process_time()
     module = importlib.import_module(request["module"])
+    for also in request.get("also", []):  # more modules, timed with the first
+        importlib.import_module(also)
     import_wall, import_cpu = time.perf_counter() - wall, time.process_time() - cpu
     calls: list[dict[str, object]] = []
     out = {

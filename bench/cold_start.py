@@ -45,6 +45,16 @@ IMPORT_RATIO_TARGET = 0.8
 FIRST_MINUS_WARM_TARGET_MS = 300
 REGION = "us-east-1"
 SCRIPT = {"rules": [], "default": [{"text": "Cold start answered."}]}
+# The third-party modules a worker's first message cannot do without, whoever imports them: the AWS SDK
+# (aiobotocore over aiohttp), pydantic's model machinery and powertools. Their import is reported as the
+# floor of the worker's own, next to the peer's.
+FLOOR = (
+    "aiobotocore.session",
+    "aiobotocore.client",
+    "aiobotocore.endpoint",
+    "pydantic.main",
+    "aws_lambda_powertools",
+)
 
 # What Lambda's Python runtime sets for every function (fake credentials: the moto server only).
 LAMBDA_ENV = {
@@ -65,10 +75,15 @@ LAMBDA_ENV = {
 }
 
 
+def peer_candidate() -> Path:
+    """Where the peer's interpreter is looked for: ``STEPAGENT_PEER_PYTHON``, else ``.venv-peer``."""
+    configured = os.environ.get(PEER_PYTHON_ENV)
+    return Path(configured) if configured else ROOT / ".venv-peer" / "bin" / "python"
+
+
 def peer_python() -> Path | None:
     """The peer's interpreter, or ``None`` when there is none."""
-    configured = os.environ.get(PEER_PYTHON_ENV)
-    path = Path(configured) if configured else ROOT / ".venv-peer" / "bin" / "python"
+    path = peer_candidate()
     return path if path.exists() else None
 
 
@@ -90,6 +105,13 @@ def built_layer(folder: Path) -> Path:
 def base_python() -> str:
     """The interpreter behind the venv: with ``-S`` none of the venv's packages are importable."""
     return str(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def peer_version(python: Path) -> str:
+    """The strands-agents version installed for the peer's interpreter."""
+    query = "import importlib.metadata as m; print(m.version('strands-agents'))"
+    done = subprocess.run([str(python), "-c", query], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
 
 
 def handler_path() -> tuple[str, str]:
@@ -246,6 +268,7 @@ async def cold_start(runs: int = 7) -> dict[str, Any]:
     worker_python = [base_python(), "-I", "-S"]
     peer_python_command = [str(peer), "-I"] if peer is not None else []
     worker_imports: list[dict[str, Any]] = []
+    floor_imports: list[dict[str, Any]] = []
     peer_imports: list[dict[str, Any]] = []
     invocations: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="stepagent-cold-") as folder:
@@ -258,8 +281,10 @@ async def cold_start(runs: int = 7) -> dict[str, Any]:
             run_child(worker_python, importing, stack.env)
             if peer is not None:
                 run_child(peer_python_command, {"path": [], "module": "strands"}, LAMBDA_ENV)
+            floor = {"path": path, "module": FLOOR[0], "also": list(FLOOR[1:])}
             for run in range(runs):
                 worker_imports.append(run_child(worker_python, importing, stack.env))
+                floor_imports.append(run_child(worker_python, floor, stack.env))
                 if peer is not None:
                     strands = {"path": [], "module": "strands"}
                     peer_imports.append(run_child(peer_python_command, strands, LAMBDA_ENV))
@@ -272,14 +297,21 @@ async def cold_start(runs: int = 7) -> dict[str, Any]:
                         raise RuntimeError(f"the worker failed a record: {call['result']}")
                 if await stack.answered() != set(groups):
                     raise RuntimeError(f"the worker did not answer both threads of run {run}")
-    return summary(worker_imports, peer_imports, invocations, peer)
+    out = summary(worker_imports, peer_imports, invocations)
+    out["floor_modules"] = list(FLOOR)
+    out["floor_import_cpu_ms_median"] = _median([f["import_cpu_ms"] for f in floor_imports])
+    if peer is not None:
+        out["peer_version"] = peer_version(peer)
+        out["floor_import_cpu_ratio"] = round(
+            out["floor_import_cpu_ms_median"] / out["peer_import_cpu_ms_median"], 3
+        )
+    return out
 
 
 def summary(
     worker: list[dict[str, Any]],
     peer: list[dict[str, Any]],
     invocations: list[dict[str, Any]],
-    peer_python: Path | None,
 ) -> dict[str, Any]:
     first = [i["calls"][0]["cpu_ms"] for i in invocations]
     warm = [i["calls"][1]["cpu_ms"] for i in invocations]
@@ -307,12 +339,12 @@ def summary(
     }
     if not peer:
         out["peer"] = (
-            f"skipped: no peer interpreter (set {PEER_PYTHON_ENV} or create .venv-peer from "
-            "bench/peer-requirements.txt), so there is no import ratio"
+            f"skipped: no peer interpreter at {peer_candidate()} (set {PEER_PYTHON_ENV} or create "
+            ".venv-peer from bench/peer-requirements.txt), so there is no import ratio"
         )
         out["import_ratio_within_target"] = None
         return out
-    out["peer"] = f"strands-agents in {peer_python}"
+    out["peer"] = "import strands (strands-agents) in the peer's venv"
     out["peer_import_ms_median"] = _median([p["import_wall_ms"] for p in peer])
     out["peer_import_cpu_ms_median"] = _median([p["import_cpu_ms"] for p in peer])
     out["import_ratio"] = round(out["worker_import_ms_median"] / out["peer_import_ms_median"], 3)
