@@ -5,6 +5,11 @@ Sections of the JSON (each with its own method notes):
 
 - ``cold_import``: the worker handler's cold import in fresh interpreters, against the 300 ms target, with
   the ``-X importtime`` attribution;
+- ``cold_start``: the worker Lambda's cold start against the peer in one run (:mod:`bench.cold_start`):
+  the handler's import as Lambda does it (built layer, template environment) next to ``import strands`` in
+  the peer's venv (ratio, target 0.8), and the first invocation's CPU over a warm one's (target 300 ms),
+  with the AWS clients each opens; needs moto (skipped by ``--skip-moto``) and builds the layer (a few
+  minutes; ``STEPAGENT_BENCH_LAYER`` reuses one);
 - ``step_overhead``: one worker step excluding the model, at 10 → 10,000 stored rows, all in context or
   compacted to 10, on the in-memory, SQLite and DynamoDB-on-moto stores, with AWS calls per step;
 - ``step_costs``: DynamoDB requests, items and bytes read and written per worker step in issue 15's peer
@@ -20,7 +25,8 @@ Sections of the JSON (each with its own method notes):
   context with its trap (``request_peaks``, :mod:`bench.request_peak`), each measured in a fresh process.
 
 Options: ``--quick`` (a smoke run with tiny counts; its numbers mean nothing), ``--skip-moto``,
-``--skip-memory``, ``--out-dir`` (default: the repository's ``docs/``).
+``--skip-memory``, ``--out-dir`` (default: the repository's ``docs/``), ``--cold-start-only`` (measure only
+``cold_start`` and replace that section of the existing JSON).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.charts import Series, line_plot
+from bench.cold_start import cold_start
 from bench.imports import cold_import, import_costs
 from bench.live_text import live_text_costs
 from bench.overhead import (
@@ -280,12 +287,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--charts-only", action="store_true", help="redraw the charts from an existing benchmarks.json"
     )
+    parser.add_argument(
+        "--cold-start-only",
+        action="store_true",
+        help="measure only the cold start and replace its section of an existing benchmarks.json",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("stepagent").setLevel(logging.WARNING)  # the worker logs every step at INFO
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "benchmarks.json"
     if args.charts_only:
         print(", ".join(charts(json.loads(out.read_text(encoding="utf-8")), args.out_dir)))
+        return
+    if args.cold_start_only:
+        existing = json.loads(out.read_text(encoding="utf-8"))
+        existing["cold_start"] = asyncio.run(cold_start(runs=3 if args.quick else 9))
+        out.write_text(json.dumps(existing, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote the cold_start section of {out}")
         return
 
     results: dict[str, Any] = {
@@ -303,6 +321,9 @@ def main(argv: list[str] | None = None) -> None:
     imports["within_target"] = imports["import_ms_median"] <= IMPORT_TARGET_MS
     imports["costs"] = import_costs(ROOT)
     results["cold_import"] = imports
+    if not args.skip_moto:
+        print("cold start (worker vs peer) ...", flush=True)
+        results["cold_start"] = asyncio.run(cold_start(runs=3 if args.quick else 9))
     print("step overhead ...", flush=True)
     results["step_overhead"] = asyncio.run(overheads(args.quick, args.skip_moto))
     memory_all = {

@@ -6,7 +6,8 @@ Guarantees:
   (``worker``, ``tool_runner``, ``timer_relay``; one :class:`~stepagent.errors.ConfigurationError` naming
   every missing variable; for the worker, the agent settings too, one line per bad value), aioboto3
   clients are opened (``AWS_ENDPOINT_URL`` honoured), the stores, the model providers (the default one and
-  one per profile model) and the toolsets are built. The EventBridge Scheduler client is opened on first use only.
+  one per profile model) and the toolsets are built. The EventBridge Scheduler and S3 clients are opened on
+  first use only (long timers; payloads too large for a message or an item).
   Clients are bound to the event loop that created the runtime: call its handlers on that loop.
 - The handlers (:meth:`handle_sqs_batch`, :meth:`handle_tool_batch`, :meth:`handle_delay_batch`) take a
   Lambda-shaped event and return ``{"batchItemFailures": [...]}``; they never raise for a partial failure.
@@ -28,10 +29,8 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
-import httpx
-
 from stepagent.agent_config import AgentConfig
-from stepagent.aws.clients import aws_session, client
+from stepagent.aws.clients import LazyClient, aws_session, client
 from stepagent.aws.inbox import InboxSender
 from stepagent.aws.live import LiveText, NoticingPublisher
 from stepagent.aws.secrets import provider_environment, resolve_secrets
@@ -51,7 +50,6 @@ from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore,
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import Invocable, load_toolset
-from stepagent.tools.mcp import load_mcp_tools
 from stepagent.tools.remote import load_remote
 from stepagent.tools.sleep import Clock, Sleep, SleepUntil, utc_now
 from stepagent.tracing import Tracer
@@ -179,12 +177,15 @@ class AwsRuntime:
         settings = self.settings
         self._session = session
         self.sqs = await self._stack.enter_async_context(client(session, "sqs", settings))
-        self.s3 = await self._stack.enter_async_context(client(session, "s3", settings))
+        # S3 holds only oversized payloads: its client (the largest service model) opens on first use.
+        self.s3 = LazyClient(lambda: self._stack.enter_async_context(client(session, "s3", settings)))
         self.queues = SqsQueues(self.sqs, s3_client=self.s3, bucket=settings.blob_bucket)
         self.sender = SqsSender(self.sqs, str(settings.input_queue_url), queues=self.queues)
         local_tools = [*builtin_tools(), Sleep(), SleepUntil(clock), *self.user_tools]
         if WORKER not in self.roles:
             if TOOL_RUNNER in self.roles and settings.mcp_servers:
+                from stepagent.tools.mcp import load_mcp_tools
+
                 mcp_tools = await load_mcp_tools(settings.mcp_servers, existing=local_tools)
                 self.function_tools.update({t.name: t for t in mcp_tools if isinstance(t, Invocable)})
             return
@@ -207,8 +208,13 @@ class AwsRuntime:
             dead_letter_arn=settings.scheduler_dlq_arn,
             clock=clock,
         )
-        # Remote tools (RAP servers, MCP servers) are listed once per process, at cold start.
-        http = await self._stack.enter_async_context(httpx.AsyncClient(timeout=30.0))
+        # Remote tools (RAP servers, MCP servers) are listed once per process, at cold start. Only RAP
+        # servers need an HTTP client: without them httpx is not even imported.
+        http = None
+        if settings.rap_servers:
+            import httpx
+
+            http = await self._stack.enter_async_context(httpx.AsyncClient(timeout=30.0))
         remote = await load_remote(
             settings, state, http, existing=local_tools, mcp=bool(settings.mcp_servers)
         )

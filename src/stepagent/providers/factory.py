@@ -23,8 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-
-import httpx
+from typing import TYPE_CHECKING
 
 from stepagent.errors import ConfigurationError
 from stepagent.providers.base import ModelProvider
@@ -38,6 +37,9 @@ from stepagent.providers.catalog import (
 DEFAULT_ANTHROPIC_MODEL = "claude-sonnet-4-6"
 DEFAULT_OPENAI_MODEL = "gpt-4.1"
 PROVIDERS = ("anthropic", "openai", "bedrock", "scripted")
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()

@@ -13,6 +13,8 @@
   chosen: built-ins and ``STEPAGENT_TOOLS``).
 - The notifier (``None`` without RAP servers) cancels a RAP call on its owning server and tells every
   server when a thread closes.
+- Without RAP servers no HTTP client is needed (``http`` may be ``None``) and neither the RAP nor the MCP
+  client code is imported: a worker without remote tools does not pay for them at cold start.
 
 The configuration comes in as :class:`RemoteSettings`, which the runtime's settings object
 (:class:`stepagent.aws.settings.Settings`) satisfies; this module never reads the environment itself.
@@ -23,17 +25,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Protocol
 
 from stepagent.errors import ConfigurationError
 from stepagent.stores.base import StateStore
 from stepagent.tools.base import LifecycleNotifier, Tool
-from stepagent.tools.mcp import load_mcp_tools
 from stepagent.tools.mcp_config import McpServer
-from stepagent.tools.rap import DEFAULT_MANIFEST_TTL, CallbackConfig, RapNotifier, load_rap_tools
-from stepagent.tools.rap_http import RapHttp, RapServerConfig
+
+if TYPE_CHECKING:
+    import httpx
+
+    from stepagent.tools.rap_http import RapHttp
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +82,16 @@ class RemoteTools:
 async def load_remote(
     settings: RemoteSettings,
     state: StateStore | None,
-    http: httpx.AsyncClient,
+    http: httpx.AsyncClient | None,
     *,
     existing: Iterable[Tool] = (),
     rap_http: RapHttp | None = None,
-    manifest_ttl: float = DEFAULT_MANIFEST_TTL,
+    manifest_ttl: float | None = None,
     mcp: bool = True,
 ) -> RemoteTools:
-    """RAP and MCP tools plus the notifier (see the module docstring). ``mcp=False`` skips MCP servers."""
+    """RAP and MCP tools plus the notifier (see the module docstring). ``mcp=False`` skips MCP servers;
+    ``http`` (or ``rap_http``) is required when RAP servers are configured; ``manifest_ttl`` defaults to
+    :data:`stepagent.tools.rap.DEFAULT_MANIFEST_TTL`."""
     existing = list(existing)
     out = RemoteTools()
     if settings.rap_servers:
@@ -104,10 +108,18 @@ async def load_remote(
                 f"STEPAGENT_RAP_SERVERS is set, so {' and '.join(missing)} must be set too "
                 "(callbacks go to the receiver's URL and carry an HMAC token made with the secret)"
             )
+        from stepagent.tools.rap import DEFAULT_MANIFEST_TTL, CallbackConfig, RapNotifier, load_rap_tools
+        from stepagent.tools.rap_http import RapHttp, RapServerConfig
+
         servers = [RapServerConfig.parse(s, default_region=settings.region) for s in settings.rap_servers]
-        client = rap_http if rap_http is not None else RapHttp(http)
+        if rap_http is None:
+            if http is None:
+                raise ValueError("load_remote needs an HTTP client when RAP servers are configured")
+            rap_http = RapHttp(http)
+        client = rap_http
         callbacks = CallbackConfig(settings.callback_url, settings.callback_secret)
-        loaded = await load_rap_tools(servers, client, state, callbacks, existing=existing, ttl=manifest_ttl)
+        ttl = DEFAULT_MANIFEST_TTL if manifest_ttl is None else manifest_ttl
+        loaded = await load_rap_tools(servers, client, state, callbacks, existing=existing, ttl=ttl)
         for error in loaded.errors:
             log.error("%s; its tools are unavailable", error)
         out.tools.extend(loaded.tools)
@@ -115,6 +127,8 @@ async def load_remote(
         if state is not None:
             out.notifier = RapNotifier(servers, client, state)
     if mcp and settings.mcp_servers:
+        from stepagent.tools.mcp import load_mcp_tools
+
         out.tools.extend(await load_mcp_tools(settings.mcp_servers, existing=[*existing, *out.tools]))
     return out
 
@@ -122,7 +136,7 @@ async def load_remote(
 async def load_remote_tools(
     settings: RemoteSettings,
     state: StateStore | None,
-    http: httpx.AsyncClient,
+    http: httpx.AsyncClient | None,
     *,
     existing: Iterable[Tool] = (),
 ) -> tuple[list[Tool], LifecycleNotifier | None]:

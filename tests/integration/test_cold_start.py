@@ -1,0 +1,130 @@
+"""The worker Lambda's cold start does only the work its first message needs (counters, not timers).
+
+The handler module of ``WorkerFunction`` (template.yaml's ``Handler``) is imported in a fresh interpreter
+(``bench/cold_child.py``, ``python -I``), in the environment the template gives the function (defaults, the
+scripted model) plus Lambda's variables, exactly as ``make bench`` measures it; then it takes two real
+SQS-event-shaped batches of one user message each (a cold call, then a warm one) against the moto server.
+
+Checked: the import creates no AWS client and loads none of the modules a first message does not need
+(the console, the CLI, local mode, tool-server and MCP code, the providers not configured, the X-Ray SDK);
+the cold call opens exactly the clients that message needs (SQS, DynamoDB, Secrets Manager for the
+callback key: no S3, no Scheduler, no HTTP client without RAP servers) and the warm call opens none; the
+clients share one TLS context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import sys
+from typing import Any
+
+import pytest
+from aiobotocore.httpsession import AIOHTTPSession
+
+from bench.cold_start import ROOT, SCRIPT, deployed_worker, handler_path, run_child
+from stepagent.aws.clients import aws_session, client
+from stepagent.aws.settings import Settings
+from tests.conftest import REGION, moto_endpoint
+
+# Not needed before the first message: adding an eager import of any of these fails this test.
+NOT_AT_IMPORT = (
+    "stepagent.cli",
+    "stepagent.console",
+    "stepagent.client",
+    "stepagent.demo",
+    "stepagent.devstack",
+    "stepagent.lifecycle",
+    "stepagent.testing",
+    "stepagent.transcript",
+    "stepagent.modes.local_mode",
+    "stepagent.stores.memory",
+    "stepagent.stores.sqlite",
+    "stepagent.rap.protocol",
+    "stepagent.rap.receiver",
+    "stepagent.rap.server",
+    "stepagent.tools.mcp",
+    "stepagent.tools.rap",
+    "stepagent.tools.rap_http",
+    "stepagent.providers.anthropic",
+    "stepagent.providers.bedrock",
+    "stepagent.providers.http",
+    "stepagent.providers.openai_compat",
+    "stepagent.providers.scripted",  # the configured provider is built by the first invocation
+    "aws_xray_sdk",  # the tracer is created by the first invocation
+    "mcp",
+    "starlette",
+    "uvicorn",
+    "sqlite3",
+    "moto",
+)
+# Not needed by a first message without RAP servers nor payloads over the queue's size limit.
+NOT_BY_FIRST_MESSAGE = ("httpcore", "aioboto3.s3", "s3transfer")
+
+
+@pytest.fixture(scope="module")
+def cold_container(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One cold container's report (``bench/cold_child.py``) after two user messages."""
+    script = tmp_path_factory.mktemp("cold") / "agent.json"
+    script.write_text(json.dumps(SCRIPT))
+    module, function = handler_path()
+
+    async def run() -> dict[str, Any]:
+        async with deployed_worker(moto_endpoint(), script) as stack:
+            groups = ["cold-first", "cold-warm"]
+            events = [await stack.batch(group) for group in groups]
+            request = {
+                "path": [str(ROOT / "handlers"), str(ROOT / "src")],
+                "module": module,
+                "function": function,
+                "events": events,
+            }
+            report = run_child([sys.executable, "-I"], request, stack.env)
+            report["answered"] = sorted(await stack.answered())
+            return report
+
+    return asyncio.run(run())
+
+
+def test_the_import_creates_no_client_and_loads_nothing_the_first_message_does_not_need(
+    cold_container: dict[str, Any],
+) -> None:
+    assert cold_container["aws_clients_after_import"] == []
+    loaded = set(cold_container["modules_after_import"])
+    assert "stepagent.aws.lambda_entry" in loaded  # the handler module really was imported
+    eager = sorted(m for m in loaded if any(m == n or m.startswith(n + ".") for n in NOT_AT_IMPORT))
+    assert eager == []
+
+
+def test_the_first_message_opens_only_the_clients_it_needs_and_a_warm_one_none(
+    cold_container: dict[str, Any],
+) -> None:
+    cold, warm = cold_container["calls"]
+    assert cold["result"] == warm["result"] == {"batchItemFailures": []}
+    assert cold_container["answered"] == ["cold-first", "cold-warm"]  # both messages got the answer
+    assert cold["aws_clients_created"] == ["dynamodb", "secretsmanager", "sqs"]
+    assert cold["http_clients_created"] == 0
+    assert warm["aws_clients_created"] == [] and warm["http_clients_created"] == 0
+    loaded = set(cold_container["modules_after_calls"])
+    assert "stepagent.providers.scripted" in loaded and "aws_xray_sdk" in loaded  # built on first use
+    assert sorted(loaded & set(NOT_BY_FIRST_MESSAGE)) == []
+
+
+async def test_the_runtimes_clients_share_one_verifying_tls_context() -> None:
+    """One CA bundle parse per process, not one per client, with aiobotocore's own TLS settings."""
+    settings = Settings(endpoint_url=moto_endpoint(), region=REGION)
+    session = aws_session(settings)
+    async with client(session, "sqs", settings) as sqs, client(session, "dynamodb", settings) as dynamodb:
+        await sqs.list_queues()
+        await dynamodb.list_tables()
+        sessions = [c._endpoint.http_session for c in (sqs, dynamodb)]
+        shared = [s._sessions[None].connector._ssl for s in sessions]
+        own = AIOHTTPSession(verify=sessions[0]._verify)._create_connector(None)._ssl
+    assert shared[0] is shared[1]
+    assert isinstance(shared[0], ssl.SSLContext) and shared[0].verify_mode == ssl.CERT_REQUIRED
+    settings_of = [
+        (c.verify_mode, c.check_hostname, c.options, c.cert_store_stats()) for c in (shared[0], own)
+    ]
+    assert settings_of[0] == settings_of[1]
+    assert shared[0].cert_store_stats()["x509_ca"] > 100  # the CA bundle is loaded
