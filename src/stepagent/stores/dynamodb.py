@@ -56,6 +56,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
+from stepagent.blobs import ContentBlobs
 from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError
 from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.stores.base import (
@@ -135,12 +136,13 @@ class DynamoConversationStore:
         bucket: str | None = None,
         metrics: StoreMetrics | None = None,
         page_size: int | None = 100,
+        blobs: ContentBlobs | None = None,
     ) -> None:
         self.table = conversation_table
         self.state_table = state_table
         self.metrics = metrics if metrics is not None else StoreMetrics()
         self.page_size = page_size
-        self._io = DynamoIo(client, s3_client, bucket, self.metrics)
+        self._io = DynamoIo(client, s3_client, bucket, self.metrics, blobs)
         self._heads: OrderedDict[str, Item] = OrderedDict()
 
     def _remember(self, thread_id: str, head: Item | None) -> None:
@@ -578,9 +580,13 @@ def dynamo_stores(
     bucket: str | None = None,
     metrics: StoreMetrics | None = None,
     page_size: int | None = 100,
+    blobs: ContentBlobs | None = None,
 ) -> tuple[DynamoConversationStore, DynamoStateStore]:
-    """Both stores over one client, sharing one :class:`StoreMetrics`."""
+    """Both stores over one client, sharing one :class:`StoreMetrics` and one
+    :class:`~stepagent.blobs.ContentBlobs` (``blobs``, e.g. the queues' too; else one of their own)."""
     shared = metrics if metrics is not None else StoreMetrics()
+    if blobs is None and s3_client is not None and bucket is not None:
+        blobs = ContentBlobs(s3_client, bucket, shared)
     conversation = DynamoConversationStore(
         client,
         conversation_table=conversation_table,
@@ -589,6 +595,7 @@ def dynamo_stores(
         bucket=bucket,
         metrics=shared,
         page_size=page_size,
+        blobs=blobs,
     )
     state = DynamoStateStore(
         client,
@@ -597,5 +604,6 @@ def dynamo_stores(
         bucket=bucket,
         metrics=shared,
         conversation_table=conversation_table,
+        blobs=blobs,
     )
     return conversation, state
