@@ -16,6 +16,8 @@ Guarantees:
 - :func:`split` turns a JSON document into a *skeleton* (each string of at least :data:`TEXT_MIN_BYTES`
   UTF-8 bytes replaced by ``""``) and the list of its holes (JSON path, text); :func:`fill` puts the texts
   back. The same text in a queue body, a row and an output event therefore maps to the same object.
+  Only a *canonical* payload (:func:`canonical`: :func:`dumps` of its parsed value gives back the very
+  same text, as our own encoders write) is split, so reassembling it is byte-exact.
 - Retention: nothing deletes objects under ``blobs/`` — no rewind, replacement, sweep or lifecycle rule —
   because any number of rows, queue messages and output events may name one object and no reference count
   is kept. The cost is honest storage growth: an object no longer named by anything (a rewound row's text,
@@ -29,6 +31,7 @@ object bytes to ``metrics.bytes_written`` / ``metrics.bytes_read`` (a
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections import OrderedDict
 from typing import Any, Protocol, TypeAlias
@@ -95,6 +98,22 @@ def key_of(digest: str) -> str:
 def is_digest(value: object) -> bool:
     """Whether ``value`` is a lower-case hex SHA-256 (what a reference must carry)."""
     return isinstance(value, str) and _HEX.fullmatch(value) is not None
+
+
+def dumps(doc: Any) -> str:
+    """The canonical JSON text of ``doc``: compact, non-ASCII kept (how rows, messages and events are
+    written)."""
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+
+
+def canonical(text: str) -> tuple[bool, Any]:
+    """(``True``, the parsed value) when ``text`` is JSON that :func:`dumps` reproduces exactly, else
+    (``False``, ``None``): a payload in any other form is never split, so no byte of it can change."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return False, None
+    return (True, doc) if dumps(doc) == text else (False, None)
 
 
 def split(doc: Any, min_bytes: int = TEXT_MIN_BYTES) -> tuple[Any, list[tuple[Path, str]]]:

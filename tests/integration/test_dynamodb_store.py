@@ -202,6 +202,19 @@ async def test_a_swapped_or_missing_shared_text_fails_the_read_as_before(dynamo:
         [row async for row in cold.load_rows(thread)]
 
 
+async def test_a_big_payload_that_is_not_canonical_json_comes_back_byte_for_byte(dynamo: DynamoEnv) -> None:
+    _, state = dynamo.stores()
+    spaced = json.dumps({"note": "n" * 400_000, "escaped": "\u00e9"})  # spaces and \u escapes
+    key = f"k-{uid()}"
+    await state.cache_put(key, spaced, time.time() + 60)
+    _, cold = dynamo.stores()
+    assert await cold.cache_get(key) == spaced  # a whole-payload object, not a reassembled document
+    raw = await dynamo.client.get_item(
+        TableName=dynamo.state_table, Key={"pk": {"S": f"cache#{key}"}, "sk": {"S": "CACHE"}}
+    )
+    assert "blob" in raw["Item"] and "texts" not in raw["Item"]
+
+
 async def test_large_row_without_bucket_is_rejected_and_writes_nothing(dynamo: DynamoEnv) -> None:
     conversation, _ = dynamo.stores(with_blobs=False)
     thread = uid()

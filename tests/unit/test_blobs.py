@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from stepagent.blobs import digest_of, fill, is_digest, key_of, split
+from stepagent.blobs import canonical, digest_of, dumps, fill, is_digest, key_of, split
 
 
 def test_large_strings_become_holes_at_their_paths_and_fill_restores_the_document() -> None:
@@ -49,3 +49,19 @@ def test_keys_are_named_by_the_utf8_sha256_of_the_text() -> None:
     assert digest_of("é") == hashlib.sha256(b"\xc3\xa9").hexdigest()
     assert key_of(digest) == f"blobs/sha256/{digest}"
     assert not is_digest("A" * 64) and not is_digest("0" * 63) and not is_digest(None)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"a": 1}', '{"a":"\\u00e9"}', '{"a":1.10}', '{"a":1e5}', '{"a":1,"a":2}', "not json", ' {"a":1}'],
+)
+def test_only_json_that_dumps_reproduces_exactly_is_canonical(text: str) -> None:
+    assert canonical(text) == (False, None)
+
+
+def test_canonical_json_round_trips_through_split_and_fill() -> None:
+    text = dumps({"t": "ü" * 40_000, "n": [1, 2.5, None, True], "s": "\u2028"})
+    parsed, doc = canonical(text)
+    assert parsed
+    skeleton, holes = split(doc)
+    assert dumps(fill(json.loads(dumps(skeleton)), holes)) == text

@@ -12,15 +12,16 @@ Guarantees:
                                  "texts": [{"path": ["content", "content", 0, "text"],
                                             "key": "blobs/sha256/<hex>", "sha256": "<hex>", "size": <bytes>}]}}
 
-- A body that is not JSON, or still too big without its large strings, falls back to the **v1** envelope:
+- A body that is not canonical JSON (:func:`stepagent.blobs.canonical`), or still too big without its
+  large strings, falls back to the **v1** envelope:
   the whole body at ``payloads/<sha256 of the body>``::
 
       {"stepagent_claim_check": {"v": 1, "bucket": "...", "key": "payloads/<sha256>",
                                  "sha256": "<hex>", "size": <bytes>}}
 
 - :func:`unwrap_body` turns either envelope back into the original body and verifies every hash; any
-  other body is returned unchanged. A v2 body comes back as the same JSON value, serialised compactly
-  (``ensure_ascii=False``, no spaces): byte-identical for our own producers, which serialise that way.
+  other body is returned unchanged, and every body comes back byte-identical (v2 is only used for a
+  canonical body, which :func:`stepagent.blobs.dumps` reassembles exactly).
   An envelope is recognised only when it is the body's *only* top-level key, so no valid input message is
   ever mistaken for one. Each text is read at most once per process while it stays in the blobs' cache.
 - Errors are classified for the worker: a broken envelope, a missing object, a hash mismatch or a foreign
@@ -47,6 +48,8 @@ from stepagent.blobs import (
     BlobMissing,
     ContentBlobs,
     Path,
+    canonical,
+    dumps,
     fill,
     is_digest,
     key_of,
@@ -70,10 +73,6 @@ def _error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
 async def wrap_body(body: str, blobs: ContentBlobs | None, *, limit: int = INLINE_BODY_LIMIT) -> str:
     """``body`` itself when small enough, else a v2 envelope (its large texts by reference) or, when that
     cannot fit, the v1 envelope of the whole body's S3 copy."""
@@ -86,7 +85,7 @@ async def wrap_body(body: str, blobs: ContentBlobs | None, *, limit: int = INLIN
             "(set STEPAGENT_BLOB_BUCKET)"
         )
     envelope = _by_reference(body, blobs.bucket)
-    if envelope is not None and len(wire := _dumps(envelope[0]).encode("utf-8")) <= limit:
+    if envelope is not None and len(wire := dumps(envelope[0]).encode("utf-8")) <= limit:
         for text in envelope[1]:
             try:
                 await blobs.put(text)
@@ -99,9 +98,8 @@ async def wrap_body(body: str, blobs: ContentBlobs | None, *, limit: int = INLIN
 def _by_reference(body: str, bucket: str) -> tuple[dict[str, Any], list[str]] | None:
     """The v2 envelope of a JSON ``body`` and the texts it references, or ``None`` (not JSON, no large
     string)."""
-    try:
-        doc = json.loads(body)
-    except json.JSONDecodeError:
+    parsed, doc = canonical(body)
+    if not parsed:
         return None
     skeleton, holes = split(doc)
     if not holes:
@@ -126,8 +124,10 @@ async def _whole_body(data: bytes, blobs: ContentBlobs) -> str:
         raise QueueError(
             f"storing a {len(data)}-byte queue payload in s3://{blobs.bucket}/{key} failed: {exc}"
         ) from exc
+    if blobs.metrics is not None:
+        blobs.metrics.bytes_written += len(data)
     fields = {"v": 1, "bucket": blobs.bucket, "key": key, "sha256": digest, "size": len(data)}
-    return _dumps({ENVELOPE_KEY: fields})
+    return dumps({ENVELOPE_KEY: fields})
 
 
 def envelope_of(body: str) -> dict[str, Any] | None:
@@ -172,7 +172,7 @@ async def unwrap_body(body: str, blobs: ContentBlobs | None) -> str:
         return await _read_whole_body(fields, blobs)
     holes = await _read_texts(fields, blobs)
     try:
-        return _dumps(fill(fields["body"], holes))
+        return dumps(fill(fields["body"], holes))
     except ValueError as exc:
         raise MalformedMessageError(f"a claim check's texts do not fit its body: {exc}") from None
 
@@ -228,6 +228,8 @@ async def _read_whole_body(fields: dict[str, Any], blobs: ContentBlobs) -> str:
         raise QueueError(f"reading claim-checked payload s3://{where}/{key} failed: {exc}") from exc
     except (BotoCoreError, OSError) as exc:
         raise QueueError(f"reading claim-checked payload s3://{where}/{key} failed: {exc}") from exc
+    if blobs.metrics is not None:
+        blobs.metrics.bytes_read += len(data)
     if hashlib.sha256(data).hexdigest() != digest:
         raise MalformedMessageError(f"claim-checked payload s3://{where}/{key} does not match its sha256")
     try:

@@ -19,9 +19,12 @@ exactly like the in-memory stores (the contract suite runs against both) and add
   never is. Debris from a writer with the *same* base version (a crashed, or still running, write-then-flip)
   fails that condition; the store then fences: it bumps the head version (conditioned on the version it
   read), which dooms that other writer's flip, and retries once from the new version.
-- **Claim check.** An encoded row over :data:`~stepagent.stores.dynamodb_io.INLINE_LIMIT` bytes is put to
-  S3 under ``rows/{thread}/{order:012d}-{cv}-{sha256[:16]}`` before the transaction; the row stores that key
-  in ``blob``. Without a blob bucket it raises :class:`~stepagent.errors.PayloadTooLargeError`.
+- **Claim check.** An encoded row over :data:`~stepagent.stores.dynamodb_io.INLINE_LIMIT` bytes keeps its
+  skeleton inline and names its large texts' content-addressed objects (``blobs/sha256/<hex>``, shared
+  with the queue body and output event that carry the same text; put before the transaction unless known
+  to exist) in ``texts``; a row too big even without them is put to S3 under
+  ``rows/{thread}/{order:012d}-{cv}-{sha256[:16]}`` and stores that key in ``blob``. Without a blob bucket
+  it raises :class:`~stepagent.errors.PayloadTooLargeError`.
 - **Usage.** A commit's :class:`~stepagent.stores.base.UsageRecord` is one ``U#{version}`` item written
   in the transaction that moves the head to ``version`` (with the head, in a write-then-flip), so it is
   stored exactly when the step is; ``usage_records`` is one paginated Query over the ``U#`` range.

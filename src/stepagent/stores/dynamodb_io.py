@@ -7,7 +7,8 @@ What it guarantees:
   :class:`~stepagent.errors.StoreError` naming the operation and the table. Refused conditions surface as
   :class:`ConditionFailed` / :class:`TransactionCancelled` (with DynamoDB's per-action reasons) so callers
   can tell a lost race from an outage.
-- Payloads over :data:`INLINE_LIMIT` bytes are never stored inline. A JSON payload keeps its skeleton in
+- Payloads over :data:`INLINE_LIMIT` bytes are never stored inline. A canonical JSON payload
+  (:func:`stepagent.blobs.canonical`: rows, messages, anything our encoders wrote) keeps its skeleton in
   ``body`` and names its large strings in ``texts`` (``[{"path": [...], "key": "blobs/sha256/<hex>"}]``):
   content-addressed objects of :mod:`stepagent.blobs`, shared with the queue body and output event that
   repeat them, written only when not known to exist, read at most once while cached, verified on read
@@ -34,7 +35,17 @@ from typing import Any, Literal, TypeAlias
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-from stepagent.blobs import BlobCorrupt, BlobError, ContentBlobs, fill, is_digest, key_of, split
+from stepagent.blobs import (
+    BlobCorrupt,
+    BlobError,
+    ContentBlobs,
+    canonical,
+    dumps,
+    fill,
+    is_digest,
+    key_of,
+    split,
+)
 from stepagent.errors import CorruptRowError, PayloadTooLargeError, StoreError
 from stepagent.stores.metrics import StoreMetrics
 
@@ -252,12 +263,11 @@ class DynamoIo:
         """The ``body`` + ``texts`` attributes of a JSON payload whose skeleton fits inline, after storing
         its texts; ``None`` for any other payload."""
         assert self.blobs is not None
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError:
+        parsed, doc = canonical(text)
+        if not parsed:
             return None
         skeleton, holes = split(doc)
-        body = json.dumps(skeleton, ensure_ascii=False, separators=(",", ":"))
+        body = dumps(skeleton)
         if not holes or len(body.encode()) > INLINE_LIMIT:
             return None
         refs = []
@@ -317,7 +327,7 @@ class DynamoIo:
             except BlobError as exc:
                 raise StoreError(f"{what}: {exc}") from exc
         try:
-            return json.dumps(fill(skeleton, holes), ensure_ascii=False, separators=(",", ":"))
+            return dumps(fill(skeleton, holes))
         except ValueError as exc:
             raise CorruptRowError(f"{what}: its texts do not fit its skeleton: {exc}") from None
 
