@@ -12,7 +12,8 @@ Guarantees:
 - :meth:`ContentBlobs.get` verifies the hash before returning: a swapped or truncated object raises
   :class:`BlobCorrupt`, an absent one :class:`BlobMissing`, an outage :class:`BlobUnavailable` (callers map
   them to their own error classes). A text this process put or read recently is served from a bounded
-  in-process cache (:data:`TEXT_CACHE_BYTES`), so one step reads each object at most once.
+  in-process cache (:data:`TEXT_CACHE_BYTES`), so a step whose large texts fit in it reads each object at
+  most once (texts beyond it are read again when needed again: correct, just dearer).
 - :func:`split` turns a JSON document into a *skeleton* (each string of at least :data:`TEXT_MIN_BYTES`
   UTF-8 bytes replaced by ``""``) and the list of its holes (JSON path, text); :func:`fill` puts the texts
   back. The same text in a queue body, a row and an output event therefore maps to the same object.
@@ -49,8 +50,9 @@ BLOB_PREFIX = "blobs/sha256/"
 #: travel or be stored inline. Smaller ones stay in the skeleton: an object per short string would cost
 #: more requests than it saves bytes.
 TEXT_MIN_BYTES = 32_000
-#: The in-process cache of recently put or read texts, in UTF-8 bytes.
-TEXT_CACHE_BYTES = 32_000_000
+#: The in-process cache of recently put or read texts, in UTF-8 bytes: enough for a few multi-megabyte
+#: texts, so one step does not read one twice; a text bigger than the whole cache is never cached.
+TEXT_CACHE_BYTES = 16_000_000
 #: How many object keys this process remembers as existing.
 KNOWN_KEYS = 8_192
 _HEX = re.compile(r"[0-9a-f]{64}")
