@@ -19,6 +19,9 @@ Sections of the JSON (each with its own method notes):
 - ``live_text``: what the live partial text costs per step (requests, bytes) with it on and off, for
   streams of 0, 2 and 5 seconds, and what one client poll of an idle thread tree costs
   (:mod:`bench.live_text`);
+- ``large_payload``: a 500 KB tool result through the worker and tool runner on moto: S3 ``PutObject``
+  calls for it, ``GetObject`` calls per step (first turn, a warm and a cold later turn) and the bytes
+  stored, each next to its target (:mod:`bench.large_payload`);
 - ``local_mode``: local-mode steps per second;
 - ``memory``: the retained-growth gate (normal run and traps) and per-step peaks (see
   :mod:`bench.memory`), and the peak of one step against its model request body at 10 → 10,000 rows in
@@ -47,6 +50,7 @@ from typing import Any
 from bench.charts import Series, line_plot
 from bench.cold_start import cold_start
 from bench.imports import cold_import, import_costs
+from bench.large_payload import large_payload_costs
 from bench.live_text import live_text_costs
 from bench.overhead import (
     as_dict,
@@ -344,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
         results["step_costs"] = asyncio.run(peer_step_costs(args.quick))
         print("live partial text ...", flush=True)
         results["live_text"] = asyncio.run(live_text_costs(args.quick))
+        print("large payload ...", flush=True)
+        results["large_payload"] = asyncio.run(large_payload_costs())
     print("local mode ...", flush=True)
     results["local_mode"] = asyncio.run(local_mode_rate(quick=args.quick))
     if not args.skip_memory:

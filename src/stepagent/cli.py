@@ -447,6 +447,7 @@ async def _redrive(sqs: Any, queues: dict[str, tuple[str, str]], ids: list[str])
 async def _show_letter(
     found: Sequence[Any], message_id: str, wanted: list[str], s3: Any, bucket: str | None
 ) -> int:
+    from stepagent.blobs import ContentBlobs
     from stepagent.senders.claim_check import unwrap_body
 
     letter = next((f for f in found if f.message_id == message_id), None)
@@ -456,7 +457,7 @@ async def _show_letter(
     print(f"queue:    {letter.queue}\nmessage:  {letter.message_id}\nthread:   {letter.thread_id}")
     print(f"reason:   {letter.reason or '(none recorded: it failed its last allowed attempt)'}")
     print(f"receives: {letter.receive_count}\nbody:")
-    print(await unwrap_body(letter.body, s3, bucket))
+    print(await unwrap_body(letter.body, ContentBlobs(s3, bucket) if s3 is not None and bucket else None))
     return 0
 
 

@@ -31,6 +31,7 @@ import pytest
 
 from stepagent.aws.queue_resources import LOCAL_SCHEDULER_ROLE_ARN, ensure_queues_and_bucket
 from stepagent.aws.resources import ensure_tables
+from stepagent.blobs import ContentBlobs
 from stepagent.devstack.rap_demo_server import build_server
 from stepagent.rap.server import serve_in_background
 from stepagent.senders.claim_check import unwrap_body
@@ -299,7 +300,7 @@ class DeployedStack:
             if not messages:
                 return out
             for message in messages:
-                out.append(json.loads(await unwrap_body(message["Body"], self.s3, self.bucket)))
+                out.append(json.loads(await unwrap_body(message["Body"], ContentBlobs(self.s3, self.bucket))))
                 await self.sqs.delete_message(
                     QueueUrl=self.urls["output"], ReceiptHandle=message["ReceiptHandle"]
                 )

@@ -18,6 +18,7 @@ from stepagent.aws.queue_resources import LOCAL_SCHEDULER_ROLE_ARN, QueueResourc
 from stepagent.aws.resources import ensure_tables
 from stepagent.aws.runtime import AwsRuntime
 from stepagent.aws.settings import Settings
+from stepagent.blobs import ContentBlobs
 from stepagent.history_items import (
     AssistantText,
     EventItem,
@@ -249,12 +250,14 @@ class Stack:
     async def outputs(self) -> list[dict[str, Any]]:
         """Everything on the output queue (drained), bodies resolved."""
         out: list[dict[str, Any]] = []
+        # A reader of its own, as an outside consumer of the queue: the runtime's cache does not help it.
+        reader = ContentBlobs(self.s3, self.resources.bucket)
         while True:
             messages = await self.receive(self.resources.output_queue_url)
             if not messages:
                 return out
             for message in messages:
-                body = await unwrap_body(message["Body"], self.s3, self.resources.bucket)
+                body = await unwrap_body(message["Body"], reader)
                 out.append(json.loads(body))
                 await self.sqs.delete_message(
                     QueueUrl=self.resources.output_queue_url, ReceiptHandle=message["ReceiptHandle"]

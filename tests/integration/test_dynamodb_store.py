@@ -9,6 +9,8 @@ paginated reads of exactly the asked range, batch chunking, error mapping and ta
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,7 +21,13 @@ import pytest
 from aiobotocore.config import AioConfig
 
 from stepagent.aws.resources import STATE_TTL_ATTRIBUTE, ensure_tables, ensure_tables_sync
-from stepagent.errors import ConcurrentWriteError, ConfigurationError, PayloadTooLargeError, StoreError
+from stepagent.errors import (
+    ConcurrentWriteError,
+    ConfigurationError,
+    CorruptRowError,
+    PayloadTooLargeError,
+    StoreError,
+)
 from stepagent.history_items import (
     AssistantText,
     HistoryItem,
@@ -164,13 +172,47 @@ async def test_five_megabyte_tool_result_round_trips_through_s3(dynamo: DynamoEn
 
     loaded = [row async for row in conversation.load_rows(thread)]
     assert loaded[1].item == ToolResultItem(result)
+    assert dynamo.metrics.calls["s3:PutObject"] == 1 and "s3:GetObject" not in dynamo.metrics.calls  # cached
     stored = await raw_rows(dynamo, thread)
-    assert "body" in stored[1] and "blob" not in stored[1]
-    key = stored[2]["blob"]["S"]
-    assert "body" not in stored[2] and key.startswith(f"rows/{thread}/000000000002-1-")
-    obj = await dynamo.s3.head_object(Bucket=dynamo.bucket, Key=key)
-    assert obj["ContentLength"] > 5_000_000
-    assert dynamo.metrics.calls["s3:PutObject"] == 1 and dynamo.metrics.calls["s3:GetObject"] == 1
+    assert "body" in stored[1] and "blob" not in stored[1] and "texts" not in stored[1]
+    # The row keeps its skeleton inline and names the text's content-addressed object.
+    [ref] = json.loads(stored[2]["texts"]["S"])
+    assert ref["key"] == f"blobs/sha256/{hashlib.sha256(big.encode()).hexdigest()}"
+    assert "blob" not in stored[2] and len(stored[2]["body"]["S"]) < 1_000
+    obj = await dynamo.s3.head_object(Bucket=dynamo.bucket, Key=ref["key"])
+    assert obj["ContentLength"] == len(big.encode())
+    cold, _ = dynamo.stores()  # another process: one read of the object
+    assert [row.item async for row in cold.load_rows(thread)][1] == ToolResultItem(result)
+    assert dynamo.metrics.calls["s3:GetObject"] == 1
+
+
+async def test_a_swapped_or_missing_shared_text_fails_the_read_as_before(dynamo: DynamoEnv) -> None:
+    conversation, _ = dynamo.stores()
+    thread = uid()
+    big = f"{thread} " + "c" * 400_000  # unique: the bucket is shared with other tests
+    await conversation.commit(thread, Commit(0, rows=[(user(big), "m1")]))
+    key = f"blobs/sha256/{hashlib.sha256(big.encode()).hexdigest()}"
+    await dynamo.s3.put_object(Bucket=dynamo.bucket, Key=key, Body=big[:-1].encode())
+    cold, _ = dynamo.stores()
+    with pytest.raises(CorruptRowError, match="does not match its sha256"):
+        [row async for row in cold.load_rows(thread)]
+    await dynamo.s3.delete_object(Bucket=dynamo.bucket, Key=key)
+    cold, _ = dynamo.stores()
+    with pytest.raises(StoreError, match="does not exist"):
+        [row async for row in cold.load_rows(thread)]
+
+
+async def test_a_big_payload_that_is_not_canonical_json_comes_back_byte_for_byte(dynamo: DynamoEnv) -> None:
+    _, state = dynamo.stores()
+    spaced = json.dumps({"note": "n" * 400_000, "escaped": "\u00e9"})  # spaces and \u escapes
+    key = f"k-{uid()}"
+    await state.cache_put(key, spaced, time.time() + 60)
+    _, cold = dynamo.stores()
+    assert await cold.cache_get(key) == spaced  # a whole-payload object, not a reassembled document
+    raw = await dynamo.client.get_item(
+        TableName=dynamo.state_table, Key={"pk": {"S": f"cache#{key}"}, "sk": {"S": "CACHE"}}
+    )
+    assert "blob" in raw["Item"] and "texts" not in raw["Item"]
 
 
 async def test_large_row_without_bucket_is_rejected_and_writes_nothing(dynamo: DynamoEnv) -> None:

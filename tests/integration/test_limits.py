@@ -79,7 +79,7 @@ async def send_ticks(stack: Stack, thread: str, subscription: str, texts: list[s
                 id=f"tick-{n}",
             )
             queues = stack.runtime.queues
-            body = await wrap_body(message.to_json(), queues.s3, queues.bucket)
+            body = await wrap_body(message.to_json(), queues.blobs)
             entries.append(
                 {
                     "Id": str(n),

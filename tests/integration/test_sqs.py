@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from stepagent.aws.queue_resources import ensure_queues_and_bucket, queue_definitions
+from stepagent.blobs import ContentBlobs
 from stepagent.errors import MalformedMessageError, PayloadTooLargeError, QueueError
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.senders.claim_check import ENVELOPE_KEY, INLINE_BODY_LIMIT, envelope_of, unwrap_body, wrap_body
@@ -75,40 +77,81 @@ async def test_a_big_message_is_claim_checked_and_resolves_to_the_same_body(
 ) -> None:
     sqs, s3, resources = queues
     sender = SqsSender(sqs, resources.input_queue_url, s3_client=s3, bucket=resources.bucket)
-    big = InputMessage.user_text("t", "z" * (INLINE_BODY_LIMIT + 1), id="big-1")
+    text = "z" * INLINE_BODY_LIMIT + " ünïcode"
+    big = InputMessage.user_text("t", text, id="big-1")
     await sender.send(big, "big-1")
     [message] = await drain(sqs, resources.input_queue_url)
+    assert len(message["Body"]) < 1_000
     envelope = json.loads(message["Body"])[ENVELOPE_KEY]
-    assert envelope["v"] == 1 and envelope["bucket"] == resources.bucket
-    assert envelope["key"] == f"payloads/{envelope['sha256']}"
-    assert await sender.queues.resolve(message["Body"]) == big.to_json()
+    assert envelope["v"] == 2 and envelope["bucket"] == resources.bucket
+    [ref] = envelope["texts"]
+    digest = hashlib.sha256(text.encode()).hexdigest()  # the text's own hash, not the body's
+    assert ref["key"] == f"blobs/sha256/{digest}" and ref["size"] == len(text.encode())
+    stored = await s3.get_object(Bucket=resources.bucket, Key=ref["key"])
+    assert (await stored["Body"].read()).decode() == text
+    # Byte-identical, also for a reader that has never seen the text (no cache).
+    assert await unwrap_body(message["Body"], ContentBlobs(s3, resources.bucket)) == big.to_json()
     # Without a bucket, a big body is rejected rather than truncated or dropped.
     with pytest.raises(PayloadTooLargeError):
         await SqsSender(sqs, resources.input_queue_url).send(big, "big-2")
 
 
-async def test_broken_claim_checks_are_bad_input(queues: tuple[Any, Any, Any]) -> None:
+async def test_a_body_that_is_not_json_falls_back_to_a_whole_body_copy(queues: tuple[Any, Any, Any]) -> None:
     _, s3, resources = queues
-    bucket = resources.bucket
-    wrapped = await wrap_body("q" * 300_000, s3, bucket)
+    blobs = ContentBlobs(s3, resources.bucket)
+    wrapped = await wrap_body("q" * 300_000, blobs)
+    envelope = json.loads(wrapped)[ENVELOPE_KEY]
+    assert envelope["v"] == 1 and envelope["key"] == f"payloads/{envelope['sha256']}"
+    assert await unwrap_body(wrapped, blobs) == "q" * 300_000
+
+
+async def test_broken_v1_claim_checks_are_bad_input(queues: tuple[Any, Any, Any]) -> None:
+    _, s3, resources = queues
+    blobs = ContentBlobs(s3, resources.bucket)
+    wrapped = await wrap_body("q" * 300_000, blobs)
     fields = json.loads(wrapped)[ENVELOPE_KEY]
 
     def variant(**changes: Any) -> str:
         return json.dumps({ENVELOPE_KEY: fields | changes})
 
-    assert await unwrap_body(wrapped, s3, bucket) == "q" * 300_000
     for body, reason in [
         (variant(sha256="0" * 64), "does not match"),
         (variant(key="payloads/missing"), "does not exist"),
         (variant(bucket="someone-elses-bucket"), "not"),
-        (variant(v=2), "version"),
+        (variant(v=3), "version"),
         (json.dumps({ENVELOPE_KEY: "nope"}), "must be an object"),
     ]:
         with pytest.raises(MalformedMessageError, match=reason):
-            await unwrap_body(body, s3, bucket)
+            await unwrap_body(body, blobs)
     # A message that merely mentions the key is not an envelope.
     mention = InputMessage.user_text("t", ENVELOPE_KEY).to_json()
-    assert envelope_of(mention) is None and await unwrap_body(mention, s3, bucket) == mention
+    assert envelope_of(mention) is None and await unwrap_body(mention, blobs) == mention
+
+
+async def test_broken_v2_claim_checks_are_bad_input(queues: tuple[Any, Any, Any]) -> None:
+    _, s3, resources = queues
+    bucket = resources.bucket
+    text = "r" * 300_000
+    wrapped = await wrap_body(InputMessage.user_text("t", text).to_json(), ContentBlobs(s3, bucket))
+    fields = json.loads(wrapped)[ENVELOPE_KEY]
+    [ref] = fields["texts"]
+
+    def variant(**changes: Any) -> str:
+        return json.dumps({ENVELOPE_KEY: {**fields, "texts": [ref | changes]}})
+
+    missing = "0" * 64
+    for body, reason in [
+        (variant(sha256=missing, key=f"blobs/sha256/{missing}"), "does not exist"),
+        (variant(key="rows/elsewhere"), "its 'key'"),
+        (variant(path=["no", "such"]), "do not fit"),
+        (json.dumps({ENVELOPE_KEY: {**fields, "texts": []}}), "list of 'texts'"),
+    ]:
+        with pytest.raises(MalformedMessageError, match=reason):
+            await unwrap_body(body, ContentBlobs(s3, bucket))
+    # A truncated or swapped object is caught by its hash, by any reader that has not cached the text.
+    await s3.put_object(Bucket=bucket, Key=ref["key"], Body=text[:-1].encode())
+    with pytest.raises(MalformedMessageError, match="does not match its sha256"):
+        await unwrap_body(wrapped, ContentBlobs(s3, bucket))
 
 
 async def test_aws_failures_are_queue_errors(queues: tuple[Any, Any, Any]) -> None:

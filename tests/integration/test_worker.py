@@ -16,6 +16,7 @@ from stepagent.errors import PayloadTooLargeError, ProviderError, QueueError, St
 from stepagent.messages import InputMessage
 from stepagent.providers.base import ModelInfo, ModelRequest, StreamEvent, ToolCallComplete
 from stepagent.providers.scripted import ScriptedProvider
+from stepagent.senders.sqs import SqsSender
 from tests.integration.aws_helpers import SCRIPT, FailsOnMessage, Stack, aws_stack, failed_ids
 
 pytestmark = pytest.mark.asyncio
@@ -179,11 +180,15 @@ async def test_a_transient_failure_mid_thread_fails_that_record_and_the_later_on
     async with aws_stack() as stack:
         thread, other = tid(), tid("other")
         await stack.send_user(thread, "first", "t1")
-        await stack.send_user(thread, "second " + "y" * 300_000, "t2")  # claim-checked
+        # Claim-checked by another process (a client), so the worker has to read it from S3.
+        client = SqsSender(stack.sqs, stack.input_url, s3_client=stack.s3, bucket=stack.resources.bucket)
+        await client.send(InputMessage.user_text(thread, "second " + "y" * 300_000, id="t2"), "t2")
         await stack.send_user(thread, "third", "t3")
         await stack.send_user(other, "unrelated", "o1")
         event = await _batch(stack, 4)
-        real_s3 = stack.runtime.queues.s3
+        blobs = stack.runtime.blobs
+        assert blobs is not None
+        real_s3 = blobs.s3
 
         class BrokenS3:
             def __getattr__(self, name: str) -> Any:
@@ -192,9 +197,9 @@ async def test_a_transient_failure_mid_thread_fails_that_record_and_the_later_on
             async def get_object(self, **kwargs: Any) -> Any:
                 raise QueueError("injected S3 outage")
 
-        stack.runtime.queues.s3 = BrokenS3()
+        blobs.s3 = BrokenS3()
         result = await stack.runtime.handle_sqs_batch(event)
-        stack.runtime.queues.s3 = real_s3
+        blobs.s3 = real_s3
         ids = {r["messageId"]: r for r in event["Records"]}
         failed = [ids[i]["attributes"]["MessageDeduplicationId"] for i in failed_ids(result)]
         assert len(failed) == 2

@@ -191,6 +191,8 @@ async def dynamo_run(
     s3.writes = dynamo.writes  # one count across both services
     crashing, _ = env.stores(client=dynamo)
     crashing._io.s3 = s3  # the store's own claim-check path, crash-injected
+    assert crashing._io.blobs is not None
+    crashing._io.blobs.s3 = s3  # and its shared texts' (a big JSON row's text goes there)
     info = await conv.get_thread(thread)
     with contextlib.suppress(InjectedCrash):
         await replace_history(crashing, thread, info.version if info else 0, new)

@@ -179,6 +179,7 @@ async def _ensure_bucket(s3: Any, bucket: str, region: str | None) -> None:
             "RestrictPublicBuckets": True,
         },
     )
+    # Only the queue-only payloads/ expire: blobs/ and rows/ are named by history rows (stepagent.blobs).
     await s3.put_bucket_lifecycle_configuration(
         Bucket=bucket,
         LifecycleConfiguration={

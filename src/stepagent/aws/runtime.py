@@ -38,6 +38,7 @@ from stepagent.aws.settings import Settings
 from stepagent.aws.timers import AwsTimers, deliver_due_schedules, handle_delay_batch
 from stepagent.aws.tool_runner import SqsFunctionRunner, handle_tool_batch
 from stepagent.aws.worker import CountingMetrics, MetricsSink, Worker
+from stepagent.blobs import ContentBlobs
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.step import StepConfig
 from stepagent.core.thread_cache import ThreadCache
@@ -47,6 +48,7 @@ from stepagent.providers.base import ModelProvider
 from stepagent.providers.factory import make_provider
 from stepagent.senders.sqs import SqsQueues, SqsSender
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
+from stepagent.stores.metrics import StoreMetrics
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import Invocable, load_toolset
@@ -94,6 +96,9 @@ class AwsRuntime:
     queues: SqsQueues
     sender: SqsSender
     metrics: MetricsSink
+    #: Every store and blob S3 call of this runtime (the queues' claim checks included).
+    store_metrics: StoreMetrics
+    blobs: ContentBlobs | None
     user_tools: list[Tool]
     function_tools: dict[str, Invocable]
     agent: AgentConfig
@@ -179,7 +184,12 @@ class AwsRuntime:
         self.sqs = await self._stack.enter_async_context(client(session, "sqs", settings))
         # S3 holds only oversized payloads: its client (the largest service model) opens on first use.
         self.s3 = LazyClient(lambda: self._stack.enter_async_context(client(session, "s3", settings)))
-        self.queues = SqsQueues(self.sqs, s3_client=self.s3, bucket=settings.blob_bucket)
+        self.store_metrics = StoreMetrics()
+        # One ContentBlobs for the queues, the stores and the publisher: a text that arrived by reference is
+        # known to exist, so its row and output event store it no second time (stepagent.blobs).
+        bucket = settings.blob_bucket
+        self.blobs = ContentBlobs(self.s3, bucket, self.store_metrics) if bucket else None
+        self.queues = SqsQueues(self.sqs, blobs=self.blobs)
         self.sender = SqsSender(self.sqs, str(settings.input_queue_url), queues=self.queues)
         local_tools = [*builtin_tools(), Sleep(), SleepUntil(clock), *self.user_tools]
         if WORKER not in self.roles:
@@ -197,6 +207,8 @@ class AwsRuntime:
             state_table=str(settings.state_table),
             s3_client=self.s3,
             bucket=settings.blob_bucket,
+            metrics=self.store_metrics,
+            blobs=self.blobs,
             page_size=None,  # DynamoDB's 1 MB pages: one Query for any context under a megabyte
         )
         timers = AwsTimers(

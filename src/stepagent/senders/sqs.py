@@ -9,7 +9,9 @@ Guarantees of :class:`SqsSender`:
   never collides), and always within SQS's 128-character limit and alphabet.
 - The body carries the logical id: ``"id": dedup_id`` unless the message already has one, so the receiving
   worker dedups by it even after SQS's 5-minute dedup window.
-- Bodies over ~200 KB go to the blob bucket (see :mod:`stepagent.senders.claim_check`).
+- Bodies over ~200 KB go to the blob bucket (see :mod:`stepagent.senders.claim_check`); their large texts
+  are content-addressed objects shared with the rows and output events that repeat them, when the
+  queues, the stores and the publisher share one :class:`~stepagent.blobs.ContentBlobs`.
 - Every AWS failure is a :class:`~stepagent.errors.QueueError` naming the queue (transient: the record
   that caused the send is retried).
 """
@@ -22,6 +24,7 @@ from typing import Any, TypeAlias
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from stepagent.blobs import ContentBlobs
 from stepagent.errors import QueueError
 from stepagent.messages import InputMessage
 from stepagent.senders.claim_check import INLINE_BODY_LIMIT, unwrap_body, wrap_body
@@ -37,7 +40,9 @@ def dedup_key(group_id: str, dedup_id: str) -> str:
 
 
 class SqsQueues:
-    """Sends bodies to any of our queues; big bodies are claim-checked, failures are ``QueueError``."""
+    """Sends bodies to any of our queues; big bodies are claim-checked, failures are ``QueueError``.
+    ``blobs`` (shared with the stores) stores the big texts, else one is made of ``s3_client`` and
+    ``bucket``; with neither, a big body is refused."""
 
     def __init__(
         self,
@@ -46,10 +51,14 @@ class SqsQueues:
         s3_client: S3Client | None = None,
         bucket: str | None = None,
         inline_limit: int = INLINE_BODY_LIMIT,
+        blobs: ContentBlobs | None = None,
     ) -> None:
         self.sqs = sqs
-        self.s3 = s3_client
-        self.bucket = bucket
+        if blobs is None and s3_client is not None and bucket:
+            blobs = ContentBlobs(s3_client, bucket)
+        self.blobs = blobs
+        self.s3 = blobs.s3 if blobs is not None else s3_client
+        self.bucket = blobs.bucket if blobs is not None else bucket
         self.inline_limit = inline_limit
 
     async def send(
@@ -65,7 +74,7 @@ class SqsQueues:
     ) -> str:
         """Send ``body`` (claim-checked if big, unless ``claim_check`` is false: a body copied from a
         queue already fits one); returns the SQS message id."""
-        wire = await wrap_body(body, self.s3, self.bucket, limit=self.inline_limit) if claim_check else body
+        wire = await wrap_body(body, self.blobs, limit=self.inline_limit) if claim_check else body
         kwargs: dict[str, Any] = {"QueueUrl": queue_url, "MessageBody": wire}
         if group_id is not None:
             kwargs["MessageGroupId"] = group_id
@@ -85,7 +94,7 @@ class SqsQueues:
 
     async def resolve(self, body: str) -> str:
         """The original body of a (possibly claim-checked) received body."""
-        return await unwrap_body(body, self.s3, self.bucket)
+        return await unwrap_body(body, self.blobs)
 
 
 class SqsSender:

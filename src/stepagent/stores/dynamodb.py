@@ -19,9 +19,12 @@ exactly like the in-memory stores (the contract suite runs against both) and add
   never is. Debris from a writer with the *same* base version (a crashed, or still running, write-then-flip)
   fails that condition; the store then fences: it bumps the head version (conditioned on the version it
   read), which dooms that other writer's flip, and retries once from the new version.
-- **Claim check.** An encoded row over :data:`~stepagent.stores.dynamodb_io.INLINE_LIMIT` bytes is put to
-  S3 under ``rows/{thread}/{order:012d}-{cv}-{sha256[:16]}`` before the transaction; the row stores that key
-  in ``blob``. Without a blob bucket it raises :class:`~stepagent.errors.PayloadTooLargeError`.
+- **Claim check.** An encoded row over :data:`~stepagent.stores.dynamodb_io.INLINE_LIMIT` bytes keeps its
+  skeleton inline and names its large texts' content-addressed objects (``blobs/sha256/<hex>``, shared
+  with the queue body and output event that carry the same text; put before the transaction unless known
+  to exist) in ``texts``; a row too big even without them is put to S3 under
+  ``rows/{thread}/{order:012d}-{cv}-{sha256[:16]}`` and stores that key in ``blob``. Without a blob bucket
+  it raises :class:`~stepagent.errors.PayloadTooLargeError`.
 - **Usage.** A commit's :class:`~stepagent.stores.base.UsageRecord` is one ``U#{version}`` item written
   in the transaction that moves the head to ``version`` (with the head, in a write-then-flip), so it is
   stored exactly when the step is; ``usage_records`` is one paginated Query over the ``U#`` range.
@@ -57,6 +60,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
+from stepagent.blobs import ContentBlobs
 from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError
 from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.stores.base import (
@@ -136,12 +140,13 @@ class DynamoConversationStore:
         bucket: str | None = None,
         metrics: StoreMetrics | None = None,
         page_size: int | None = 100,
+        blobs: ContentBlobs | None = None,
     ) -> None:
         self.table = conversation_table
         self.state_table = state_table
         self.metrics = metrics if metrics is not None else StoreMetrics()
         self.page_size = page_size
-        self._io = DynamoIo(client, s3_client, bucket, self.metrics)
+        self._io = DynamoIo(client, s3_client, bucket, self.metrics, blobs)
         self._heads: OrderedDict[str, Item] = OrderedDict()
 
     def _remember(self, thread_id: str, head: Item | None) -> None:
@@ -579,9 +584,13 @@ def dynamo_stores(
     bucket: str | None = None,
     metrics: StoreMetrics | None = None,
     page_size: int | None = 100,
+    blobs: ContentBlobs | None = None,
 ) -> tuple[DynamoConversationStore, DynamoStateStore]:
-    """Both stores over one client, sharing one :class:`StoreMetrics`."""
+    """Both stores over one client, sharing one :class:`StoreMetrics` and one
+    :class:`~stepagent.blobs.ContentBlobs` (``blobs``, e.g. the queues' too; else one of their own)."""
     shared = metrics if metrics is not None else StoreMetrics()
+    if blobs is None and s3_client is not None and bucket is not None:
+        blobs = ContentBlobs(s3_client, bucket, shared)
     conversation = DynamoConversationStore(
         client,
         conversation_table=conversation_table,
@@ -590,6 +599,7 @@ def dynamo_stores(
         bucket=bucket,
         metrics=shared,
         page_size=page_size,
+        blobs=blobs,
     )
     state = DynamoStateStore(
         client,
@@ -598,5 +608,6 @@ def dynamo_stores(
         bucket=bucket,
         metrics=shared,
         conversation_table=conversation_table,
+        blobs=blobs,
     )
     return conversation, state

@@ -7,8 +7,15 @@ What it guarantees:
   :class:`~stepagent.errors.StoreError` naming the operation and the table. Refused conditions surface as
   :class:`ConditionFailed` / :class:`TransactionCancelled` (with DynamoDB's per-action reasons) so callers
   can tell a lost race from an outage.
-- Payloads over :data:`INLINE_LIMIT` bytes are stored in S3 under a deterministic key ending in the
-  content's SHA-256 prefix (a retry rewrites the same object; a read verifies the hash), never inline.
+- Payloads over :data:`INLINE_LIMIT` bytes are never stored inline. A canonical JSON payload
+  (:func:`stepagent.blobs.canonical`: rows, messages, anything our encoders wrote) keeps its skeleton in
+  ``body`` and names its large strings in ``texts`` (``[{"path": [...], "key": "blobs/sha256/<hex>"}]``):
+  content-addressed objects of :mod:`stepagent.blobs`, shared with the queue body and output event that
+  repeat them, written only when not known to exist, read at most once while cached, verified on read
+  (a mismatch is :class:`~stepagent.errors.CorruptRowError`), and never deleted by the stores. Any other
+  big payload (not JSON, or too big even without its large strings) is one object under a deterministic
+  ``{blob_key}-{sha256[:16]}`` key named by ``blob`` (a retry rewrites the same object; a read verifies
+  the hash); only those per-item objects are deleted with their rows.
 - Batch calls respect AWS's limits (25 writes, 100 keys) even where moto does not, and retry unprocessed
   items with bounded backoff, failing loudly rather than dropping any.
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 import threading
 import time
@@ -27,6 +35,17 @@ from typing import Any, Literal, TypeAlias
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
+from stepagent.blobs import (
+    BlobCorrupt,
+    BlobError,
+    ContentBlobs,
+    canonical,
+    dumps,
+    fill,
+    is_digest,
+    key_of,
+    split,
+)
 from stepagent.errors import CorruptRowError, PayloadTooLargeError, StoreError
 from stepagent.stores.metrics import StoreMetrics
 
@@ -41,6 +60,8 @@ MAX_TRANSACT_ACTIONS = 100
 TRANSACT_BYTE_BUDGET = 3_500_000
 #: Processed/answered markers outlive SQS's longest retention (14 days), so a redelivery still dedups.
 MARKER_TTL_S = 30 * 24 * 3600
+#: The attributes a payload may occupy (:meth:`DynamoIo.payload`); an upsert removes those it does not set.
+PAYLOAD_ATTRIBUTES = ("blob", "body", "texts")
 _BATCH_GET_KEYS = 100
 _BATCH_WRITE_ITEMS = 25  # moto does not enforce this limit; AWS does, so chunk ourselves
 _MAX_BATCH_ATTEMPTS = 8
@@ -160,7 +181,12 @@ class DynamoIo:
     """AWS calls with metrics, error mapping and the S3 claim check, shared by both stores."""
 
     def __init__(
-        self, client: AwsClient, s3_client: AwsClient | None, bucket: str | None, metrics: StoreMetrics
+        self,
+        client: AwsClient,
+        s3_client: AwsClient | None,
+        bucket: str | None,
+        metrics: StoreMetrics,
+        blobs: ContentBlobs | None = None,
     ):
         if bucket is not None and s3_client is None:
             raise ValueError(f"blob bucket {bucket!r} given without an S3 client")
@@ -170,6 +196,9 @@ class DynamoIo:
         self.s3 = s3_client if bucket is not None else None
         self.bucket = bucket
         self.metrics = metrics
+        if blobs is None and self.s3 is not None and bucket is not None:
+            blobs = ContentBlobs(self.s3, bucket, metrics)
+        self.blobs = blobs if self.s3 is not None else None
 
     async def call(self, op: str, table: str, **kwargs: Any) -> Item:
         self.metrics.count_call(op)
@@ -211,22 +240,48 @@ class DynamoIo:
                 self.metrics.bytes_written += write.size
 
     async def payload(self, text: str, blob_key: str) -> Item:
-        """``{"body": text}``, or for a payload over :data:`INLINE_LIMIT` ``{"blob": key}`` after putting it
-        to S3 under ``{blob_key}-{sha256[:16]}`` (deterministic: a retry rewrites the same object)."""
+        """``{"body": text}``; for a payload over :data:`INLINE_LIMIT` the skeleton in ``body`` and its
+        shared texts in ``texts``, else (see the module docstring) ``{"blob": key}`` after putting it to S3
+        under ``{blob_key}-{sha256[:16]}``."""
         data = text.encode()
         if len(data) <= INLINE_LIMIT:
             return {"body": s_attr(text)}
-        if self.s3 is None or self.bucket is None:
+        if self.blobs is None:
             raise PayloadTooLargeError(
                 f"{blob_key}: {len(data)} bytes exceeds the {INLINE_LIMIT}-byte DynamoDB item budget and no "
                 "blob bucket is configured (set STEPAGENT_BLOB_BUCKET)"
             )
+        shared = await self._shared_texts(text)
+        if shared is not None:
+            return shared
         key = f"{blob_key}-{hashlib.sha256(data).hexdigest()[:16]}"
         await self._s3("PutObject", key, Body=data)
         self.metrics.bytes_written += len(data)
         return {"blob": s_attr(key)}
 
+    async def _shared_texts(self, text: str) -> Item | None:
+        """The ``body`` + ``texts`` attributes of a JSON payload whose skeleton fits inline, after storing
+        its texts; ``None`` for any other payload."""
+        assert self.blobs is not None
+        parsed, doc = canonical(text)
+        if not parsed:
+            return None
+        skeleton, holes = split(doc)
+        body = dumps(skeleton)
+        if not holes or len(body.encode()) > INLINE_LIMIT:
+            return None
+        refs = []
+        for path, value in holes:
+            try:
+                digest = await self.blobs.put(value)
+            except BlobError as exc:
+                raise StoreError(str(exc)) from exc
+            refs.append({"path": path, "key": key_of(digest)})
+        return {"body": s_attr(body), "texts": s_attr(json.dumps(refs, separators=(",", ":")))}
+
     async def read_payload(self, item: Item, what: str) -> str:
+        if "texts" in item:
+            return await self._read_shared(item, what)
         if "body" in item:
             return str(item["body"]["S"])
         if "blob" not in item:
@@ -247,6 +302,34 @@ class DynamoIo:
         if not key.endswith("-" + hashlib.sha256(data).hexdigest()[:16]):
             raise CorruptRowError(f"{what}: S3 object {key} does not match its content hash")
         return data.decode()
+
+    async def _read_shared(self, item: Item, what: str) -> str:
+        """The payload of a ``body`` + ``texts`` item: each text read (or taken from the cache) once."""
+        try:
+            skeleton = json.loads(str(item["body"]["S"]))
+            refs = json.loads(str(item["texts"]["S"]))
+            keys = [(list(ref["path"]), str(ref["key"])) for ref in refs]
+        except (KeyError, TypeError, ValueError):
+            raise CorruptRowError(f"{what} has a malformed skeleton or text list") from None
+        if self.blobs is None:
+            raise StoreError(
+                f"{what} has texts in S3 but no blob bucket is configured (set STEPAGENT_BLOB_BUCKET)"
+            )
+        holes = []
+        for path, key in keys:
+            digest = key.removeprefix(key_of(""))
+            if key != key_of(digest) or not is_digest(digest):
+                raise CorruptRowError(f"{what} names {key!r}, not a content-addressed text")
+            try:
+                holes.append((path, await self.blobs.get(digest)))
+            except BlobCorrupt as exc:
+                raise CorruptRowError(f"{what}: {exc}") from None
+            except BlobError as exc:
+                raise StoreError(f"{what}: {exc}") from exc
+        try:
+            return dumps(fill(skeleton, holes))
+        except ValueError as exc:
+            raise CorruptRowError(f"{what}: its texts do not fit its skeleton: {exc}") from None
 
     async def _s3(self, op: str, key: str, **kwargs: Any) -> Item:
         self.metrics.count_call(f"s3:{op}")
@@ -355,15 +438,17 @@ async def payload_write(io: DynamoIo, table: str, pk: str, sk: str, text: str, s
     """Upsert of a JSON payload item; ``seq`` (insertion order) is kept from the first insert, the way a
     dict keeps a replaced key's position."""
     attrs = await io.payload(text, f"state/{pk}/{sk}")
-    present, absent = ("body", "blob") if "body" in attrs else ("blob", "body")
-    names = {"#p": present, "#a": absent}
-    values: Item = {":p": attrs[present]}
-    expression = "SET #p = :p"
+    present = sorted(attrs)
+    absent = [name for name in PAYLOAD_ATTRIBUTES if name not in attrs]
+    names = {f"#p{i}": name for i, name in enumerate(present)} | {f"#a{i}": n for i, n in enumerate(absent)}
+    values: Item = {f":p{i}": attrs[name] for i, name in enumerate(present)}
+    expression = "SET " + ", ".join(f"#p{i} = :p{i}" for i in range(len(present)))
     if seq is not None:
         names["#seq"] = "seq"
         values[":seq"] = n_attr(seq)
         expression += ", #seq = if_not_exists(#seq, :seq)"
-    return update(table, item_key(pk, sk), expression + " REMOVE #a", names, values)
+    expression += " REMOVE " + ", ".join(f"#a{i}" for i in range(len(absent)))
+    return update(table, item_key(pk, sk), expression, names, values)
 
 
 def fits(writes: Sequence[Write]) -> bool:

@@ -62,6 +62,11 @@ gains its intents, ``dq`` is recomputed from the head it was conditioned on), ``
 copy and ``sum``/``sv`` in one transaction). Rewinds and replacements drop ``fl`` and ``sv`` (their
 cleanup changes state the sets do not track) and set ``sum``; heads written before these attributes
 existed have neither and are read the old way.
+
+``(body | blob)`` is a payload (:meth:`~stepagent.stores.dynamodb_io.DynamoIo.payload`): inline ``body``;
+or, for a big JSON payload, its skeleton in ``body`` plus ``texts`` naming the content-addressed
+``blobs/sha256/<hex>`` objects of its large strings (shared, never deleted); or a per-item S3 object named
+by ``blob`` (deleted with its row).
 """
 
 from __future__ import annotations

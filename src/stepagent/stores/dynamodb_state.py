@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from stepagent.blobs import ContentBlobs
 from stepagent.errors import StoreError
 from stepagent.messages import InputMessage, ToolCall, UserChoiceRequired
 from stepagent.stores.base import Commit, DeferredInput, DispatchIntent
@@ -128,11 +129,12 @@ class DynamoStateStore:
         bucket: str | None = None,
         metrics: StoreMetrics | None = None,
         conversation_table: str | None = None,
+        blobs: ContentBlobs | None = None,
     ) -> None:
         self.table = state_table
         self.conversation_table = conversation_table
         self.metrics = metrics if metrics is not None else StoreMetrics()
-        self._io = DynamoIo(client, s3_client, bucket, self.metrics)
+        self._io = DynamoIo(client, s3_client, bucket, self.metrics, blobs)
 
     async def _with_head_flag(
         self, write: Write, thread_id: str, attribute: str, op: str, value: str
