@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from stepagent.aws.clients import LazyClient
 from stepagent.aws.runtime import TOOL_RUNNER, AwsRuntime
 from stepagent.blobs import ContentBlobs
 from stepagent.client import Client
@@ -45,9 +46,16 @@ BIG_SCRIPT = {**SCRIPT, "rules": [HALF_MEGABYTE, *SCRIPT["rules"]]}
 class S3Requests:
     """Every S3 request a client sends, by operation (a botocore ``before-call`` hook)."""
 
-    def __init__(self, s3: Any) -> None:
+    def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
-        s3.meta.events.register("before-call.s3", self._count)
+
+    @classmethod
+    async def on(cls, s3: Any) -> S3Requests:
+        """Count ``s3``'s requests (a runtime's lazy client is opened for its hooks)."""
+        requests = cls()
+        real = await s3.opened_client() if isinstance(s3, LazyClient) else s3
+        real.meta.events.register("before-call.s3", requests._count)
+        return requests
 
     def _count(self, model: Any, **_: Any) -> None:
         self.counts[model.name] += 1
@@ -65,7 +73,7 @@ class Deployment:
     async def pump(self, worker: AwsRuntime | None = None) -> list[Counter[str]]:
         """Drain the queues; the worker's S3 requests of each input batch (each step), in order."""
         worker = worker or self.stack.runtime
-        counted = self.worker_s3 if worker is self.stack.runtime else S3Requests(worker.s3)
+        counted = self.worker_s3 if worker is self.stack.runtime else await S3Requests.on(worker.s3)
         resources = self.stack.resources
         handlers = [
             (resources.input_queue_url, worker.handle_sqs_batch),
@@ -112,7 +120,9 @@ async def deployment() -> AsyncIterator[Deployment]:
     async with aws_stack(script=BIG_SCRIPT) as stack:
         tools = await AwsRuntime.create(stack.settings, roles=[TOOL_RUNNER])
         try:
-            yield Deployment(stack, tools, S3Requests(stack.runtime.s3), S3Requests(tools.s3))
+            yield Deployment(
+                stack, tools, await S3Requests.on(stack.runtime.s3), await S3Requests.on(tools.s3)
+            )
         finally:
             await tools.aclose()
 
@@ -200,7 +210,7 @@ async def test_a_redelivered_step_reads_once_and_stores_nothing_again() -> None:
             )
         cold = await fresh_worker(d.stack)
         try:
-            requests = S3Requests(cold.s3)
+            requests = await S3Requests.on(cold.s3)
             again = await d.stack.receive_event(url)
             assert again["Records"][0]["attributes"]["ApproximateReceiveCount"] == "2"
             result = await cold.handle_sqs_batch(again)  # dedup, then a replay of the step's events

@@ -89,6 +89,10 @@ class LazyClient:
         """Whether the real client has been opened."""
         return self._client is not None
 
+    async def opened_client(self) -> Any:
+        """The real client (opening it now if no call has yet): for its ``meta`` or ``exceptions``."""
+        return await self._opened()
+
     async def _opened(self) -> Any:
         async with self._lock:
             if self._client is None:
