@@ -14,6 +14,10 @@ Sections of the JSON (each with its own method notes):
 - ``live_text``: what the live partial text costs per step (requests, bytes) with it on and off, for
   streams of 0, 2 and 5 seconds, and what one client poll of an idle thread tree costs
   (:mod:`bench.live_text`);
+- ``peer_cpu``: framework CPU per turn of the issue's peer workload, stepagent's real handlers (cold and
+  warm) against LangGraph + ``DynamoDBSaver`` run from the bench-only ``.venv-peer`` on the same moto
+  server, interleaved, at turn 10 and turn 500 with compaction, each ratio next to its target
+  (:mod:`bench.peer_cpu`);
 - ``local_mode``: local-mode steps per second;
 - ``memory``: the retained-growth gate (normal run and traps) and per-step peaks (see
   :mod:`bench.memory`), each measured in a fresh process.
@@ -47,6 +51,7 @@ from bench.overhead import (
     local_store_overhead,
     moto_dynamodb,
 )
+from bench.peer_cpu import peer_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPORT_TARGET_MS = 300
@@ -305,6 +310,10 @@ def main(argv: list[str] | None = None) -> None:
         results["step_costs"] = asyncio.run(peer_step_costs(args.quick))
         print("live partial text ...", flush=True)
         results["live_text"] = asyncio.run(live_text_costs(args.quick))
+        print("framework CPU per turn against LangGraph + DynamoDBSaver ...", flush=True)
+        results["peer_cpu"] = asyncio.run(
+            peer_cpu(repetitions=1, late_seeded=40) if args.quick else peer_cpu(repetitions=3)
+        )
     print("local mode ...", flush=True)
     results["local_mode"] = asyncio.run(local_mode_rate(quick=args.quick))
     if not args.skip_memory:
