@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         results["live_text"] = asyncio.run(live_text_costs(args.quick))
         print("framework CPU per turn against LangGraph + DynamoDBSaver ...", flush=True)
         results["peer_cpu"] = asyncio.run(
-            peer_cpu(repetitions=1, late_seeded=40) if args.quick else peer_cpu(repetitions=3)
+            peer_cpu(repetitions=1, late_seeded=40) if args.quick else peer_cpu(repetitions=5)
         )
     print("local mode ...", flush=True)
     results["local_mode"] = asyncio.run(local_mode_rate(quick=args.quick))

@@ -17,10 +17,11 @@ model's answer (~1 KB), with a scripted model on both sides (no HTTP to a model)
 
 CPU is ``time.process_time()`` of the framework's process (all its threads), summed per turn. The moto
 server is a child process of the bench, so its CPU is nobody's. Each repetition runs, back to back:
-stepagent cold and warm at turns 1-15, the peer at turns 1-15, stepagent cold and warm at turns
-491-505. Reported: per repetition the median over turns 6-15 ("turn 10") and 496-505 ("turn 500");
-then the medians over repetitions of those and of the per-repetition ratios (stepagent/peer at turn 10,
-turn 500/turn 10).
+stepagent cold, then warm, each at turns 1-15 of a fresh thread and 491-505 of a seeded one in lockstep
+(turn ``k`` of one, then ``490 + k`` of the other, so both see the same load of the shared machine), then
+the peer at turns 1-15. Reported: per repetition the median over turns 6-15 ("turn 10") and 496-505
+("turn 500"); then the medians over repetitions of those and of the per-repetition ratios
+(stepagent/peer at turn 10, turn 500/turn 10).
 
 The thread at turn 500 is seeded, not run: 490 finished turns of the same shape are written into the
 store's row layout, and a compaction summary covers all of them (the state the thread's own compactions
@@ -43,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -218,9 +219,13 @@ class Driver:
         return total * 1000
 
 
-async def stepagent_run(endpoint: str, prefix: str, *, cache: bool, seeded: int = 0) -> list[float]:
-    """CPU ms of each turn of a fresh thread on fresh resources: turns 1-15, or, after ``seeded`` finished
-    turns behind a summary, turns ``seeded + 1`` to ``seeded + 15``."""
+@contextlib.asynccontextmanager
+async def stepagent_thread(
+    endpoint: str, prefix: str, *, cache: bool, seeded: int = 0
+) -> AsyncIterator[Callable[[int], Awaitable[float]]]:
+    """A fresh runtime on fresh resources and a fresh thread (after ``seeded`` finished turns behind a
+    summary, if any); yields ``turn(k)``, which runs the thread's turn ``seeded + k`` and returns its CPU
+    ms."""
     from stepagent.devstack.stack import create_resources
 
     env = await create_resources(endpoint, prefix)
@@ -250,10 +255,28 @@ async def stepagent_run(endpoint: str, prefix: str, *, cache: bool, seeded: int 
             found = await runtime.sqs.get_queue_attributes(QueueUrl=str(url), AttributeNames=["QueueArn"])
             arns[str(url)] = str(found["Attributes"]["QueueArn"])
         driver = Driver(runtime, arns)
-        return [await driver.turn(thread, seeded + turn) for turn in EARLY_TURNS]
+
+        async def turn(k: int) -> float:
+            return await driver.turn(thread, seeded + k)
+
+        yield turn
     finally:
         await runtime.aclose()
         await _delete_resources(runtime, env)
+
+
+async def stepagent_runs(endpoint: str, prefix: str, *, cache: bool, late_seeded: int) -> tuple[float, float]:
+    """("turn 10", "turn 500"): a fresh thread and a seeded one, their turns run in lockstep (turn ``k`` of
+    one, then turn ``late_seeded + k`` of the other), so both medians see the same load of the machine."""
+    async with (
+        stepagent_thread(endpoint, f"{prefix}e", cache=cache) as early,
+        stepagent_thread(endpoint, f"{prefix}l", cache=cache, seeded=late_seeded) as late,
+    ):
+        early_ms, late_ms = [], []
+        for k in EARLY_TURNS:
+            early_ms.append(await early(k))
+            late_ms.append(await late(k))
+    return _measured(early_ms), _measured(late_ms)
 
 
 async def _delete_resources(runtime: AwsRuntime, env: dict[str, str]) -> None:
@@ -313,7 +336,7 @@ def _judged(ratios: list[float], target: float) -> dict[str, Any]:
     }
 
 
-async def peer_cpu(repetitions: int = 3, late_seeded: int = LATE_SEEDED) -> dict[str, Any]:
+async def peer_cpu(repetitions: int = 5, late_seeded: int = LATE_SEEDED) -> dict[str, Any]:
     """The ``peer_cpu`` section of ``docs/benchmarks.json`` (``late_seeded`` < 490: a smoke run)."""
     if not PEER_PYTHON.exists():
         raise RuntimeError(
@@ -333,15 +356,13 @@ async def peer_cpu(repetitions: int = 3, late_seeded: int = LATE_SEEDED) -> dict
             # Interleaved: each repetition measures every figure once, so load from other users of the
             # machine falls on all of them alike.
             for mode in ("cold", "warm"):
-                turns = await stepagent_run(endpoint, f"pc{rep}{mode}e", cache=mode == "warm")
-                runs[f"{mode}_10"].append(_measured(turns))
+                early, late = await stepagent_runs(
+                    endpoint, f"pc{rep}{mode}", cache=mode == "warm", late_seeded=late_seeded
+                )
+                runs[f"{mode}_10"].append(early)
+                runs[f"{mode}_500"].append(late)
             peer, versions = peer_run(endpoint, f"peer-{rep}", folder)
             runs["peer_10"].append(_measured(peer))
-            for mode in ("cold", "warm"):
-                turns = await stepagent_run(
-                    endpoint, f"pc{rep}{mode}l", cache=mode == "warm", seeded=late_seeded
-                )
-                runs[f"{mode}_500"].append(_measured(turns))
             print(
                 f"  repetition {rep + 1}: "
                 + ", ".join(f"{key} {values[-1]:.1f} ms" for key, values in runs.items()),
