@@ -8,6 +8,9 @@ SAM_VENV := .venv-sam
 SAM := $(SAM_VENV)/bin/sam
 SAM_STAMP := $(SAM_VENV)/.installed
 
+PEER_VENV := .venv-peer
+PEER_STAMP := $(PEER_VENV)/.installed
+
 .PHONY: setup run test lint lint-template bench coverage deploy clean
 
 setup: $(STAMP)
@@ -68,16 +71,23 @@ build-RuntimeLayer:
 	$(PYTHON) infra/build_layer.py --artifacts-dir "$(ARTIFACTS_DIR)" --architecture "$(ARCHITECTURE)" \
 		--tools "$(TOOLS_DIR)" --aws-services "$(LAYER_AWS_SERVICES)"
 
-## bench: benchmarks, results in docs/benchmarks.json (not part of make test)
-bench: setup
+## bench: benchmarks, results in docs/benchmarks.json (not part of make test); the peer frameworks run in
+## their own $(PEER_VENV)
+bench: setup $(PEER_STAMP)
 	$(PY) -m bench
+
+$(PEER_STAMP): bench/peer-requirements.txt
+	@echo "setup: installing the benchmark peers (LangGraph, Strands) into their own $(PEER_VENV) (about a minute the first time)"
+	@test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/python -m pip install -q -r bench/peer-requirements.txt
+	@touch $(PEER_STAMP)
 
 ## coverage: the whole suite with a line-coverage report of src/stepagent (missing lines per file)
 coverage: setup
 	$(PY) -m pytest --cov=stepagent --cov-report=term-missing:skip-covered
 
 clean:
-	rm -rf $(VENV) $(SAM_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) $(SAM_VENV) $(PEER_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
 
 ## soak: the long reliability runs, not part of make test (see docs/reliability.md): 1,000 crash runs
 ## through the worker on moto, 10,000 in memory with a fresh seed, 50 threads x 20 steps of load

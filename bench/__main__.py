@@ -22,6 +22,10 @@ Sections of the JSON (each with its own method notes):
 - ``large_payload``: a 500 KB tool result through the worker and tool runner on moto: S3 ``PutObject``
   calls for it, ``GetObject`` calls per step (first turn, a warm and a cold later turn) and the bytes
   stored, each next to its target (:mod:`bench.large_payload`);
+- ``peer_cpu``: framework CPU per turn of the issue's peer workload, stepagent's real handlers (cold and
+  warm) against LangGraph + ``DynamoDBSaver`` run from the bench-only ``.venv-peer`` on the same moto
+  server, interleaved, at turn 10 and turn 500 with compaction, each ratio next to its target
+  (:mod:`bench.peer_cpu`);
 - ``local_mode``: local-mode steps per second;
 - ``memory``: the retained-growth gate (normal run and traps) and per-step peaks (see
   :mod:`bench.memory`), and the peak of one step against its model request body at 10 → 10,000 rows in
@@ -59,6 +63,7 @@ from bench.overhead import (
     local_store_overhead,
     moto_dynamodb,
 )
+from bench.peer_cpu import peer_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPORT_TARGET_MS = 300
@@ -350,6 +355,10 @@ def main(argv: list[str] | None = None) -> None:
         results["live_text"] = asyncio.run(live_text_costs(args.quick))
         print("large payload ...", flush=True)
         results["large_payload"] = asyncio.run(large_payload_costs())
+        print("framework CPU per turn against LangGraph + DynamoDBSaver ...", flush=True)
+        results["peer_cpu"] = asyncio.run(
+            peer_cpu(repetitions=1, late_seeded=40) if args.quick else peer_cpu(repetitions=5)
+        )
     print("local mode ...", flush=True)
     results["local_mode"] = asyncio.run(local_mode_rate(quick=args.quick))
     if not args.skip_memory:

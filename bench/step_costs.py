@@ -86,8 +86,10 @@ async def seed_thread(
     turn: int,
     compacted: bool,
     raw_rows: RawRowWriter | None = None,
+    *,
+    kept_turns: int = KEPT_TURNS,
 ) -> None:
-    """``turn - 1`` finished turns; with a summary if ``compacted``. The first turn is a real commit (it
+    """``turn - 1`` finished turns; with a summary if ``compacted`` (all but the last ``kept_turns``). The first turn is a real commit (it
     creates the thread's head as the store does); the rest are committed 95 rows at a time, or, given
     ``raw_rows`` (a DynamoDB store on moto, where every transaction copies the table), written straight
     into the row layout and the head's tail moved over them."""
@@ -99,7 +101,7 @@ async def seed_thread(
         version = (await conversation.commit(thread, commit)).version
     if raw_rows is not None and len(rows) > len(first):
         await raw_rows(thread, len(first) + 1, [item for item, _ in rows[len(first) :]])
-    kept = KEPT_TURNS * ROWS_PER_TURN
+    kept = kept_turns * ROWS_PER_TURN
     if compacted and len(rows) > kept:
         text = "SUMMARY: the user asked for lookups and got results. " * 20  # ~1 KB
         await conversation.save_summary(thread, Summary(text, len(rows) - kept))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from stepagent.messages import CompactionComplete, InputMessage, ToolResult
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelInfo, ModelProvider, ModelRequest
 from stepagent.providers.scripted import ScriptedProvider, request_chars
-from stepagent.senders.sqs import SqsQueues
+from stepagent.senders.sqs import Outgoing, SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
@@ -68,6 +68,10 @@ class NullQueues(SqsQueues):
         self.sent += 1
         self.digest.update(body.encode())
         return f"null-{self.sent}"
+
+    async def send_batch(self, queue_url: str, messages: Sequence[Outgoing]) -> None:
+        for message in messages:
+            await self.send(queue_url, message.body, group_id=message.group_id, dedup_id=message.dedup_id)
 
     async def resolve(self, body: str) -> str:
         return body

@@ -14,7 +14,7 @@ from stepagent.blobs import ContentBlobs
 from stepagent.errors import MalformedMessageError, PayloadTooLargeError, QueueError
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.senders.claim_check import ENVELOPE_KEY, INLINE_BODY_LIMIT, envelope_of, unwrap_body, wrap_body
-from stepagent.senders.sqs import SqsSender, dedup_key
+from stepagent.senders.sqs import BATCH_BODY_BYTES, BATCH_ENTRIES, Outgoing, SqsQueues, SqsSender, dedup_key
 from tests.conftest import REGION, aws_client, unique_name
 
 pytestmark = pytest.mark.asyncio
@@ -152,6 +152,59 @@ async def test_broken_v2_claim_checks_are_bad_input(queues: tuple[Any, Any, Any]
     await s3.put_object(Bucket=bucket, Key=ref["key"], Body=text[:-1].encode())
     with pytest.raises(MalformedMessageError, match="does not match its sha256"):
         await unwrap_body(wrapped, ContentBlobs(s3, bucket))
+
+
+class CountingSqs:
+    """The SQS client, counting the send requests made through it."""
+
+    def __init__(self, sqs: Any) -> None:
+        self.sqs = sqs
+        self.requests: list[tuple[str, int]] = []
+
+    async def send_message(self, **kwargs: Any) -> Any:
+        self.requests.append(("SendMessage", 1))
+        return await self.sqs.send_message(**kwargs)
+
+    async def send_message_batch(self, **kwargs: Any) -> Any:
+        self.requests.append(("SendMessageBatch", len(kwargs["Entries"])))
+        return await self.sqs.send_message_batch(**kwargs)
+
+
+async def test_a_batch_sends_the_same_messages_in_order_in_as_few_requests_as_sqs_allows(
+    queues: tuple[Any, Any, Any],
+) -> None:
+    sqs, s3, resources = queues
+    counting = CountingSqs(sqs)
+    sender = SqsQueues(counting, s3_client=s3, bucket=resources.bucket)
+    url = resources.output_queue_url
+    big = "b" * (INLINE_BODY_LIMIT + 1)  # claim-checked: its envelope is small
+    bodies = [f"event {n}" for n in range(BATCH_ENTRIES + 1)] + [big]
+    await sender.send_batch(
+        url, [Outgoing(b, group_id="root", dedup_id=f"e{n}") for n, b in enumerate(bodies)]
+    )
+    assert counting.requests == [("SendMessageBatch", BATCH_ENTRIES), ("SendMessageBatch", 2)]
+    received = await drain(sqs, url)
+    assert [await sender.resolve(m["Body"]) for m in received] == bodies
+    assert [m["Attributes"]["MessageDeduplicationId"] for m in received] == [
+        f"e{n}" for n in range(len(bodies))
+    ]
+    assert {m["Attributes"]["MessageGroupId"] for m in received} == {"root"}
+
+    # Bodies that would overflow one batch's payload go in the next request; a lone one is a SendMessage.
+    counting.requests.clear()
+    half = "h" * (BATCH_BODY_BYTES // 2 + 1)
+    await sender.send_batch(url, [Outgoing(half, group_id="root", dedup_id=f"h{n}") for n in range(3)])
+    assert counting.requests == [("SendMessage", 1)] * 3
+    assert [m["Body"] for m in await drain(sqs, url)] == [half] * 3
+
+
+async def test_a_refused_batch_entry_is_a_queue_error(queues: tuple[Any, Any, Any]) -> None:
+    sqs, _, resources = queues
+    # A FIFO queue refuses a message without a group id.
+    with pytest.raises(QueueError, match="SendMessageBatch"):
+        await SqsQueues(sqs).send_batch(
+            resources.output_queue_url, [Outgoing("a", dedup_id="x"), Outgoing("b")]
+        )
 
 
 async def test_aws_failures_are_queue_errors(queues: tuple[Any, Any, Any]) -> None:

@@ -192,11 +192,12 @@ async def test_a_crash_between_commit_and_publish_loses_no_output_event() -> Non
         clean = await run_moto(
             stack, MOTO_SCENARIOS["spawn"], frozenset(), batch_size=1, dedupe=True, prefix="clean-"
         )
-        # The first output send after the commit that holds spawn_thread's synchronous result.
+        # The first output send (a step's events go in one batch) after the commit that holds spawn_thread's
+        # synchronous result.
         first_publish = next(
             n
             for n, entry in enumerate(clean.plan.log, 1)
-            if entry == "sqs.send" and "dispatch:after:spawn_thread" in clean.plan.log[: n - 1]
+            if entry == "sqs.send_batch" and "dispatch:after:spawn_thread" in clean.plan.log[: n - 1]
         )
         crashed = await run_moto(
             stack, MOTO_SCENARIOS["spawn"], frozenset({first_publish}), batch_size=1, dedupe=True, prefix="x-"
@@ -218,7 +219,7 @@ async def test_a_crash_between_commit_and_publish_of_a_redelivered_records_rows_
         first_send = next(
             n
             for n, entry in enumerate(clean.plan.log, 1)
-            if entry == "sqs.send" and "model.stream:next" in clean.plan.log[: n - 1]
+            if entry in ("sqs.send", "sqs.send_batch") and "model.stream:next" in clean.plan.log[: n - 1]
         )
         crashed = await run_moto(
             stack, MOTO_SCENARIOS["tool"], frozenset({first_send}), batch_size=1, dedupe=True, prefix="x-"

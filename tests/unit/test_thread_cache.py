@@ -105,3 +105,26 @@ async def test_a_warm_worker_sees_what_other_workers_did_to_its_cached_thread() 
     await conversation.save_summary("t", Summary("SUMMARY of turns 1-2", 8))  # compacted behind a's back
     await a_sends_the_stored_history(5)
     assert isinstance(model_a.histories[-2][0], Summary)
+
+
+async def test_a_loaded_thread_is_counted_at_its_stored_encoding_without_encoding_it_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stepagent.core import history as history_module
+    from stepagent.core.history import HistoryManager
+    from stepagent.history_items import UserItem
+    from stepagent.messages import TextContent
+    from stepagent.stores.base import Commit
+
+    conversation, state = memory_stores()
+    rows = [(UserItem(content=TextContent(text=f"é {n} " * 50)), f"m{n}") for n in range(6)]
+    rows += [(AssistantText(f"answer {n} ü" * 40), f"a{n}") for n in range(6)]
+    await conversation.commit("t", Commit(expected_version=0, rows=rows))
+    encoded: list[Any] = []
+    real = history_module.item_bytes
+    monkeypatch.setattr(history_module, "item_bytes", lambda item: encoded.append(item) or real(item))
+    cache = ThreadCache()
+    manager = await HistoryManager.load(conversation, state, "t", cache=cache)
+    entry = cache.get("t")
+    assert entry is not None and encoded == []  # the rows' stored bytes were used
+    assert entry.size == sum(real(item) for item in manager.history)  # the same count as encoding them

@@ -3,7 +3,8 @@
 Guarantees (DESIGN §1 "Output queue"):
 
 - One queue message per event, ``MessageGroupId`` = the root thread id (a conversation's events stay in
-  order), ``MessageDeduplicationId`` = the event's ``event_id``. Every event has ``type``, ``event_id``,
+  order), ``MessageDeduplicationId`` = the event's ``event_id``; a step's events are sent together
+  (``SendMessageBatch``, :meth:`~stepagent.senders.sqs.SqsQueues.send_batch`). Every event has ``type``, ``event_id``,
   ``thread_id``, ``root_thread_id`` and ``metadata`` (the root's stored metadata, ``{}`` when none).
 - Only *committed* content is reported: ``text`` (one per assistant text row), ``tool_call`` (one per
   tool-call row), ``tool_result`` and ``event`` (results and folded-in reports/events, with ``text``)
@@ -46,7 +47,7 @@ from stepagent.history_items import AssistantText, EventItem, ToolCallItem, Tool
 from stepagent.ids import derived_id
 from stepagent.messages import OAuthRequired, UserChoiceRequired
 from stepagent.providers.base import Usage
-from stepagent.senders.sqs import SqsQueues
+from stepagent.senders.sqs import Outgoing, SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore, StoredRow, UsageRecord
 
 #: How far back from the tail :func:`replay_rows` looks for a redelivered step's rows.
@@ -300,11 +301,17 @@ class OutputPublisher:
             root, metadata = context[0], context[1] if context[1] is not None else {}
         else:
             root, metadata = await self.thread_context(thread_id)
-        for event in events:
-            body = {**event, "thread_id": thread_id, "root_thread_id": root, "metadata": metadata}
-            await self.queues.send(
-                self.output_queue_url,
-                json.dumps(body, ensure_ascii=False, separators=(",", ":")),
+        outgoing = [
+            Outgoing(
+                json.dumps(
+                    {**event, "thread_id": thread_id, "root_thread_id": root, "metadata": metadata},
+                    ensure_ascii=False,
+                    separators=(",", ":"),
+                ),
                 group_id=root,
                 dedup_id=str(event["event_id"]),
             )
+            for event in events
+        ]
+        # One SendMessageBatch for a step's events (usually two to four) instead of a request each.
+        await self.queues.send_batch(self.output_queue_url, outgoing)

@@ -182,7 +182,7 @@ class HistoryManager:
                 items.append(row.item)
                 orders.append(row.order)
                 if cache is not None:
-                    size += item_bytes(row.item)
+                    size += row.encoded_bytes if row.encoded_bytes is not None else item_bytes(row.item)
             compacted = snapshot.summary_order
             prefix, rows_read = 0, len(snapshot.rows)
         else:

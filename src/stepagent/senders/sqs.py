@@ -1,5 +1,11 @@
-"""SQS senders: :class:`SqsQueues` (one ``SendMessage`` with claim check and error mapping) and
-:class:`SqsSender`, the :class:`~stepagent.senders.base.InputSender` over the FIFO input queue.
+"""SQS senders: :class:`SqsQueues` (``SendMessage``, or ``SendMessageBatch`` for several bodies to one
+queue, with claim check and error mapping) and :class:`SqsSender`, the
+:class:`~stepagent.senders.base.InputSender` over the FIFO input queue.
+
+Guarantees of :meth:`SqsQueues.send_batch`: the same queue messages as one :meth:`SqsQueues.send` per body
+(bodies, claim checks, group and dedup ids), in order, in as few requests as SQS allows (at most
+:data:`BATCH_ENTRIES` entries and :data:`BATCH_BODY_BYTES` of bodies each); any entry SQS refuses is a
+:class:`~stepagent.errors.QueueError`, raised after the batch, as a failed ``send`` would be.
 
 Guarantees of :class:`SqsSender`:
 
@@ -19,7 +25,8 @@ Guarantees of :class:`SqsSender`:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -32,6 +39,21 @@ from stepagent.senders.claim_check import INLINE_BODY_LIMIT, unwrap_body, wrap_b
 #: aioboto3 clients are untyped.
 SqsClient: TypeAlias = Any
 S3Client: TypeAlias = Any
+
+
+#: SQS's limits for one ``SendMessageBatch``: ten entries, 256 KiB of payload (bodies kept below it, so
+#: ids and request framing fit too).
+BATCH_ENTRIES = 10
+BATCH_BODY_BYTES = 240_000
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One body for :meth:`SqsQueues.send_batch`, with its FIFO group and dedup ids."""
+
+    body: str
+    group_id: str | None = None
+    dedup_id: str | None = None
 
 
 def dedup_key(group_id: str, dedup_id: str) -> str:
@@ -91,6 +113,50 @@ class SqsQueues:
         except (ClientError, BotoCoreError, OSError) as exc:
             raise QueueError(f"SendMessage to {queue_url} failed: {exc}") from exc
         return str(response.get("MessageId", ""))
+
+    async def send_batch(self, queue_url: str, messages: Sequence[Outgoing]) -> None:
+        """Send ``messages`` in order, batched (see the module's guarantees)."""
+        wires = [await wrap_body(m.body, self.blobs, limit=self.inline_limit) for m in messages]
+        batch: list[dict[str, Any]] = []
+        size = 0
+        for message, wire in zip(messages, wires, strict=True):
+            length = len(wire.encode())
+            if batch and (len(batch) == BATCH_ENTRIES or size + length > BATCH_BODY_BYTES):
+                await self._send_entries(queue_url, batch)
+                batch, size = [], 0
+            entry: dict[str, Any] = {"Id": str(len(batch)), "MessageBody": wire}
+            if message.group_id is not None:
+                entry["MessageGroupId"] = message.group_id
+            if message.dedup_id is not None:
+                entry["MessageDeduplicationId"] = message.dedup_id
+            batch.append(entry)
+            size += length
+        if batch:
+            await self._send_entries(queue_url, batch)
+
+    async def _send_entries(self, queue_url: str, entries: list[dict[str, Any]]) -> None:
+        if len(entries) == 1:  # SendMessage: the same message, and the request a single body has always made
+            entry = entries[0]
+            await self.send(
+                queue_url,
+                entry["MessageBody"],
+                group_id=entry.get("MessageGroupId"),
+                dedup_id=entry.get("MessageDeduplicationId"),
+                claim_check=False,
+            )
+            return
+        try:
+            response = await self.sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
+        except (ClientError, BotoCoreError, OSError) as exc:
+            raise QueueError(f"SendMessageBatch to {queue_url} failed: {exc}") from exc
+        failed = response.get("Failed") or []
+        if failed:
+            reasons = ", ".join(
+                f"{f.get('Id')}: {f.get('Code')} {f.get('Message', '')}".strip() for f in failed
+            )
+            raise QueueError(
+                f"SendMessageBatch to {queue_url} refused {len(failed)} of {len(entries)}: {reasons}"
+            )
 
     async def resolve(self, body: str) -> str:
         """The original body of a (possibly claim-checked) received body."""

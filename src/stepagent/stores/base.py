@@ -77,6 +77,9 @@ class StoredRow:
     item: HistoryItem
     #: The thread's epoch when the row was committed (see :attr:`ThreadInfo.epoch`).
     epoch: int = 0
+    #: UTF-8 bytes of the row's stored encoding (:func:`~stepagent.history_items.encode_item`), when the
+    #: store read it: the thread cache counts items by it, so a loaded row is not encoded again to size it.
+    encoded_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

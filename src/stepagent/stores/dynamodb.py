@@ -334,7 +334,9 @@ class DynamoConversationStore:
                 self.metrics.rows_read += 1
                 expected += 1
                 epoch = int(raw["ep"]["N"]) if "ep" in raw else 0
-                yield StoredRow(order, str(raw["message_id"]["S"]), decode_item(data), epoch)
+                yield StoredRow(
+                    order, str(raw["message_id"]["S"]), decode_item(data), epoch, len(data.encode())
+                )
             start = page.get("LastEvaluatedKey")
             if not start:
                 break

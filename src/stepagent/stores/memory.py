@@ -176,7 +176,13 @@ class InMemoryConversationStore:
         rows = self.backend.rows.get(thread_id, [])
         for order in range(after + 1, last + 1):
             message_id, data, epoch = rows[order - 1]
-            yield StoredRow(order=order, message_id=message_id, item=decode_item(data), epoch=epoch)
+            yield StoredRow(
+                order=order,
+                message_id=message_id,
+                item=decode_item(data),
+                epoch=epoch,
+                encoded_bytes=len(data.encode()),
+            )
 
     async def commit(self, thread_id: str, commit: Commit) -> ThreadInfo:
         backend = self.backend
