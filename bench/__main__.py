@@ -51,7 +51,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.charts import Series, line_plot
+from bench.charts import Series, bar_groups, line_plot
 from bench.cold_start import cold_start
 from bench.imports import cold_import, import_costs
 from bench.large_payload import large_payload_costs
@@ -284,7 +284,27 @@ def charts(results: dict[str, Any], out_dir: Path) -> list[str]:
             "bench-step-peak.png",
             line_plot("Traced peak of one step", "stored rows", "MiB", peak_series, log_x=True, log_y=True),
         )
+    peers = peer_groups(results)
+    if peers:
+        save("bench-peers.png", bar_groups("Framework CPU per turn, peer workload", "ms CPU per turn", peers))
     return written
+
+
+def peer_groups(results: dict[str, Any]) -> list[tuple[str, list[tuple[str, float]]]]:
+    """Framework CPU per turn against the peer (``peer_cpu``: one interleaved run), bars in ms; the peer has
+    no turn-500 figure (its graph does not compact)."""
+    cpu = (results.get("peer_cpu") or {}).get("median_cpu_ms_per_turn")
+    if not cpu:
+        return []
+    groups: list[tuple[str, list[tuple[str, float]]]] = []
+    for turn in (10, 500):
+        bars = [
+            ("stepagent cold", cpu.get(f"stepagent_cold_turn_{turn}")),
+            ("stepagent warm", cpu.get(f"stepagent_warm_turn_{turn}")),
+            ("LangGraph + DynamoDBSaver", cpu.get(f"peer_turn_{turn}")),
+        ]
+        groups.append((f"turn {turn}", [(label, value) for label, value in bars if value]))
+    return groups
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,6 @@
-"""Line charts for ``make bench``, drawn with matplotlib (a development dependency, never a runtime one).
+"""Charts for ``make bench``, drawn with matplotlib (a development dependency, never a runtime one).
 
-:func:`line_plot` renders one chart to PNG bytes with the Agg backend on its own figure (no pyplot, no
+:func:`line_plot` and :func:`bar_groups` render one chart to PNG bytes with the Agg backend on its own figure (no pyplot, no
 global state, no display needed). Guarantee: the same data gives byte-identical files — the PNG carries no
 timestamp and no software-version metadata, so regenerating the charts only changes them when the numbers
 change.
@@ -66,5 +66,32 @@ def line_plot(
     axes.legend(fontsize="small")
     out = io.BytesIO()
     # No "Software" entry (it names the matplotlib version) and no timestamp: reproducible bytes.
+    figure.savefig(out, format="png", metadata={"Software": None})
+    return out.getvalue()
+
+
+def bar_groups(title: str, y_label: str, groups: Sequence[tuple[str, Sequence[tuple[str, float]]]]) -> bytes:
+    """A PNG chart of labelled bars in groups (``(group, [(bar label, value), ...])``), each bar labelled
+    with its value; a bar label names the same colour in every group."""
+    figure = Figure(figsize=(_SIZE[0] / _DPI, _SIZE[1] / _DPI), dpi=_DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    labels = list(dict.fromkeys(label for _, bars in groups for label, _ in bars))
+    width = 0.8 / max(1, len(labels))
+    for index, label in enumerate(labels):
+        xs, ys = [], []
+        for position, (_, bars) in enumerate(groups):
+            for bar_label, value in bars:
+                if bar_label == label:
+                    xs.append(position + (index - (len(labels) - 1) / 2) * width)
+                    ys.append(value)
+        drawn = axes.bar(xs, ys, width * 0.95, label=label)
+        axes.bar_label(drawn, fmt="%.0f", fontsize="small")
+    axes.set_xticks(range(len(groups)), [group for group, _ in groups])
+    axes.set_title(title)
+    axes.set_ylabel(y_label)
+    axes.grid(True, axis="y", color="#c8c8c8", linewidth=0.8)
+    axes.legend(fontsize="small")
+    out = io.BytesIO()
     figure.savefig(out, format="png", metadata={"Software": None})
     return out.getvalue()
