@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import tempfile
 import uuid
@@ -23,6 +22,8 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
+from bench.overhead import local_moto
+from stepagent.aws.clients import LazyClient
 from stepagent.tools.functions import tool
 
 SIZE = 500_000
@@ -51,11 +52,18 @@ SCRIPT = {
 
 
 class Requests:
-    """Every S3 request one client sends, by operation."""
+    """Every S3 request one client sends, by operation (a botocore ``before-call`` hook)."""
 
-    def __init__(self, s3: Any) -> None:
+    def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
-        s3.meta.events.register("before-call.s3", self._count)
+
+    @classmethod
+    async def on(cls, s3: Any) -> Requests:
+        """Count ``s3``'s requests (a runtime's lazy client is opened for its hooks)."""
+        requests = cls()
+        real = await s3.opened_client() if isinstance(s3, LazyClient) else s3
+        real.meta.events.register("before-call.s3", requests._count)
+        return requests
 
     def _count(self, model: Any, **_: Any) -> None:
         self.counts[model.name] += 1
@@ -65,47 +73,36 @@ class Requests:
 async def _stack() -> AsyncIterator[tuple[dict[str, str], Any, Any]]:
     """(environment, sqs client, s3 client) of fresh tables, queues and bucket on a local moto server."""
     import aioboto3
-    from moto.server import ThreadedMotoServer
 
     from stepagent.aws.queue_resources import ensure_queues_and_bucket
     from stepagent.aws.resources import ensure_tables
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request log
-    os.environ.update(
-        AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
-    )
-    os.environ.pop("AWS_PROFILE", None)
-    os.environ.pop("AWS_SESSION_TOKEN", None)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
     session = aioboto3.Session(region_name="us-east-1")
     handle, script = tempfile.mkstemp(prefix="bench-script-", suffix=".json")
     with os.fdopen(handle, "w") as out:
         json.dump(SCRIPT, out)
     try:
-        async with (
-            session.client("sqs", endpoint_url=endpoint) as sqs,
-            session.client("s3", endpoint_url=endpoint) as s3,
-            session.client("dynamodb", endpoint_url=endpoint) as dynamodb,
-        ):
-            prefix = f"bench-{uuid.uuid4().hex[:8]}"
-            resources = await ensure_queues_and_bucket(sqs, s3, prefix=prefix, region="us-east-1")
-            await ensure_tables(dynamodb, f"{prefix}-conversation", f"{prefix}-state")
-            env = {
-                **resources.env(),
-                "STEPAGENT_CONVERSATION_TABLE": f"{prefix}-conversation",
-                "STEPAGENT_STATE_TABLE": f"{prefix}-state",
-                "STEPAGENT_MODEL": f"scripted:{script}",
-                "STEPAGENT_TOOLS": "bench.large_payload:TOOLS",
-                "AWS_ENDPOINT_URL": endpoint,
-                "AWS_REGION": "us-east-1",
-            }
-            yield env, sqs, s3
+        with local_moto() as endpoint:
+            async with (
+                session.client("sqs", endpoint_url=endpoint) as sqs,
+                session.client("s3", endpoint_url=endpoint) as s3,
+                session.client("dynamodb", endpoint_url=endpoint) as dynamodb,
+            ):
+                prefix = f"bench-{uuid.uuid4().hex[:8]}"
+                resources = await ensure_queues_and_bucket(sqs, s3, prefix=prefix, region="us-east-1")
+                await ensure_tables(dynamodb, f"{prefix}-conversation", f"{prefix}-state")
+                env = {
+                    **resources.env(),
+                    "STEPAGENT_CONVERSATION_TABLE": f"{prefix}-conversation",
+                    "STEPAGENT_STATE_TABLE": f"{prefix}-state",
+                    "STEPAGENT_MODEL": f"scripted:{script}",
+                    "STEPAGENT_TOOLS": "bench.large_payload:TOOLS",
+                    "AWS_ENDPOINT_URL": endpoint,
+                    "AWS_REGION": "us-east-1",
+                }
+                yield env, sqs, s3
     finally:
         os.unlink(script)
-        server.stop()
 
 
 class _Pump:
@@ -191,7 +188,7 @@ async def _redelivered(settings: Any, env: dict[str, str], pump: _Pump, worker: 
     await pump.once(tools, pump.tools.handle_tool_batch)
     await pump.once(inputs, worker.handle_sqs_batch, ack=False)
     async with AwsRuntime.open(settings, roles=[WORKER]) as cold:
-        requests = Requests(cold.s3)
+        requests = await Requests.on(cold.s3)
         await pump.once(inputs, cold.handle_sqs_batch)
     return {"GetObject": requests.counts["GetObject"], "PutObject": requests.counts["PutObject"]}
 
@@ -207,7 +204,7 @@ async def large_payload_costs() -> dict[str, Any]:
             AwsRuntime.open(settings, roles=[WORKER]) as worker,
             AwsRuntime.open(settings, roles=[TOOL_RUNNER]) as tools,
         ):
-            worker_requests, tool_requests = Requests(worker.s3), Requests(tools.s3)
+            worker_requests, tool_requests = await Requests.on(worker.s3), await Requests.on(tools.s3)
             pump = _Pump(env, sqs, tools)
             thread = f"bench-{uuid.uuid4().hex[:8]}"
             await _send(worker, thread, "half a megabyte please", "m1")
@@ -215,7 +212,7 @@ async def large_payload_costs() -> dict[str, Any]:
             await _send(worker, thread, "and now?", "m2")
             warm = await pump.run(worker, worker_requests)
             async with AwsRuntime.open(settings, roles=[WORKER]) as cold:
-                cold_requests = Requests(cold.s3)
+                cold_requests = await Requests.on(cold.s3)
                 await _send(cold, thread, "once more", "m3")
                 later_cold = await pump.run(cold, cold_requests)
             by_runtime = {

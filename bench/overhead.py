@@ -22,7 +22,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -194,15 +194,15 @@ class MotoDynamo:
                 await self.client.delete_table(TableName=table)
 
 
-@contextlib.asynccontextmanager
-async def moto_dynamodb() -> AsyncIterator[MotoDynamo]:
+@contextlib.contextmanager
+def local_moto() -> Iterator[str]:
+    """A moto server on loopback for the duration (its endpoint URL), with fake credentials in the
+    environment so nothing can reach real AWS."""
     import logging
 
-    import aioboto3
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request log
-    # Never real AWS: fake credentials, and every client points at the local server.
     os.environ.update(
         AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1"
     )
@@ -211,12 +211,20 @@ async def moto_dynamodb() -> AsyncIterator[MotoDynamo]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    session = aioboto3.Session(region_name="us-east-1")
     try:
-        async with session.client("dynamodb", endpoint_url=f"http://{host}:{port}") as client:
-            yield MotoDynamo(client)
+        yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+@contextlib.asynccontextmanager
+async def moto_dynamodb() -> AsyncIterator[MotoDynamo]:
+    import aioboto3
+
+    with local_moto() as endpoint:
+        session = aioboto3.Session(region_name="us-east-1")
+        async with session.client("dynamodb", endpoint_url=endpoint) as client:
+            yield MotoDynamo(client)
 
 
 async def dynamodb_overhead(moto: MotoDynamo, rows: int, in_context: int, *, quick: bool = False) -> Overhead:
