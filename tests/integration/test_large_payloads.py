@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from stepagent.aws.clients import LazyClient
+from bench.large_payload import Requests as S3Requests
 from stepagent.aws.runtime import TOOL_RUNNER, AwsRuntime
 from stepagent.blobs import ContentBlobs
 from stepagent.client import Client
@@ -41,24 +41,6 @@ HALF_MEGABYTE = {
     "reply": [{"tool_call": {"name": "big_result", "arguments": {"size": SIZE}}}],
 }
 BIG_SCRIPT = {**SCRIPT, "rules": [HALF_MEGABYTE, *SCRIPT["rules"]]}
-
-
-class S3Requests:
-    """Every S3 request a client sends, by operation (a botocore ``before-call`` hook)."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-
-    @classmethod
-    async def on(cls, s3: Any) -> S3Requests:
-        """Count ``s3``'s requests (a runtime's lazy client is opened for its hooks)."""
-        requests = cls()
-        real = await s3.opened_client() if isinstance(s3, LazyClient) else s3
-        real.meta.events.register("before-call.s3", requests._count)
-        return requests
-
-    def _count(self, model: Any, **_: Any) -> None:
-        self.counts[model.name] += 1
 
 
 @dataclass
