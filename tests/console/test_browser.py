@@ -209,7 +209,10 @@ def test_answer_a_choice(console: LiveConsole, browser: WebDriver) -> None:
     screenshot(browser, "choice")
     blue[0].click()
     wait_for(browser, lambda d: text_shown(d, "Blue it is."), "the tool's answer and the model's reply")
-    assert not browser.find_elements(By.CSS_SELECTOR, "form.choice")
+    # The reply and the pending-choice panel refresh on separate polls: wait for the panel too.
+    wait_for(
+        browser, lambda d: not d.find_elements(By.CSS_SELECTOR, "form.choice"), "the answered choice gone"
+    )
 
 
 def test_redrive_a_dead_lettered_message_and_see_it_processed(
