@@ -17,12 +17,12 @@ Before the timed import it imports only what Lambda's own runtime has imported b
 
 from __future__ import annotations
 
-import gc
 import importlib
 import json
 import os
 import sys
 import time
+from types import ModuleType  # loaded at start-up anyway
 
 
 class Context:
@@ -41,41 +41,18 @@ class Context:
         return 300_000
 
 
-def service_of(client: object) -> str:
-    return str(getattr(client, "meta").service_model.service_name)  # noqa: B009 - botocore is untyped
+def load_watch() -> ModuleType:
+    """:mod:`bench.cold_watch`, by path (``python -I`` puts no script folder on ``sys.path``); loaded after
+    the timed import, since it imports ``typing``."""
+    import importlib.util
 
-
-def aws_clients() -> list[str]:
-    """The services of the botocore clients alive now (aiobotocore's subclass them); none when botocore
-    was never imported."""
-    client = sys.modules.get("botocore.client")
-    if client is None:
-        return []
-    return sorted(service_of(o) for o in gc.get_objects() if isinstance(o, client.BaseClient))
-
-
-def record_created(created: dict[str, list[str]]) -> None:
-    """From now on, note every botocore client (its service) and every httpx client created in
-    ``created`` — also those closed again by the time a call returns. Only libraries already imported are
-    watched (the worker's import imports both)."""
-    botocore_client = sys.modules.get("botocore.client")
-    if botocore_client is not None:
-        init = botocore_client.BaseClient.__init__
-
-        def noting_init(self: object, *args: object, **kwargs: object) -> None:
-            init(self, *args, **kwargs)
-            created["aws"].append(service_of(self))
-
-        botocore_client.BaseClient.__init__ = noting_init
-    httpx = sys.modules.get("httpx")
-    if httpx is not None:
-        http_init = httpx.AsyncClient.__init__
-
-        def noting_http_init(self: object, *args: object, **kwargs: object) -> None:
-            http_init(self, *args, **kwargs)
-            created["http"].append("httpx.AsyncClient")
-
-        httpx.AsyncClient.__init__ = noting_http_init
+    spec = importlib.util.spec_from_file_location(
+        "cold_watch", os.path.join(os.path.dirname(__file__), "cold_watch.py")
+    )
+    assert spec is not None and spec.loader is not None
+    watch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(watch)
+    return watch
 
 
 def main() -> None:
@@ -89,18 +66,19 @@ def main() -> None:
     for also in request.get("also", []):  # more modules, timed with the first
         importlib.import_module(also)
     import_wall, import_cpu = time.perf_counter() - wall, time.process_time() - cpu
+    watch = load_watch()
     calls: list[dict[str, object]] = []
     out = {
         "import_wall_ms": import_wall * 1000,
         "import_cpu_ms": import_cpu * 1000,
-        "aws_clients_after_import": aws_clients(),
+        "aws_clients_after_import": watch.aws_clients(),
         "modules_after_import": sorted(sys.modules),
         "calls": calls,
     }
     if request.get("function"):
         handler = getattr(module, request["function"])
         created: dict[str, list[str]] = {"aws": [], "http": []}
-        record_created(created)
+        watch.record_created(created)
         for event in request["events"]:
             created["aws"].clear()
             created["http"].clear()

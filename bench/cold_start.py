@@ -198,18 +198,18 @@ async def deployed_worker(endpoint: str, script: Path) -> AsyncIterator[MotoStac
     """The worker's resources, fresh, on the moto server at ``endpoint``, with ``WorkerFunction``'s
     environment as the template gives it (``Model``: the scripted model ``script``; every other parameter
     its default) plus Lambda's variables."""
-    import aioboto3
     from tests.artifact.template_env import Evaluator, load_template
 
+    from stepagent.aws.clients import AwsSession, open_client
     from stepagent.aws.queue_resources import LOCAL_SCHEDULER_ROLE_ARN, ensure_queues_and_bucket
     from stepagent.aws.resources import ensure_tables
 
     module, function = handler_path()
-    session = aioboto3.Session(region_name=REGION, aws_access_key_id="bench", aws_secret_access_key="bench")
+    session = AwsSession(REGION, credentials=("bench", "bench"))
     async with AsyncExitStack() as stack:
 
         async def client(service: str) -> Any:
-            return await stack.enter_async_context(session.client(service, endpoint_url=endpoint))
+            return await stack.enter_async_context(open_client(session, service, endpoint))
 
         sqs, s3, dynamodb, secrets = [await client(s) for s in ("sqs", "s3", "dynamodb", "secretsmanager")]
         prefix = f"cold-{uuid.uuid4().hex[:8]}"

@@ -72,21 +72,20 @@ class Requests:
 @contextlib.asynccontextmanager
 async def _stack() -> AsyncIterator[tuple[dict[str, str], Any, Any]]:
     """(environment, sqs client, s3 client) of fresh tables, queues and bucket on a local moto server."""
-    import aioboto3
-
+    from stepagent.aws.clients import AwsSession, open_client
     from stepagent.aws.queue_resources import ensure_queues_and_bucket
     from stepagent.aws.resources import ensure_tables
 
-    session = aioboto3.Session(region_name="us-east-1")
+    session = AwsSession("us-east-1")
     handle, script = tempfile.mkstemp(prefix="bench-script-", suffix=".json")
     with os.fdopen(handle, "w") as out:
         json.dump(SCRIPT, out)
     try:
         with local_moto() as endpoint:
             async with (
-                session.client("sqs", endpoint_url=endpoint) as sqs,
-                session.client("s3", endpoint_url=endpoint) as s3,
-                session.client("dynamodb", endpoint_url=endpoint) as dynamodb,
+                open_client(session, "sqs", endpoint) as sqs,
+                open_client(session, "s3", endpoint) as s3,
+                open_client(session, "dynamodb", endpoint) as dynamodb,
             ):
                 prefix = f"bench-{uuid.uuid4().hex[:8]}"
                 resources = await ensure_queues_and_bucket(sqs, s3, prefix=prefix, region="us-east-1")

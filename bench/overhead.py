@@ -219,11 +219,10 @@ def local_moto() -> Iterator[str]:
 
 @contextlib.asynccontextmanager
 async def moto_dynamodb() -> AsyncIterator[MotoDynamo]:
-    import aioboto3
+    from stepagent.aws.clients import AwsSession, open_client
 
     with local_moto() as endpoint:
-        session = aioboto3.Session(region_name="us-east-1")
-        async with session.client("dynamodb", endpoint_url=endpoint) as client:
+        async with open_client(AwsSession("us-east-1"), "dynamodb", endpoint) as client:
             yield MotoDynamo(client)
 
 

@@ -43,7 +43,7 @@ os.environ.update(
 )
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log is noise in test output
 
-# moto and aioboto3 are imported on first use, so test runs that never touch AWS do not pay for them.
+# moto and the AWS clients are imported on first use, so test runs that never touch AWS do not pay for them.
 _server: Any = None  # moto.server.ThreadedMotoServer once started
 _server_url: str | None = None
 _server_lock = threading.Lock()
@@ -52,10 +52,10 @@ _bucket: str | None = None
 
 @cache
 def aws_session() -> Any:
-    """One aioboto3 session for the whole run: it caches botocore's service models (clients are per loop)."""
-    import aioboto3
+    """One session for the whole run (the runtime's own client factory): it caches botocore's service models."""
+    from stepagent.aws.clients import AwsSession
 
-    return aioboto3.Session(region_name=REGION)
+    return AwsSession(REGION)
 
 
 class _UndoLogTransactions:
@@ -212,8 +212,10 @@ def unique_name(prefix: str) -> str:
 
 @asynccontextmanager
 async def aws_client(service: str) -> AsyncIterator[Any]:
-    """An aioboto3 low-level client for ``service`` on the moto server."""
-    async with aws_session().client(service, endpoint_url=moto_endpoint(), region_name=REGION) as client:
+    """The runtime's low-level client for ``service`` (:mod:`stepagent.aws.clients`) on the moto server."""
+    from stepagent.aws.clients import open_client
+
+    async with open_client(aws_session(), service, moto_endpoint()) as client:
         yield client
 
 

@@ -37,10 +37,9 @@ import re
 from collections import OrderedDict
 from typing import Any, Protocol, TypeAlias
 
-import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-#: aioboto3 S3 client (untyped).
+#: An async S3 client (:class:`stepagent.aws.clients.AsyncClient`, untyped).
 S3Client: TypeAlias = Any
 #: A JSON path: object keys and list indexes from the document's root.
 Path: TypeAlias = list[str | int]
@@ -197,7 +196,7 @@ class ContentBlobs:
                 await self.s3.put_object(
                     Bucket=self.bucket, Key=key, Body=data, ContentType="text/plain; charset=utf-8"
                 )
-            except (ClientError, BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            except (ClientError, BotoCoreError, OSError, TimeoutError) as exc:
                 raise BlobUnavailable(f"S3 PutObject {self.bucket}/{key} failed: {exc}", key) from exc
             if self.metrics is not None:
                 self.metrics.bytes_written += len(data)
@@ -221,7 +220,7 @@ class ContentBlobs:
             if _error_code(exc) in ("NoSuchKey", "404", "NotFound"):
                 raise BlobMissing(f"s3://{self.bucket}/{key} does not exist", key) from None
             raise BlobUnavailable(f"S3 GetObject {self.bucket}/{key} failed: {exc}", key) from exc
-        except (BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (BotoCoreError, OSError, TimeoutError) as exc:
             raise BlobUnavailable(f"S3 GetObject {self.bucket}/{key} failed: {exc}", key) from exc
         if self.metrics is not None:
             self.metrics.bytes_read += len(data)

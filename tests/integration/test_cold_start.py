@@ -8,26 +8,24 @@ SQS-event-shaped batches of one user message each (a cold call, then a warm one)
 Checked: the import creates no AWS client and loads none of the modules a first message does not need
 (the console, the CLI, local mode, tool-server and MCP code, the providers not configured, the X-Ray SDK);
 the cold call opens exactly the clients that message needs (SQS, DynamoDB, Secrets Manager for the
-callback key: no S3, no Scheduler, no HTTP client without RAP servers) and the warm call opens none; the
-clients share one TLS context.
+callback key: no S3, no Scheduler, no HTTP client without RAP servers) and the warm call opens none. (That
+the clients share one TLS context is checked in ``test_aws_clients.py``.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 import sys
 from typing import Any
 
 import pytest
-from aiobotocore.httpsession import AIOHTTPSession
 
 from bench.cold_start import ROOT, SCRIPT, deployed_worker, handler_path, run_child
-from stepagent.aws.clients import aws_session, client
-from stepagent.aws.settings import Settings
-from tests.conftest import REGION, moto_endpoint
+from tests.conftest import moto_endpoint
 
+# The runtime's AWS clients are botocore's (stepagent.aws.clients): only a bedrock: model loads these.
+NOT_WITHOUT_BEDROCK = ("aioboto3", "aiobotocore", "aiohttp")
 # Not needed before the first message: adding an eager import of any of these fails this test.
 NOT_AT_IMPORT = (
     "stepagent.cli",
@@ -58,9 +56,10 @@ NOT_AT_IMPORT = (
     "uvicorn",
     "sqlite3",
     "moto",
+    *NOT_WITHOUT_BEDROCK,
 )
 # Not needed by a first message without RAP servers nor payloads over the queue's size limit.
-NOT_BY_FIRST_MESSAGE = ("httpcore", "aioboto3.s3", "s3transfer")
+NOT_BY_FIRST_MESSAGE = ("httpcore", "s3transfer", *NOT_WITHOUT_BEDROCK)
 
 
 @pytest.fixture(scope="module")
@@ -109,22 +108,3 @@ def test_the_first_message_opens_only_the_clients_it_needs_and_a_warm_one_none(
     loaded = set(cold_container["modules_after_calls"])
     assert "stepagent.providers.scripted" in loaded and "aws_xray_sdk" in loaded  # built on first use
     assert sorted(loaded & set(NOT_BY_FIRST_MESSAGE)) == []
-
-
-async def test_the_runtimes_clients_share_one_verifying_tls_context() -> None:
-    """One CA bundle parse per process, not one per client, with aiobotocore's own TLS settings."""
-    settings = Settings(endpoint_url=moto_endpoint(), region=REGION)
-    session = aws_session(settings)
-    async with client(session, "sqs", settings) as sqs, client(session, "dynamodb", settings) as dynamodb:
-        await sqs.list_queues()
-        await dynamodb.list_tables()
-        sessions = [c._endpoint.http_session for c in (sqs, dynamodb)]
-        shared = [s._sessions[None].connector._ssl for s in sessions]
-        own = AIOHTTPSession(verify=sessions[0]._verify)._create_connector(None)._ssl
-    assert shared[0] is shared[1]
-    assert isinstance(shared[0], ssl.SSLContext) and shared[0].verify_mode == ssl.CERT_REQUIRED
-    settings_of = [
-        (c.verify_mode, c.check_hostname, c.options, c.cert_store_stats()) for c in (shared[0], own)
-    ]
-    assert settings_of[0] == settings_of[1]
-    assert shared[0].cert_store_stats()["x509_ca"] > 100  # the CA bundle is loaded

@@ -18,8 +18,9 @@ from typing import Any
 
 import boto3
 import pytest
-from aiobotocore.config import AioConfig
+from botocore.config import Config
 
+from stepagent.aws.clients import open_client
 from stepagent.aws.resources import STATE_TTL_ATTRIBUTE, ensure_tables, ensure_tables_sync
 from stepagent.errors import (
     ConcurrentWriteError,
@@ -128,7 +129,7 @@ class InjectedCrash(Exception):
 
 
 class ClientProxy:
-    """Forwards to a real aioboto3 client, except the methods given in ``overrides``."""
+    """Forwards to a real client, except the methods given in ``overrides``."""
 
     def __init__(self, inner: Any, **overrides: Callable[..., Awaitable[Any]]) -> None:
         self._inner = inner
@@ -586,10 +587,9 @@ async def test_aws_errors_become_store_errors_naming_table_and_operation(dynamo:
 
 
 async def test_connection_failure_becomes_store_error() -> None:
-    config = AioConfig(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1)
-    async with aws_session().client(  # a client on a port nobody listens on
-        "dynamodb", endpoint_url="http://127.0.0.1:9", region_name=REGION, config=config
-    ) as client:
+    config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=1)
+    # a client on a port nobody listens on
+    async with open_client(aws_session(), "dynamodb", "http://127.0.0.1:9", config) as client:
         conversation = DynamoConversationStore(client, conversation_table="c", state_table="s")
         with pytest.raises(StoreError, match="GetItem on table c failed"):
             await conversation.get_thread("t")

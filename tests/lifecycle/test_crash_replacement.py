@@ -148,7 +148,7 @@ _WRITES = {"put_item", "update_item", "delete_item", "batch_write_item", "transa
 
 
 class CrashingClient:
-    """Forwards to a real aioboto3 client; write call number ``crash_at`` dies before or after it runs."""
+    """Forwards to a real client; write call number ``crash_at`` dies before or after it runs."""
 
     def __init__(self, inner: Any, crash_at: int, after: bool) -> None:
         self._inner, self.crash_at, self.after = inner, crash_at, after

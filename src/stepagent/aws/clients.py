@@ -1,11 +1,27 @@
-"""aioboto3 session and client factories that honour the settings' endpoint (moto, LocalStack).
+"""AWS clients for the async runtime: botocore's low-level clients, called from a small thread pool.
 
-One session per process; clients are async context managers bound to the running event loop, so a
-long-lived process (a Lambda container, the local stack) opens them once and keeps them.
-:class:`LazyClient` stands in for a client that most invocations never call (S3 holds only payloads too
-large for a queue message or a DynamoDB item): it is opened on its first call, once, so a cold start does
-not pay for loading its service model. All clients share one TLS context (:class:`SharedTlsSession`)
-instead of parsing the same CA bundle once per client.
+Guarantees:
+
+- :func:`client` yields an object whose API methods are coroutines with botocore's names and arguments
+  (``await dynamodb.query(TableName=..., ...)``), raising botocore's exceptions (``ClientError``,
+  ``BotoCoreError``), so the stores are written against one async interface. It honours the settings'
+  endpoint (``AWS_ENDPOINT_URL``: moto, LocalStack) and region, with standard retries (4 attempts) and
+  5 s / 30 s connect / read timeouts; leaving the context closes the client's connections.
+- Each call runs the real botocore client in a thread of one process-wide pool (:data:`POOL_SIZE` threads,
+  the same number of pooled connections per client), so calls from concurrent coroutines overlap; botocore
+  clients are thread-safe. A cancelled caller stops waiting at once; its request still completes (or fails)
+  in its thread, exactly as a request already on the wire would — every write the stores make is
+  conditioned or idempotent for that reason.
+- A streamed response body (S3 ``GetObject``) is wrapped so that ``async with response["Body"] as s:
+  await s.read()`` reads it in the pool and closes it on exit.
+- All clients share one TLS context per CA bundle, loaded once (:func:`_share_tls`): botocore's own
+  re-parses the bundle for every new connection, about 40 ms of CPU each at cold start.
+- Nothing here opens a connection or loads a service model until a client is created; :class:`LazyClient`
+  defers even that to the first call, for clients most invocations never use (S3).
+
+Why not aioboto3 here: importing aiobotocore pulls in aiohttp and its dependencies, about a third of the
+worker's cold import, for no gain in a process that makes a handful of concurrent requests. The Bedrock
+provider keeps aioboto3 (its streaming API); it is imported only when a ``bedrock:`` model is configured.
 """
 
 from __future__ import annotations
@@ -13,64 +29,170 @@ from __future__ import annotations
 import asyncio
 import functools
 import ssl
-from collections.abc import Awaitable, Callable
-from contextlib import AbstractAsyncContextManager
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-import aioboto3
-import aiohttp
-from aiobotocore.config import AioConfig
-from aiobotocore.httpsession import AIOHTTPSession
-from botocore.httpsession import create_urllib3_context, get_cert_path
+import botocore.session
+from botocore.config import Config
+from botocore.httpsession import URLLib3Session, create_urllib3_context, get_cert_path
+from botocore.response import StreamingBody
 
 from stepagent.aws.settings import Settings
+
+# Threads in the pool, and connections each client keeps: a worker batch runs at most ten threads' steps
+# at once, each with at most a couple of requests in flight.
+POOL_SIZE = 16
+
+# Standard retry mode with a few attempts: transient AWS errors are retried by botocore first, then by
+# the queue redelivering the record.
+_CONFIG = Config(
+    retries={"max_attempts": 4, "mode": "standard"},
+    connect_timeout=5,
+    read_timeout=30,
+    max_pool_connections=POOL_SIZE,
+)
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    """The process's pool, created on the first call (threads start only as calls need them)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=POOL_SIZE, thread_name_prefix="stepagent-aws")
+        return _pool
+
+
+async def _in_pool(function: Callable[[], Any]) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(_executor(), function)
 
 
 @functools.cache
 def _tls_context(ca_bundle: str) -> ssl.SSLContext:
-    """botocore's client TLS context verifying with ``ca_bundle``: what aiobotocore builds per client."""
+    """botocore's TLS context (urllib3's defaults, verifying) trusting exactly ``ca_bundle``."""
     context: ssl.SSLContext = create_urllib3_context()
     context.load_verify_locations(ca_bundle)
     return context
 
 
-class SharedTlsSession(AIOHTTPSession):  # type: ignore[misc]  # aiobotocore is untyped
-    """aiobotocore's aiohttp session with one TLS context per CA bundle and process: its own builds one
-    per client, each parsing the bundle again (tens of ms of CPU per client at cold start). Only the
-    plain case is shared (verification on, with botocore's bundle or ``AWS_CA_BUNDLE``, no proxy, no client
-    certificate); any other takes aiobotocore's own path unchanged."""
+def _share_tls(sync_client: Any) -> None:
+    """Make ``sync_client``'s direct connections use the process's loaded context for its CA bundle
+    instead of loading the bundle into its own context on every new connection. Only the plain case is
+    changed (verification on with botocore's bundle or ``AWS_CA_BUNDLE``, no client certificate); a
+    connection through a proxy keeps botocore's own path."""
+    http = getattr(getattr(sync_client, "_endpoint", None), "http_session", None)
+    if not isinstance(http, URLLib3Session) or not http._verify or http._cert_file is not None:
+        return
+    bundle = get_cert_path(http._verify)
+    http._manager.connection_pool_kw["ssl_context"] = _tls_context(bundle)
+    setup = http._setup_ssl_cert
 
-    def _create_connector(self, proxy_url: str | None) -> aiohttp.TCPConnector:
-        ca_bundle = get_cert_path(self._verify) if self._verify else None
-        if proxy_url or self._cert_file or not ca_bundle:
-            own: aiohttp.TCPConnector = super()._create_connector(proxy_url)
-            return own
-        return aiohttp.TCPConnector(
-            limit=self._max_pool_connections, ssl=_tls_context(ca_bundle), **self._connector_args
-        )
+    def setup_shared(conn: Any, url: str, verify: Any) -> None:
+        setup(conn, url, verify)
+        if conn.ca_certs == bundle and http._proxy_config.proxy_url_for(url) is None:
+            conn.ca_certs = None  # the shared context already trusts exactly this bundle
 
-
-# Standard retry mode with a few attempts: transient AWS errors are retried by botocore first, then by
-# the queue redelivering the record.
-_CONFIG = AioConfig(
-    retries={"max_attempts": 4, "mode": "standard"},
-    connect_timeout=5,
-    read_timeout=30,
-    http_session_cls=SharedTlsSession,
-)
+    http._setup_ssl_cert = setup_shared
 
 
-def aws_session(settings: Settings) -> aioboto3.Session:
-    """The aioboto3 session for the settings' region (``us-east-1`` when none is set)."""
-    return aioboto3.Session(region_name=settings.region or "us-east-1")
+class AwsSession:
+    """One botocore session (credentials, loaded service models) for a region; clients share it."""
+
+    def __init__(self, region: str, credentials: tuple[str, str] | None = None) -> None:
+        """``credentials`` (access key id, secret) replace botocore's lookup chain (benchmarks on moto)."""
+        self.region = region
+        self._session = botocore.session.get_session()
+        if credentials is not None:
+            self._session.set_credentials(*credentials)
+        # Creating clients loads and caches service models in the session, which is not thread-safe.
+        self._lock = threading.Lock()
+
+    def create_client(
+        self, service: str, endpoint_url: str | None = None, config: Config | None = None
+    ) -> AsyncClient:
+        """An async client for ``service`` (see the module docstring); close it with :meth:`AsyncClient.close`.
+        ``config`` overrides the defaults it sets (tests use it for fewer retries)."""
+        merged = _CONFIG if config is None else _CONFIG.merge(config)
+        with self._lock:
+            sync_client = self._session.create_client(
+                service, region_name=self.region, endpoint_url=endpoint_url, config=merged
+            )
+        _share_tls(sync_client)
+        return AsyncClient(sync_client)
 
 
-def client(session: aioboto3.Session, service: str, settings: Settings) -> AbstractAsyncContextManager[Any]:
-    """An aioboto3 client for ``service``; ``AWS_ENDPOINT_URL`` (moto, LocalStack) applies to all of them."""
-    kwargs: dict[str, Any] = {"config": _CONFIG}
-    if settings.endpoint_url:
-        kwargs["endpoint_url"] = settings.endpoint_url
-    return session.client(service, **kwargs)  # type: ignore[no-any-return]
+class AsyncBody:
+    """A streamed response body read in the pool: ``async with body as s: data = await s.read()``."""
+
+    def __init__(self, body: StreamingBody) -> None:
+        self._body = body
+
+    async def read(self, amount: int | None = None) -> bytes:
+        data: bytes = await _in_pool(functools.partial(self._body.read, amount))
+        return data
+
+    async def __aenter__(self) -> AsyncBody:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._body.close()
+
+
+class AsyncClient:
+    """botocore's client with every API method a coroutine run in the pool; ``meta`` and ``exceptions``
+    are the real client's."""
+
+    def __init__(self, sync_client: Any) -> None:
+        self._client = sync_client
+        self.meta = sync_client.meta
+        self.exceptions = sync_client.exceptions
+
+    def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        method = getattr(self._client, name)
+
+        async def call(**kwargs: Any) -> Any:
+            response = await _in_pool(functools.partial(method, **kwargs))
+            if isinstance(response, dict) and isinstance(response.get("Body"), StreamingBody):
+                response["Body"] = AsyncBody(response["Body"])
+            return response
+
+        call.__name__ = name
+        # Cached on the instance: the next lookup of ``name`` skips ``__getattr__``.
+        setattr(self, name, call)
+        return call
+
+    def close(self) -> None:
+        """Close the client's pooled connections."""
+        self._client.close()
+
+
+def aws_session(settings: Settings) -> AwsSession:
+    """The session for the settings' region (``us-east-1`` when none is set)."""
+    return AwsSession(settings.region or "us-east-1")
+
+
+@asynccontextmanager
+async def open_client(
+    session: AwsSession, service: str, endpoint_url: str | None = None, config: Config | None = None
+) -> AsyncIterator[AsyncClient]:
+    """An :class:`AsyncClient` for ``service``, closed when the context exits."""
+    opened = session.create_client(service, endpoint_url, config)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+def client(session: AwsSession, service: str, settings: Settings) -> AbstractAsyncContextManager[AsyncClient]:
+    """A client for ``service``; ``AWS_ENDPOINT_URL`` (moto, LocalStack) applies to all of them."""
+    return open_client(session, service, settings.endpoint_url or None)
 
 
 class LazyClient:

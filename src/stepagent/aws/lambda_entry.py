@@ -4,8 +4,9 @@ Guarantees:
 
 - Importing this module is cheap: settings, clients, the model and the toolset are built on the first
   invocation (cold start) and kept for the life of the process, one :class:`AwsRuntime` per role.
-- Every invocation runs on one persistent event loop. aioboto3 clients are bound to the loop that opened
-  them, so a new loop per invocation would break them (and re-pay the cold start).
+- Every invocation runs on one persistent event loop. The model's HTTP client and the runtime's locks
+  belong to the loop that made them, so a new loop per invocation would break them (and re-pay the cold
+  start).
 - A configuration error fails the invocation with one clear message and is not cached: the next
   invocation tries again (e.g. after the environment was fixed by a redeploy).
 - Logs carry the request id; metrics are flushed (EMF) after each invocation, token metrics per model as
@@ -64,7 +65,7 @@ def metrics() -> EmfMetrics:
 def tracer() -> Tracer:
     """The powertools tracer, created at the first invocation (it imports the X-Ray SDK, ~0.2 s).
 
-    No auto-patching: the SDK's patches of aiobotocore/httpx keep one subsegment stack per process, which
+    No auto-patching: the SDK's patches of botocore/httpx keep one subsegment stack per process, which
     the concurrent steps of a batch (one asyncio task per thread) corrupt ("Already ended segment"),
     failing every AWS call. The invocation is one segment; the steps' spans come from XRayTracer."""
     global _tracer

@@ -204,7 +204,7 @@ async def ensure_queues_and_bucket(
     region: str | None = None,
     attribute_overrides: Mapping[str, Mapping[str, str]] | None = None,
 ) -> QueueResources:
-    """Create (or converge) every queue and the blob bucket with aioboto3 clients. Idempotent.
+    """Create (or converge) every queue and the blob bucket with async clients. Idempotent.
 
     ``attribute_overrides`` maps a queue role (``"input"``, ``"tool"``, ...) to attributes that replace the
     defaults, e.g. ``{"input": {"VisibilityTimeout": "0"}}`` for a test that drives redelivery by hand.

@@ -6,7 +6,7 @@ What it guarantees:
   arguments; the local stack, ``stepagent infra create`` and the SAM template derive from them, so every
   environment has the same key schema (``pk``/``sk`` strings), on-demand billing and, for the state table,
   TTL on :data:`STATE_TTL_ATTRIBUTE`.
-- :func:`ensure_tables` (aioboto3) and :func:`ensure_tables_sync` (boto3) are idempotent: they create what is
+- :func:`ensure_tables` (async client) and :func:`ensure_tables_sync` (boto3) are idempotent: they create what is
   missing, wait until the tables are ``ACTIVE``, enable TTL if it is not already on, and fail with a
   :class:`~stepagent.errors.ConfigurationError` if a table of that name exists with a different key schema.
 """
@@ -155,7 +155,7 @@ def _wrap(exc: ClientError | BotoCoreError, definitions: Sequence[TableDefinitio
 
 
 async def ensure_tables(client: Any, conversation_table: str, state_table: str) -> None:
-    """Create (if missing) and configure both tables with an aioboto3 DynamoDB client. Idempotent."""
+    """Create (if missing) and configure both tables with an async DynamoDB client. Idempotent."""
     definitions = table_definitions(conversation_table, state_table)
     try:
         for definition in definitions:

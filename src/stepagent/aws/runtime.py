@@ -4,11 +4,11 @@ Guarantees:
 
 - :meth:`AwsRuntime.create` does all cold-start work once: settings are checked for the roles asked
   (``worker``, ``tool_runner``, ``timer_relay``; one :class:`~stepagent.errors.ConfigurationError` naming
-  every missing variable; for the worker, the agent settings too, one line per bad value), aioboto3
-  clients are opened (``AWS_ENDPOINT_URL`` honoured), the stores, the model providers (the default one and
+  every missing variable; for the worker, the agent settings too, one line per bad value), AWS
+  clients are opened (:mod:`stepagent.aws.clients`) (``AWS_ENDPOINT_URL`` honoured), the stores, the model providers (the default one and
   one per profile model) and the toolsets are built. The EventBridge Scheduler and S3 clients are opened on
   first use only (long timers; payloads too large for a message or an item).
-  Clients are bound to the event loop that created the runtime: call its handlers on that loop.
+  Its HTTP clients and locks are bound to the event loop that created it: call its handlers on that loop.
 - The handlers (:meth:`handle_sqs_batch`, :meth:`handle_tool_batch`, :meth:`handle_delay_batch`) take a
   Lambda-shaped event and return ``{"batchItemFailures": [...]}``; they never raise for a partial failure.
   ``remaining_ms`` (the Lambda context's ``get_remaining_time_in_millis``) bounds provider retries and tool

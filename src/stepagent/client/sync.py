@@ -1,6 +1,6 @@
 """The synchronous client: :class:`SyncClient`, the same methods as :class:`~stepagent.client.Client`
-for code without an event loop. It runs one private event loop in a daemon thread (aioboto3 clients
-belong to the loop that opened them); every call blocks until its result is ready, and ``replies`` is a
+for code without an event loop. It runs one private event loop in a daemon thread (the HTTP clients
+and locks belong to the loop that made them); every call blocks until its result is ready, and ``replies`` is a
 plain iterator."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DynamoDB implementations of the store ports (aioboto3 low-level clients).
+"""DynamoDB implementations of the store ports (async low-level clients, :mod:`stepagent.aws.clients`).
 
 :class:`DynamoConversationStore` and :class:`~stepagent.stores.dynamodb_state.DynamoStateStore` behave
 exactly like the in-memory stores (the contract suite runs against both) and add:

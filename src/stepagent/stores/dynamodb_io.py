@@ -3,7 +3,7 @@
 What it guarantees:
 
 - Every AWS call goes through :meth:`DynamoIo.call` (or the S3 helper), which counts it in
-  :class:`~stepagent.stores.metrics.StoreMetrics` and turns any botocore/aiobotocore/connection failure into
+  :class:`~stepagent.stores.metrics.StoreMetrics` and turns any botocore or connection failure into
   :class:`~stepagent.errors.StoreError` naming the operation and the table. Refused conditions surface as
   :class:`ConditionFailed` / :class:`TransactionCancelled` (with DynamoDB's per-action reasons) so callers
   can tell a lost race from an outage.
@@ -32,7 +32,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
 from stepagent.blobs import (
@@ -49,7 +48,7 @@ from stepagent.blobs import (
 from stepagent.errors import CorruptRowError, PayloadTooLargeError, StoreError
 from stepagent.stores.metrics import StoreMetrics
 
-#: aioboto3 clients are untyped; this alias marks where one is expected (DynamoDB or S3, low-level).
+#: The async AWS clients (:class:`stepagent.aws.clients.AsyncClient`) are untyped; this alias marks where one is expected (DynamoDB or S3, low-level).
 AwsClient: TypeAlias = Any
 Item: TypeAlias = dict[str, Any]
 
@@ -215,7 +214,7 @@ class DynamoIo:
             raise StoreError(
                 f"DynamoDB {op} on table {table} failed: {code}: {error.get('Message', exc)}"
             ) from exc
-        except (BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (BotoCoreError, OSError, TimeoutError) as exc:
             raise StoreError(f"DynamoDB {op} on table {table} failed: {type(exc).__name__}: {exc}") from exc
         self._count_read(response)
         return response
@@ -295,7 +294,7 @@ class DynamoIo:
         try:
             async with response["Body"] as stream:
                 data: bytes = await stream.read()
-        except (BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (BotoCoreError, OSError, TimeoutError) as exc:
             raise StoreError(f"S3 GetObject {self.bucket}/{key} failed while reading: {exc}") from exc
         self.metrics.bytes_read += len(data)
         # The key ends with the content hash: check it, so a truncated or swapped object is never decoded.
@@ -337,7 +336,7 @@ class DynamoIo:
             response: Item = await getattr(self.s3, _SNAKE.sub("_", op).lower())(
                 Bucket=self.bucket, Key=key, **kwargs
             )
-        except (ClientError, BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+        except (ClientError, BotoCoreError, OSError, TimeoutError) as exc:
             raise StoreError(f"S3 {op} {self.bucket}/{key} failed: {exc}") from exc
         return response
 
