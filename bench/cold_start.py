@@ -46,12 +46,13 @@ FIRST_MINUS_WARM_TARGET_MS = 300
 REGION = "us-east-1"
 SCRIPT = {"rules": [], "default": [{"text": "Cold start answered."}]}
 # The third-party modules a worker's first message cannot do without, whoever imports them: the AWS SDK
-# (aiobotocore over aiohttp), pydantic's model machinery and powertools. Their import is reported as the
-# floor of the worker's own, next to the peer's.
+# (botocore's clients over urllib3), pydantic's model machinery and powertools. Their import is reported as
+# the floor of the worker's own, next to the peer's.
 FLOOR = (
-    "aiobotocore.session",
-    "aiobotocore.client",
-    "aiobotocore.endpoint",
+    "botocore.session",
+    "botocore.client",
+    "botocore.endpoint",
+    "botocore.httpsession",
     "pydantic.main",
     "aws_lambda_powertools",
 )
