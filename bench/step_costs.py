@@ -5,7 +5,8 @@ model answers (~1 KB): two worker invocations (the real :class:`~stepagent.aws.w
 published) plus one in-process tool run. A thread at turn ``N`` is seeded with ``N - 1`` finished turns
 (five rows each) through the store's own ``commit`` (so the layout is whatever the store writes); "with
 compaction" a summary then covers everything but the last :data:`KEPT_TURNS` turns — the state the
-thread's own compactions keep it in — so what a step has in context is the same at turn 10 and turn 500.
+thread's own compactions keep it in, call-id filter included — so what a step has in context is the same
+at turn 10 and turn 500.
 
 - **cold**: every step runs on a fresh store pair and worker (a new Lambda container: nothing cached);
 - **warm**: the worker that ran turn ``N - 1`` runs turn ``N`` (a warm container).
@@ -30,6 +31,7 @@ from stepagent.history_items import (
     ToolResultItem,
     UserItem,
     encode_item,
+    hidden_call_ids,
 )
 from stepagent.messages import InputMessage, TextContent, ToolCall, ToolResult
 from stepagent.providers.scripted import ScriptedProvider
@@ -104,7 +106,9 @@ async def seed_thread(
     kept = kept_turns * ROWS_PER_TURN
     if compacted and len(rows) > kept:
         text = "SUMMARY: the user asked for lookups and got results. " * 20  # ~1 KB
-        await conversation.save_summary(thread, Summary(text, len(rows) - kept))
+        # With the call-id filter of the rows it hides, as the thread's own compaction would write it.
+        hidden = hidden_call_ids(item for item, _ in rows[: len(rows) - kept])
+        await conversation.save_summary(thread, Summary(text, len(rows) - kept, call_ids=hidden))
 
 
 def dynamo_row_writer(client: Any, table: str) -> RawRowWriter:

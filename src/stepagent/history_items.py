@@ -10,6 +10,8 @@ A model turn "text + tool call" is two items. Kinds (the reference's ``kind`` ta
                          attributed to the original call ``tool_call_id``
 
 :class:`Summary` is never stored as a row: the loader materialises a compaction summary as the first item.
+It carries a :class:`~stepagent.call_id_filter.CallIdFilter` of the call ids it hides
+(:func:`hidden_call_ids`), or ``None`` when they are unknown (a summary from before the filter, or imported).
 
 Codec: :func:`encode_item` writes ``{"v": 1, "kind": ..., ...}`` in the reference's JSON shapes;
 :func:`decode_item` reads version 1 and unversioned reference rows, and rejects anything else loudly.
@@ -18,11 +20,13 @@ Codec: :func:`encode_item` writes ``{"v": 1, "kind": ..., ...}`` in the referenc
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from stepagent.call_id_filter import CallIdFilter
 from stepagent.errors import CorruptRowError, InvariantViolation
 from stepagent.messages import (
     ImageContent,
@@ -96,10 +100,15 @@ class EventItem:
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """A compaction summary covering the owning thread's orders ``1..up_to_order`` (and what it inherited)."""
+    """A compaction summary covering the owning thread's orders ``1..up_to_order`` (and what it inherited).
+
+    ``call_ids``: a filter of every tool call id the summary hides (:func:`hidden_call_ids`), so a step can
+    tell a new call id is unused without a store read; ``None`` when unknown (ask the store). Derived data,
+    not content: equality and ``repr`` ignore it."""
 
     text: str
     up_to_order: int
+    call_ids: CallIdFilter | None = field(default=None, compare=False, repr=False)
 
     @property
     def rendered(self) -> str:
@@ -114,6 +123,36 @@ def answered_call_id(item: HistoryItem) -> str | None:
     if isinstance(item, ToolResultItem | EventItem):
         return item.result.id
     return None
+
+
+def item_call_ids(item: HistoryItem) -> tuple[str, ...]:
+    """The tool call ids an item uses: a call's id, the id a result or event answers, an event's
+    injected invocation id (what :meth:`~stepagent.core.history.HistoryManager.tool_call_id_taken` finds
+    in visible history). A summary's hidden ids are in its filter, not here."""
+    match item:
+        case ToolCallItem(call=call):
+            return (call.id,)
+        case ToolResultItem(result=result):
+            return (result.id,)
+        case EventItem(result=result, invocation=invocation):
+            return (result.id, invocation.id) if invocation is not None else (result.id,)
+    return ()
+
+
+def hidden_call_ids(items: Iterable[HistoryItem]) -> CallIdFilter | None:
+    """The call-id filter of a summary that replaces ``items`` — a model-facing history, which may start
+    with the summary it extends (the thread's own earlier one, or an ancestor's): the filters of the
+    summaries in it united with the ids of every other item. ``None`` (unknown) when a summary in it has
+    no filter: its hidden ids cannot be listed, so the new summary must not claim to know them."""
+    found = CallIdFilter()
+    for item in items:
+        if isinstance(item, Summary):
+            if item.call_ids is None:
+                return None
+            found = found.union(item.call_ids)
+        else:
+            found = found.with_ids(item_call_ids(item))
+    return found
 
 
 # ----------------------------------------------------------------------------------------------------------

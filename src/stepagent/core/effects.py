@@ -47,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stepagent import texts
 from stepagent.core.history import HistoryManager
@@ -147,11 +147,18 @@ class ToolServices:
 
 class StoreToolAccess:
     """:class:`~stepagent.tools.base.ToolAccess` over the stores: thread records, spawning and closing,
-    summaries, subscriptions and the key/value cache — never a commit, processed ids, intents or choices."""
+    summaries, subscriptions and the key/value cache — never a commit, processed ids, intents or choices.
 
-    def __init__(self, conversation: ConversationStore, state: StateStore) -> None:
+    Given the running thread's ``history``, a summary handed to its parent gets the call-id filter of what
+    it hides (:meth:`~stepagent.core.history.HistoryManager.inherited_call_ids`: a compaction child holds
+    exactly that prefix, so no read is needed); a summary it cannot vouch for is saved without one."""
+
+    def __init__(
+        self, conversation: ConversationStore, state: StateStore, history: HistoryManager | None = None
+    ) -> None:
         self._conversation = conversation
         self._state = state
+        self._history = history
 
     async def get_thread(self, thread_id: str) -> ThreadInfo | None:
         return await self._conversation.get_thread(thread_id)
@@ -167,6 +174,9 @@ class StoreToolAccess:
         await self._conversation.close_thread(thread_id)
 
     async def save_summary(self, thread_id: str, summary: Summary) -> None:
+        if summary.call_ids is None and self._history is not None:
+            call_ids = self._history.inherited_call_ids(thread_id, summary.up_to_order)
+            summary = replace(summary, call_ids=call_ids)
         await self._conversation.save_summary(thread_id, summary)
 
     async def active_subscriptions(self, thread_id: str) -> set[str]:
@@ -231,7 +241,7 @@ class StepEffects:
         self.toolset = toolset
         self.emit = emit
         self.tracer = tracer
-        self.access = StoreToolAccess(conversation, state)
+        self.access = StoreToolAccess(conversation, state, history)
         self._reported_rows = 0  # how many of history.committed_rows a TurnCommitted has reported
 
     @property

@@ -10,7 +10,9 @@ What it guarantees:
 - **Dedup.** An input whose logical message id was already folded in is ignored; a result for an
   already-answered call is absorbed (its id recorded so a redelivery is cheap). That is only sound
   because call ids are unique in a thread: :meth:`tool_call_id_taken` lets the completion rename a
-  model's call whose id is empty or reused.
+  model's call whose id is empty or reused — without a store read unless a summary hides calls and its
+  call-id filter cannot rule the id out (:meth:`inherited_call_ids` is what a compaction child's
+  summary carries).
 - **Atomic sync.** :meth:`sync` persists new rows, processed ids, answered calls, dispatch intents,
   subscription, deferral and metadata changes and the step's usage record as one :class:`~stepagent.stores.base.Commit`,
   conditioned on the head version the manager loaded (a concurrent writer makes it fail, never
@@ -32,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepagent.call_id_filter import CallIdFilter
 from stepagent.core.ancestors import ancestor_chain, load_history_with_ancestors
 from stepagent.core.thread_cache import CachedThread, ThreadCache, item_bytes
 from stepagent.errors import InvariantViolation
@@ -44,6 +47,7 @@ from stepagent.history_items import (
     ToolCallItem,
     ToolResultItem,
     answered_call_id,
+    hidden_call_ids,
 )
 from stepagent.messages import ToolCall, ToolResult
 from stepagent.stores.base import (
@@ -249,8 +253,12 @@ class HistoryManager:
 
     async def tool_call_id_taken(self, tool_call_id: str) -> bool:
         """Whether a call of this thread (or of the prefix it inherited) already has ``tool_call_id``.
-        The visible history holds every call unless a summary hides some; then the durable answered
-        markers are asked too (every call that was ever answered has one)."""
+
+        The visible history holds every call unless a summary hides some. Then the summary's call-id
+        filter (:attr:`Summary.call_ids`, which never misses an id it hides) settles the common case — an
+        id it certainly does not hold is free, with no store read; when it says "maybe", or the summary
+        has no filter, the durable answered markers are asked (every call that was ever answered has
+        one), exactly as without a filter."""
         if not tool_call_id or tool_call_id in self._answered:
             return True
         if self.find_tool_call(tool_call_id) is not None:
@@ -261,6 +269,14 @@ class HistoryManager:
         ):
             return True
         if self.compacted_up_to is None:
+            return False
+        summary = self.history[0] if self.history else None
+        if (
+            isinstance(summary, Summary)
+            and summary.up_to_order == self.compacted_up_to
+            and summary.call_ids is not None
+            and not summary.call_ids.might_contain(tool_call_id)
+        ):
             return False
         await self.prefetch(tool_call_ids=[tool_call_id])
         return tool_call_id in self._answered
@@ -481,6 +497,22 @@ class HistoryManager:
         if self._cache is not None:
             self._cache_size = sum(map(item_bytes, self.history))
         return True
+
+    def inherited_call_ids(self, parent_id: str, up_to_order: int) -> CallIdFilter | None:
+        """The call-id filter for a summary of ``parent_id`` covering ``up_to_order``, when what that
+        summary hides is exactly the prefix this thread inherited — a compaction child summarising its
+        parent: the parent's model-facing history up to the spawn order (its own earlier summary or an
+        ancestor's, then the rows after it, ancestors' included). ``None`` (unknown) otherwise, or when
+        the prefix starts at a summary without a filter."""
+        info = self.info
+        if (
+            info is None
+            or info.parent_id != parent_id
+            or info.spawn_order != up_to_order
+            or self.compacted_up_to is not None
+        ):
+            return None
+        return hidden_call_ids(self.history[: self.ancestor_prefix_len])
 
     def find_tool_call(self, tool_call_id: str) -> ToolCallItem | None:
         """The first tool call with this id in the visible history (inherited prefix included)."""

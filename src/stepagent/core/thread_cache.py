@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from stepagent.call_id_filter import ENCODED_BYTES
 from stepagent.history_items import HistoryItem, Summary, encode_item
 from stepagent.stores.base import KnownRows
 
@@ -33,9 +34,10 @@ DEFAULT_CACHE_BYTES = 8 * 2**20
 
 
 def item_bytes(item: HistoryItem) -> int:
-    """What an item counts against the bound: its encoded size (a summary: its text)."""
+    """What an item counts against the bound: its encoded size (a summary: its text and its call-id
+    filter)."""
     if isinstance(item, Summary):
-        return len(item.text.encode()) + 16
+        return len(item.text.encode()) + 16 + (ENCODED_BYTES if item.call_ids is not None else 0)
     return len(encode_item(item).encode())
 
 

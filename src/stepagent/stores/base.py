@@ -12,7 +12,8 @@ Guarantees every implementation must give (the contract suite in ``tests/contrac
   reader can tell a thread whose turn is over from one that is still working, with one strongly
   consistent read and no access to the queues.
 - Dedup reads touch only the ids asked for (``filter_processed``), never a thread-sized set.
-- Compaction summaries are keyed by the order they cover; rows are never deleted by compaction.
+- Compaction summaries are keyed by the order they cover; rows are never deleted by compaction. A
+  summary's call-id filter is stored and read back with it (``tests/contract/test_store_contract_call_ids.py``).
 - :func:`load_snapshot` (what a step reads first) returns exactly what the separate port reads would:
   the head, the own latest summary and the rows after it (or only the rows after a :class:`KnownRows`
   the caller still holds, when the head proves those unchanged), the root's metadata and the asked dedup
@@ -311,7 +312,8 @@ class ConversationStore(Protocol):
 
     async def save_summary(self, thread_id: str, summary: Summary) -> None:
         """Store a compaction summary keyed by ``summary.up_to_order`` (a second save with the same
-        order replaces the first)."""
+        order replaces the first), its call-id filter (``summary.call_ids``) with it: every reader of
+        the summary gets the filter back, or ``None`` when it was saved without one."""
         ...
 
     async def latest_summary(self, thread_id: str, up_to: int | None = None) -> Summary | None:

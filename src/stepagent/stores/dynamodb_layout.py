@@ -27,8 +27,10 @@ Item layout (``pk`` = thread id in both tables)::
                                                                          ``S#``) and the token of its copy
                   R#{order:012d}    message_id cv [ep] (body | blob)       one history row, encoded item JSON
                   R#g{gen}#{order:012d}  (same)                          a row of a replaced history
-                  S#{up_to:012d}    (body | blob)                        compaction summary text
-                  SUMMARY           up_to sv (body | blob)               copy of the latest summary, valid
+                  S#{up_to:012d}    (body | blob) [cid]                  compaction summary text; ``cid``
+                                                                         the filter of the call ids it hides
+                                                                         (absent: unknown)
+                  SUMMARY           up_to sv (body | blob) [cid]         copy of the latest summary, valid
                                                                          only while the head's ``sv`` matches
                   C#{child_id}      seq                                  child index entry (spawn order)
                   U#{version:012d}  step_id model in out cr cw calls done    model usage of the commit
@@ -63,6 +65,13 @@ copy and ``sum``/``sv`` in one transaction). Rewinds and replacements drop ``fl`
 cleanup changes state the sets do not track) and set ``sum``; heads written before these attributes
 existed have neither and are read the old way.
 
+``cid`` is :meth:`~stepagent.call_id_filter.CallIdFilter.encode` (1,025 bytes) of ``Summary.call_ids`` in
+base64 (a 1,368-character string), on the ``S#`` item and its ``SUMMARY`` copy alike, so the cold load's
+``BatchGetItem`` reads it with the summary at no extra request. A string, not a binary attribute: every
+write is JSON-encoded somewhere on its way (the transaction's idempotency token, journal entries that a
+later build may replay), and JSON has no bytes. A summary without it (written before it existed, or
+imported) reads as ``call_ids=None``.
+
 ``(body | blob)`` is a payload (:meth:`~stepagent.stores.dynamodb_io.DynamoIo.payload`): inline ``body``;
 or, for a big JSON payload, its skeleton in ``body`` plus ``texts`` naming the content-addressed
 ``blobs/sha256/<hex>`` objects of its large strings (shared, never deleted); or a per-item S3 object named
@@ -71,10 +80,16 @@ by ``blob`` (deleted with its row).
 
 from __future__ import annotations
 
+import base64
+import binascii
+
+from stepagent.call_id_filter import CallIdFilter
+from stepagent.history_items import Summary
 from stepagent.stores.base import Commit, ThreadInfo, ThreadKind, UsageRecord
 from stepagent.stores.dynamodb_io import Item, Write, item_key, n_attr, s_attr, update
 
 __all__ = [
+    "CALL_IDS_ATTRIBUTE",
     "CHILD_PREFIX",
     "CHOICES_ATTRIBUTE",
     "CREATED_AT_ATTRIBUTE",
@@ -97,6 +112,8 @@ __all__ = [
     "info_from_item",
     "row_generation",
     "row_sk",
+    "summary_call_ids",
+    "summary_call_ids_attribute",
     "summary_sk",
     "usage_from_item",
     "usage_item",
@@ -116,6 +133,7 @@ CHOICES_ATTRIBUTE = "ch"
 SUMMARY_ORDER_ATTRIBUTE = "sum"
 SUMMARY_TOKEN_ATTRIBUTE = "sv"
 LATEST_SUMMARY_SK = "SUMMARY"
+CALL_IDS_ATTRIBUTE = "cid"
 
 
 def row_sk(order: int, generation: str = "") -> str:
@@ -149,6 +167,26 @@ def head_set(head: Item, attribute: str) -> set[str]:
 def summary_sk(up_to: int) -> str:
     """The sort key of the compaction summary covering orders up to ``up_to``."""
     return f"S#{up_to:012d}"
+
+
+def summary_call_ids_attribute(summary: Summary) -> Item:
+    """The ``cid`` attribute a summary item carries (none when its filter is unknown)."""
+    if summary.call_ids is None:
+        return {}
+    return {CALL_IDS_ATTRIBUTE: s_attr(base64.b64encode(summary.call_ids.encode()).decode("ascii"))}
+
+
+def summary_call_ids(item: Item) -> CallIdFilter | None:
+    """The call-id filter of an ``S#`` or ``SUMMARY`` item (``None``: absent, unreadable, or of a format
+    this build does not know — all of which mean unknown, never "no calls hidden")."""
+    value = item.get(CALL_IDS_ATTRIBUTE, {}).get("S")
+    if not isinstance(value, str):
+        return None
+    try:
+        data = base64.b64decode(value, validate=True)
+    except binascii.Error:
+        return None
+    return CallIdFilter.decode(data)
 
 
 def info_from_item(item: Item) -> ThreadInfo:

@@ -61,6 +61,7 @@ from stepagent.stores.dynamodb_layout import (
     info_from_item,
     row_generation,
     row_sk,
+    summary_call_ids_attribute,
     summary_sk,
 )
 from stepagent.stores.dynamodb_state import state_writes
@@ -264,7 +265,11 @@ class DynamoStaging:
             if isinstance(entry, Summary):
                 sk = summary_sk(entry.up_to_order)
                 payload = await store._io.payload(entry.text, f"summaries/{thread_id}/{sk}")
-                self._summaries[entry.up_to_order] = item_key(thread_id, sk) | payload
+                # The filter (when the entry has one) is staged with the text: a replaced history's
+                # summaries describe the rows staged with them.
+                self._summaries[entry.up_to_order] = (
+                    item_key(thread_id, sk) | payload | summary_call_ids_attribute(entry)
+                )
                 continue
             item, message_id = entry
             self._count += 1

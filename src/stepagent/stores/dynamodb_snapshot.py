@@ -15,7 +15,8 @@ reads (``load_snapshot`` composes them; the contract suite checks both agree) wi
 
 :func:`save_summary` writes ``S#{up_to}``, the ``SUMMARY`` copy and the head's pointer in one transaction
 (only ``S#`` for a head without a pointer, or a summary older than the latest); :func:`latest_summary` is
-the ``S#`` query every other reader uses.
+the ``S#`` query every other reader uses. Both summary items carry the summary's call-id filter (``cid``),
+so whichever one a reader gets, it gets the filter with the text.
 
 Fallbacks keep it exact where the fast path cannot be: a head naming a journal is rolled forward and the
 snapshot read again (markers and metadata may be in the journal); a head without a summary pointer (written
@@ -57,6 +58,8 @@ from stepagent.stores.dynamodb_layout import (
     SUMMARY_TOKEN_ATTRIBUTE,
     head_generation,
     info_from_item,
+    summary_call_ids,
+    summary_call_ids_attribute,
     summary_sk,
 )
 from stepagent.stores.dynamodb_state import FLAGS_UNKNOWN_SK
@@ -178,7 +181,7 @@ async def _summary(store: SnapshotTable, head: Item, copy: Item | None, order: i
         if copy is None:
             raise CorruptRowError(f"thread {thread_id}: the head names summary {order}, which is missing")
     text = await store._io.read_payload(copy, f"thread {thread_id} summary")
-    return Summary(text=text, up_to_order=order)
+    return Summary(text=text, up_to_order=order, call_ids=summary_call_ids(copy))
 
 
 # ---- the summary and its pointer ----------------------------------------------------------------
@@ -188,6 +191,7 @@ async def save_summary(store: SnapshotTable, thread_id: str, summary: Summary) -
     """Store a compaction summary and its copy under the fixed latest-summary key."""
     sk = summary_sk(summary.up_to_order)
     payload = await store._io.payload(summary.text, f"summaries/{thread_id}/{sk}")
+    payload |= summary_call_ids_attribute(summary)  # on both items: the cold load reads the copy
     canonical = put(store.table, item_key(thread_id, sk) | payload)
     # With the head's summary pointer known (every thread created since it exists), the summary, its
     # copy under a fixed key (read blind with the head) and the pointer move together; the copy's token
@@ -246,4 +250,5 @@ async def latest_summary(store: SnapshotTable, thread_id: str, up_to: int | None
     if not items:
         return None
     text = await store._io.read_payload(items[0], f"thread {thread_id} summary")
-    return Summary(text=text, up_to_order=int(str(items[0]["sk"]["S"])[2:]))
+    order = int(str(items[0]["sk"]["S"])[2:])
+    return Summary(text=text, up_to_order=order, call_ids=summary_call_ids(items[0]))

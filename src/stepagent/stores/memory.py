@@ -20,6 +20,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Se
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stepagent.call_id_filter import CallIdFilter
 from stepagent.errors import ConcurrentWriteError, InvalidRewindError
 from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.messages import ToolCall, UserChoiceRequired
@@ -61,6 +62,7 @@ class _Staged:
 
     rows: list[tuple[str, str]] = field(default_factory=list)
     summaries: dict[int, str] = field(default_factory=dict)
+    summary_filters: dict[int, bytes] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -70,6 +72,8 @@ class MemoryBackend:
     threads: dict[str, ThreadInfo] = field(default_factory=dict)
     rows: dict[str, list[tuple[str, str, int]]] = field(default_factory=dict)  # [(message_id, json, epoch)]
     summaries: dict[str, dict[int, str]] = field(default_factory=dict)
+    #: The encoded call-id filter of a summary (``Summary.call_ids``), by thread and order; absent: none.
+    summary_filters: dict[str, dict[int, bytes]] = field(default_factory=dict)
     state: dict[str, _ThreadState] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, tuple[str, float]] = field(default_factory=dict)  # key -> (value, expires at)
@@ -224,6 +228,11 @@ class InMemoryConversationStore:
 
     async def save_summary(self, thread_id: str, summary: Summary) -> None:
         self.backend.summaries.setdefault(thread_id, {})[summary.up_to_order] = summary.text
+        filters = self.backend.summary_filters.setdefault(thread_id, {})
+        if summary.call_ids is not None:
+            filters[summary.up_to_order] = summary.call_ids.encode()
+        else:
+            filters.pop(summary.up_to_order, None)
 
     async def latest_summary(self, thread_id: str, up_to: int | None = None) -> Summary | None:
         candidates = [
@@ -232,7 +241,9 @@ class InMemoryConversationStore:
         if not candidates:
             return None
         best = max(candidates)
-        return Summary(text=self.backend.summaries[thread_id][best], up_to_order=best)
+        encoded = self.backend.summary_filters.get(thread_id, {}).get(best)
+        call_ids = CallIdFilter.decode(encoded) if encoded is not None else None
+        return Summary(text=self.backend.summaries[thread_id][best], up_to_order=best, call_ids=call_ids)
 
     # ---- rewind and whole-history replacement ----------------------------------------------------------
 
@@ -246,8 +257,10 @@ class InMemoryConversationStore:
                 f"thread {thread_id}: cannot rewind to {rewind.to_order} (tail {info.tail})"
             )
         summaries = backend.summaries.get(thread_id, {})
+        filters = backend.summary_filters.get(thread_id, {})
         for order in rewind.summaries_removed:
             summaries.pop(order, None)
+            filters.pop(order, None)
         backend.apply_cleanup(thread_id, rewind.cleanup)
         # Rows past the new tail stay as invisible leftovers; the next commit overwrites them.
         new = replace(info, version=info.version + 1, tail=rewind.to_order, epoch=info.epoch + 1)
@@ -309,6 +322,10 @@ class _MemoryStaging:
         for entry in batch:
             if isinstance(entry, Summary):
                 staged.summaries[entry.up_to_order] = entry.text
+                if entry.call_ids is not None:
+                    staged.summary_filters[entry.up_to_order] = entry.call_ids.encode()
+                else:
+                    staged.summary_filters.pop(entry.up_to_order, None)
             else:
                 item, message_id = entry
                 staged.rows.append((message_id, encode_item(item)))
@@ -336,6 +353,7 @@ class _MemoryStaging:
         backend.staged[(thread_id, backend.generation.get(thread_id, ""))] = retired
         backend.rows[thread_id] = [(m, d, epoch) for m, d in staged.rows]
         backend.summaries[thread_id] = staged.summaries
+        backend.summary_filters[thread_id] = staged.summary_filters
         backend.generation[thread_id] = self.generation
         backend.pending.pop(thread_id, None)
         backend.apply_cleanup(thread_id, replacement.cleanup)
