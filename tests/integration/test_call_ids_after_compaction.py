@@ -14,9 +14,8 @@ filter of the calls it hides (``Summary.call_ids``):
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
 
 import pytest
 
@@ -35,6 +34,7 @@ from stepagent.stores.base import ConversationStore, StateStore, ThreadKind
 from stepagent.stores.memory import memory_stores
 from stepagent.tools.builtins import builtin_tools
 from tests.conftest import dynamo_store_pair
+from tests.contract.test_store_contract_call_ids import AnsweredReads
 
 StorePair = tuple[ConversationStore, StateStore]
 COMPACT_AFTER = 4000  # tokens of conversation: the workload's default, a compaction every few lookups
@@ -55,21 +55,6 @@ FACTORIES: dict[str, Callable[[], AbstractAsyncContextManager[StorePair]]] = {
 async def stores(request: pytest.FixtureRequest) -> AsyncIterator[StorePair]:
     async with FACTORIES[request.param]() as pair:
         yield pair
-
-
-class AnsweredReads:
-    """A state store that records every ``filter_answered`` question (the answered-marker reads)."""
-
-    def __init__(self, inner: StateStore) -> None:
-        self.inner = inner
-        self.asked: list[str] = []
-
-    async def filter_answered(self, thread_id: str, tool_call_ids: Sequence[str]) -> set[str]:
-        self.asked.extend(tool_call_ids)
-        return await self.inner.filter_answered(thread_id, tool_call_ids)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 class LookupIds:
