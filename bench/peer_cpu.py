@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.step_costs import ANSWER, MESSAGE_CHARS, dynamo_row_writer, seed_thread, user_text
-from bench.workload import fixed_request_tokens
+from bench.workload import fixed_request_tokens, workload_script
 from stepagent.aws.queue_resources import LOCAL_SCHEDULER_ROLE_ARN
 from stepagent.aws.runtime import TOOL_RUNNER, WORKER, AwsRuntime
 from stepagent.aws.settings import Settings
@@ -92,32 +92,7 @@ def lookup_tool() -> FunctionTool[..., Any]:
 
 def script(tools: list[Tool]) -> dict[str, Any]:
     window = math.ceil((fixed_request_tokens(tools) + COMPACT_AFTER_TURNS * TURN_TOKENS) / 0.75)
-    return {
-        "context_window": window,
-        "rules": [
-            {
-                "when": "INSIDE a compaction thread",
-                "reply": [
-                    {
-                        "tool_call": {
-                            "name": "close_thread",
-                            "arguments": {"thread_id": "{thread_id}", "report_to_parent": "SUMMARY"},
-                        }
-                    }
-                ],
-            },
-            {
-                "when": "^please look up",
-                "on": ["user"],
-                "reply": [
-                    {"text": ACK},
-                    {"tool_call": {"name": "lookup", "arguments": {"query": "{thread_id}"}}},
-                ],
-            },
-            {"when": "^result: ", "on": ["tool_result"], "reply": [{"text": ANSWER}]},
-        ],
-        "default": [{"text": "ok"}],
-    }
+    return workload_script(window, summary="SUMMARY", ack=ACK, answer=ANSWER)
 
 
 @contextlib.contextmanager

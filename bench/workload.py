@@ -110,7 +110,15 @@ def lookup_tool(result_chars: int = 4000) -> FunctionTool[..., Any]:
     return lookup
 
 
-def workload_script(window: int) -> dict[str, Any]:
+def workload_script(
+    window: int,
+    *,
+    summary: str = SUMMARY_TEXT,
+    ack: str = "Looking it up.",
+    answer: str = "Here is what I found.",
+) -> dict[str, Any]:
+    """The scripted model of the workload: a lookup per "please look up" message, then ``answer``; a
+    compaction thread closes with ``summary``."""
     return {
         "context_window": window,
         "rules": [
@@ -120,7 +128,7 @@ def workload_script(window: int) -> dict[str, Any]:
                     {
                         "tool_call": {
                             "name": "close_thread",
-                            "arguments": {"thread_id": "{thread_id}", "report_to_parent": SUMMARY_TEXT},
+                            "arguments": {"thread_id": "{thread_id}", "report_to_parent": summary},
                         }
                     }
                 ],
@@ -129,11 +137,11 @@ def workload_script(window: int) -> dict[str, Any]:
                 "when": "^please look up",
                 "on": ["user"],
                 "reply": [
-                    {"text": "Looking it up."},
+                    {"text": ack},
                     {"tool_call": {"name": "lookup", "arguments": {"query": "{thread_id}"}}},
                 ],
             },
-            {"when": "^result: ", "on": ["tool_result"], "reply": [{"text": "Here is what I found."}]},
+            {"when": "^result: ", "on": ["tool_result"], "reply": [{"text": answer}]},
         ],
         "default": [{"text": "ok"}],
     }
