@@ -28,7 +28,7 @@ from cryptography.x509.oid import NameOID
 
 from stepagent.aws import clients
 from stepagent.aws.clients import AwsSession, open_client
-from tests.conftest import REGION, aws_client, unique_name
+from tests.conftest import REGION, aws_client, moto_endpoint, unique_name
 
 
 def _self_signed(folder: Path, name: str) -> tuple[Path, Path]:
@@ -121,7 +121,7 @@ def bundle_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         original(self, cafile, *args, **kwargs)
 
     monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", noting)
-    clients._tls_context.cache_clear()
+    clients._shared_tls.cache_clear()
     return loads
 
 
@@ -173,3 +173,9 @@ async def test_a_streamed_body_reads_in_an_async_context_and_the_client_closes()
         pool = s3._client._endpoint.http_session._manager
         assert pool.pools  # a connection pool is open...
     assert not pool.pools  # ...and leaving the context closed it
+
+
+async def test_a_plain_http_endpoint_loads_no_ca_bundle(bundle_loads: list[str]) -> None:
+    async with open_client(AwsSession(REGION), "dynamodb", moto_endpoint()) as dynamodb:
+        await dynamodb.list_tables()
+    assert bundle_loads == []

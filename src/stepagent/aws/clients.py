@@ -14,8 +14,9 @@ Guarantees:
   conditioned or idempotent for that reason.
 - A streamed response body (S3 ``GetObject``) is wrapped so that ``async with response["Body"] as s:
   await s.read()`` reads it in the pool and closes it on exit.
-- All clients share one TLS context per CA bundle, loaded once (:func:`_share_tls`): botocore's own
-  re-parses the bundle for every new connection, about 40 ms of CPU each at cold start.
+- All clients share one TLS context per CA bundle, loaded once, at the first HTTPS request
+  (:func:`_share_tls`): botocore's own re-parses the bundle for every new connection, about 40 ms of CPU
+  each at cold start.
 - Nothing here opens a connection or loads a service model until a client is created; :class:`LazyClient`
   defers even that to the first call, for clients most invocations never use (S3).
 
@@ -62,6 +63,8 @@ _pool_lock = threading.Lock()
 def _executor() -> ThreadPoolExecutor:
     """The process's pool, created on the first call (threads start only as calls need them)."""
     global _pool
+    if _pool is not None:
+        return _pool
     with _pool_lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=POOL_SIZE, thread_name_prefix="stepagent-aws")
@@ -72,29 +75,46 @@ async def _in_pool(function: Callable[[], Any]) -> Any:
     return await asyncio.get_running_loop().run_in_executor(_executor(), function)
 
 
+class _SharedTls:
+    """One verifying TLS context (urllib3's defaults, as botocore builds it) trusting exactly a CA bundle,
+    which it parses on the first HTTPS request, once: a plain-HTTP endpoint (moto, LocalStack) never pays."""
+
+    def __init__(self, ca_bundle: str) -> None:
+        self.ca_bundle = ca_bundle
+        self.context: ssl.SSLContext = create_urllib3_context()
+        self._loaded = False
+        self._lock = threading.Lock()
+
+    def ensure_loaded(self) -> None:
+        if not self._loaded:
+            with self._lock:
+                if not self._loaded:
+                    self.context.load_verify_locations(self.ca_bundle)
+                    self._loaded = True
+
+
 @functools.cache
-def _tls_context(ca_bundle: str) -> ssl.SSLContext:
-    """botocore's TLS context (urllib3's defaults, verifying) trusting exactly ``ca_bundle``."""
-    context: ssl.SSLContext = create_urllib3_context()
-    context.load_verify_locations(ca_bundle)
-    return context
+def _shared_tls(ca_bundle: str) -> _SharedTls:
+    return _SharedTls(ca_bundle)
 
 
 def _share_tls(sync_client: Any) -> None:
-    """Make ``sync_client``'s direct connections use the process's loaded context for its CA bundle
-    instead of loading the bundle into its own context on every new connection. Only the plain case is
-    changed (verification on with botocore's bundle or ``AWS_CA_BUNDLE``, no client certificate); a
-    connection through a proxy keeps botocore's own path."""
+    """Make ``sync_client``'s direct connections use the process's context for its CA bundle instead of
+    loading the bundle into its own context on every new connection. Only the plain case is changed
+    (verification on with botocore's bundle or ``AWS_CA_BUNDLE``, no client certificate); a connection
+    through a proxy keeps botocore's own path."""
     http = getattr(getattr(sync_client, "_endpoint", None), "http_session", None)
     if not isinstance(http, URLLib3Session) or not http._verify or http._cert_file is not None:
         return
-    bundle = get_cert_path(http._verify)
-    http._manager.connection_pool_kw["ssl_context"] = _tls_context(bundle)
+    shared = _shared_tls(get_cert_path(http._verify))
+    http._manager.connection_pool_kw["ssl_context"] = shared.context
     setup = http._setup_ssl_cert
 
     def setup_shared(conn: Any, url: str, verify: Any) -> None:
+        # botocore calls this before every request, in the calling thread, before any connection opens.
         setup(conn, url, verify)
-        if conn.ca_certs == bundle and http._proxy_config.proxy_url_for(url) is None:
+        if conn.ca_certs == shared.ca_bundle and http._proxy_config.proxy_url_for(url) is None:
+            shared.ensure_loaded()
             conn.ca_certs = None  # the shared context already trusts exactly this bundle
 
     http._setup_ssl_cert = setup_shared
