@@ -1,8 +1,9 @@
 """Shared fixtures.
 
 AWS: every test talks to one moto server (``ThreadedMotoServer`` on 127.0.0.1, a free port), started
-lazily the first time a test needs it and stopped at the end of the session. aioboto3 does not work under
-in-process ``mock_aws``, so clients always get the server's ``endpoint_url``. Fake credentials are forced
+lazily the first time a test needs it and stopped at the end of the session. The runtime's clients
+(aioboto3, over aiohttp) do not work under in-process ``mock_aws``, so they always get the server's
+``endpoint_url``. Fake credentials are forced
 into the environment when this module is imported, before any client exists, so a test can never reach
 real AWS with a developer's credentials. Each test gets uniquely named tables, so tests share no state.
 """
@@ -52,7 +53,8 @@ _bucket: str | None = None
 
 @cache
 def aws_session() -> Any:
-    """One session for the whole run (the runtime's own client factory): it caches botocore's service models."""
+    """One session for the whole run (the runtime's own client factory): it caches the loaded service models.
+    Clients are opened per test: each belongs to its test's event loop."""
     from stepagent.aws.clients import AwsSession
 
     return AwsSession(REGION)

@@ -37,9 +37,10 @@ import re
 from collections import OrderedDict
 from typing import Any, Protocol, TypeAlias
 
+import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-#: An async S3 client (:class:`stepagent.aws.clients.AsyncClient`, untyped).
+#: An async S3 client (aiobotocore's, :mod:`stepagent.aws.clients`; untyped).
 S3Client: TypeAlias = Any
 #: A JSON path: object keys and list indexes from the document's root.
 Path: TypeAlias = list[str | int]
@@ -220,7 +221,8 @@ class ContentBlobs:
             if _error_code(exc) in ("NoSuchKey", "404", "NotFound"):
                 raise BlobMissing(f"s3://{self.bucket}/{key} does not exist", key) from None
             raise BlobUnavailable(f"S3 GetObject {self.bucket}/{key} failed: {exc}", key) from exc
-        except (BotoCoreError, OSError, TimeoutError) as exc:
+        except (BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            # aiohttp's errors: a body cut while being read (the client's requests map theirs to botocore's).
             raise BlobUnavailable(f"S3 GetObject {self.bucket}/{key} failed: {exc}", key) from exc
         if self.metrics is not None:
             self.metrics.bytes_read += len(data)

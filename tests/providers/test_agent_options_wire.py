@@ -260,6 +260,7 @@ async def test_bedrock_corpus_with_options_matches_botocore(
             with_options(ModelRequest(case.system, history(case), case.tools, info))
         )
     ]
+    await provider.aclose()
     (ours,) = stub.bodies
     params = bedrock_suite.oracle_params(case)
     params["inferenceConfig"] = {"maxTokens": MAX_TOKENS, "temperature": TEMPERATURE}
@@ -273,6 +274,7 @@ async def test_bedrock_step_with_the_agent_config_matches_botocore(
     model_id = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
     provider = bedrock_provider(stub, model_id, model_info("bedrock", model_id))
     await run_one_step(provider)
+    await provider.aclose()
     (ours,) = stub.bodies
     cache = {"cachePoint": {"type": "default"}}
     theirs = botocore_bytes(

@@ -197,6 +197,7 @@ async def our_bytes(stub: BedrockStub, case: Case) -> bytes:
     )
     request = ModelRequest(system=case.system, history=history(case), tools=case.tools, model=info)
     events = [event async for event in provider.stream(request)]
+    await provider.aclose()
     assert events, "the stream produced no events"
     (body,) = stub.bodies
     return body

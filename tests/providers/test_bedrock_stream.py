@@ -5,7 +5,7 @@ with the binary AWS event-stream encoding."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import aioboto3
 import pytest
@@ -110,8 +110,21 @@ def stub() -> Iterator[BedrockStub]:
     yield from serve()
 
 
+_made: list[BedrockProvider] = []
+
+
+@pytest.fixture(autouse=True)
+async def close_providers() -> AsyncIterator[None]:
+    """A provider keeps its client for its loop; each test's are closed on that test's loop."""
+    yield
+    while _made:
+        await _made.pop().aclose()
+
+
 def provider(stub_url: str) -> BedrockProvider:
-    return BedrockProvider(MODEL, info=INFO, region="us-east-1", endpoint_url=stub_url, session=SESSION)
+    made = BedrockProvider(MODEL, info=INFO, region="us-east-1", endpoint_url=stub_url, session=SESSION)
+    _made.append(made)
+    return made
 
 
 async def collect(p: BedrockProvider) -> list[StreamEvent]:

@@ -5,8 +5,10 @@ Guarantees:
 - :meth:`AwsRuntime.create` does all cold-start work once: settings are checked for the roles asked
   (``worker``, ``tool_runner``, ``timer_relay``; one :class:`~stepagent.errors.ConfigurationError` naming
   every missing variable; for the worker, the agent settings too, one line per bad value), AWS
-  clients are opened (:mod:`stepagent.aws.clients`) (``AWS_ENDPOINT_URL`` honoured), the stores, the model providers (the default one and
-  one per profile model) and the toolsets are built. The EventBridge Scheduler and S3 clients are opened on
+  clients are opened once (:mod:`stepagent.aws.clients`, ``AWS_ENDPOINT_URL`` honoured), the stores, the
+  model providers (the default one and one per profile model) and the toolsets are built. A provider's
+  own client (Bedrock's, an HTTP provider's) opens at its first model call and is kept; all close with
+  the runtime. The EventBridge Scheduler and S3 clients are opened on
   first use only (long timers; payloads too large for a message or an item).
   Its HTTP clients and locks are bound to the event loop that created it: call its handlers on that loop.
 - The handlers (:meth:`handle_sqs_batch`, :meth:`handle_tool_batch`, :meth:`handle_delay_batch`) take a
@@ -117,6 +119,8 @@ class AwsRuntime:
         self._system: AgentSystem | None = None
         self._stores: tuple[DynamoConversationStore, DynamoStateStore] | None = None
         self.live = LiveText.disabled()
+        # The providers this runtime built: their HTTP/AWS clients (kept per loop) close with it.
+        self._made_providers: list[ModelProvider] = []
 
     @classmethod
     async def create(
@@ -166,11 +170,13 @@ class AwsRuntime:
                 provider = make_provider(
                     str(settings.model), environ=environ, context_window=runtime.agent.context_window
                 )
+                runtime._made_providers.append(provider)
             for profile in runtime.agent.profiles.values():
                 if isinstance(profile.model, str) and profile.model not in runtime.profile_providers:
-                    runtime.profile_providers[profile.model] = make_provider(
+                    runtime.profile_providers[profile.model] = made = make_provider(
                         profile.model, environ=environ, context_window=profile.context_window
                     )
+                    runtime._made_providers.append(made)
         try:
             await runtime._open(session, provider, clock)
         except BaseException:
@@ -181,6 +187,10 @@ class AwsRuntime:
     async def _open(self, session: Any, provider: ModelProvider | None, clock: Clock) -> None:
         settings = self.settings
         self._session = session
+        for made in self._made_providers:
+            close = getattr(made, "aclose", None)
+            if close is not None:
+                self._stack.push_async_callback(close)
         self.sqs = await self._stack.enter_async_context(client(session, "sqs", settings))
         # S3 holds only oversized payloads: its client (the largest service model) opens on first use.
         self.s3 = LazyClient(lambda: self._stack.enter_async_context(client(session, "s3", settings)))

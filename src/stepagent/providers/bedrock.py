@@ -21,9 +21,11 @@ signature, redacted reasoning (bytes, kept base64-encoded), tool use with stream
 ``Final`` with usage including ``cacheReadInputTokens``/``cacheWriteInputTokens``. Exception events
 raise classified ProviderErrors; a stream that ends before ``messageStop`` raises a retryable one.
 
-I/O: one aioboto3 client per call from one shared session (clients are bound to the event loop; creating
-one from a warm session is cheap next to a model call). botocore's own retries are off (the engine owns
-retries). Only ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME`` redirects the endpoint (passed in by the factory);
+I/O: one aioboto3 ``bedrock-runtime`` client per provider and event loop, opened by the first call on that
+loop and kept (its aiohttp connector belongs to the loop; a Lambda container runs every invocation on one
+loop, so one client, one TLS context and warm connections serve all its model calls) until :meth:`aclose`.
+Concurrent first calls share one opening. Cancelling a call aborts its request. botocore's own retries
+are off (the engine owns retries). Only ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME`` redirects the endpoint (passed in by the factory);
 the global ``AWS_ENDPOINT_URL`` that points the stores at moto or LocalStack is deliberately ignored.
 """
 
@@ -33,7 +35,9 @@ import asyncio
 import base64
 import binascii
 import json
+import weakref
 from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -379,6 +383,48 @@ def _args(block: _Block) -> dict[str, Any]:
 _TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, OSError)
 
 
+class _LoopClients:
+    """One client per event loop from ``opener`` (an async context manager factory), opened on first use.
+
+    Keyed weakly by loop: a loop that is gone takes its entry with it (its client cannot be closed from
+    another loop). Concurrent first callers await one opening; a caller cancelled meanwhile does not
+    cancel it for the others, and a failed opening is not kept."""
+
+    def __init__(self, opener: Any) -> None:
+        self._opener = opener
+        self._open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[tuple[Any, AsyncExitStack]]]
+        self._open = weakref.WeakKeyDictionary()
+
+    async def get(self) -> Any:
+        loop = asyncio.get_running_loop()
+        opening = self._open.get(loop)
+        if opening is None:
+            opening = self._open[loop] = loop.create_task(self._enter())
+        try:
+            client, _ = await asyncio.shield(opening)
+        except BaseException:
+            if opening.done() and (opening.cancelled() or opening.exception() is not None):
+                self._open.pop(loop, None)
+            raise
+        return client
+
+    async def _enter(self) -> tuple[Any, AsyncExitStack]:
+        stack = AsyncExitStack()
+        client = await stack.enter_async_context(self._opener())
+        return client, stack
+
+    async def aclose(self) -> None:
+        """Close the running loop's client, if one was opened."""
+        opening = self._open.pop(asyncio.get_running_loop(), None)
+        if opening is None:
+            return
+        try:
+            _, stack = await opening
+        except Exception:  # it never opened: nothing to close
+            return
+        await stack.aclose()
+
+
 class BedrockProvider:
     """``ModelProvider`` for Bedrock ConverseStream."""
 
@@ -407,6 +453,10 @@ class BedrockProvider:
             read_timeout=300,
             ignore_configured_endpoint_urls=True,
         )
+        kwargs: dict[str, Any] = {"region_name": region, "config": self._config}
+        if endpoint_url:
+            kwargs["endpoint_url"] = endpoint_url
+        self._clients = _LoopClients(lambda: self._session.client("bedrock-runtime", **kwargs))
         self.last_truncation: TruncationReport | None = None
 
     @property
@@ -424,28 +474,36 @@ class BedrockProvider:
         params = self.request_params(request)
         truncation = self.last_truncation
         parser = BedrockStreamParser()
-        kwargs: dict[str, Any] = {"region_name": self._region, "config": self._config}
-        if self._endpoint_url:
-            kwargs["endpoint_url"] = self._endpoint_url
         try:
-            async with self._session.client("bedrock-runtime", **kwargs) as client:
-                try:
-                    response = await client.converse_stream(**params)
-                except ClientError as exc:
-                    raise error_from_client_error(exc) from exc
-                except _TRANSPORT_ERRORS as exc:
-                    raise error_from_transport(PROVIDER, exc, during_stream=False) from exc
-                try:
-                    async for event in response["stream"]:
-                        for out in parser.feed(event):
-                            yield annotate(out, truncation)
-                        if parser.done:
-                            return
-                except ClientError as exc:  # EventStreamError: an exception event
-                    raise error_from_client_error(exc) from exc
-                except _TRANSPORT_ERRORS as exc:
-                    raise error_from_transport(PROVIDER, exc, during_stream=True) from exc
-        except _TRANSPORT_ERRORS as exc:  # creating or closing the client
+            client = await self._clients.get()
+        except _TRANSPORT_ERRORS as exc:  # opening the client (credentials, endpoint)
             raise error_from_transport(PROVIDER, exc, during_stream=False) from exc
+        try:
+            response = await client.converse_stream(**params)
+        except ClientError as exc:
+            raise error_from_client_error(exc) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise error_from_transport(PROVIDER, exc, during_stream=False) from exc
+        stream = response["stream"]
+        try:
+            async for event in stream:
+                for out in parser.feed(event):
+                    yield annotate(out, truncation)
+                if parser.done:
+                    break
+        except ClientError as exc:  # EventStreamError: an exception event
+            raise error_from_client_error(exc) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise error_from_transport(PROVIDER, exc, during_stream=True) from exc
+        finally:
+            # Done, failed, cancelled or abandoned by the consumer: the response goes back (or, unread,
+            # its connection is dropped), so the kept client's pool never fills with half-read streams.
+            stream.close()
+        if parser.done:
+            return
         for out in parser.finish():
             yield annotate(out, truncation)
+
+    async def aclose(self) -> None:
+        """Close this loop's client (the runtime calls it when it closes)."""
+        await self._clients.aclose()

@@ -36,7 +36,7 @@ from stepagent.errors import QueueError
 from stepagent.messages import InputMessage
 from stepagent.senders.claim_check import INLINE_BODY_LIMIT, unwrap_body, wrap_body
 
-#: The async AWS clients (:class:`stepagent.aws.clients.AsyncClient`) are untyped.
+#: The async AWS clients (aiobotocore's, :mod:`stepagent.aws.clients`) are untyped.
 SqsClient: TypeAlias = Any
 S3Client: TypeAlias = Any
 

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
+import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
 from stepagent.blobs import (
@@ -48,7 +49,8 @@ from stepagent.blobs import (
 from stepagent.errors import CorruptRowError, PayloadTooLargeError, StoreError
 from stepagent.stores.metrics import StoreMetrics
 
-#: The async AWS clients (:class:`stepagent.aws.clients.AsyncClient`) are untyped; this alias marks where one is expected (DynamoDB or S3, low-level).
+#: The async AWS clients (aiobotocore's, :mod:`stepagent.aws.clients`) are untyped; this alias marks where
+#: one is expected (DynamoDB or S3, low-level).
 AwsClient: TypeAlias = Any
 Item: TypeAlias = dict[str, Any]
 
@@ -294,7 +296,8 @@ class DynamoIo:
         try:
             async with response["Body"] as stream:
                 data: bytes = await stream.read()
-        except (BotoCoreError, OSError, TimeoutError) as exc:
+        except (BotoCoreError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            # aiohttp's errors: a body cut while being read (the client's requests map theirs to botocore's).
             raise StoreError(f"S3 GetObject {self.bucket}/{key} failed while reading: {exc}") from exc
         self.metrics.bytes_read += len(data)
         # The key ends with the content hash: check it, so a truncated or swapped object is never decoded.
