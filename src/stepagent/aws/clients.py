@@ -20,8 +20,8 @@ Guarantees:
   one persistent loop), the Bedrock provider once per loop.
 - Nothing here opens a connection or loads a service model until a client is opened; :class:`LazyClient`
   defers even that to the first call, for clients most invocations never use (S3, the largest model).
-- TLS: each client builds its verifying context and parses the CA bundle once, at its first HTTPS
-  request, and reuses it for all its connections. aiobotocore offers no public way to give several clients
+- TLS: each client builds its verifying context and parses the CA bundle once, at its first request
+  (aiobotocore does so even for a plain-HTTP endpoint), and reuses it for all its connections. aiobotocore offers no public way to give several clients
   one context (its ``ssl_context`` connector argument collides with aiohttp's ``ssl``), so a process pays
   one parse per client it opens — which is why clients are opened once and kept.
 """

@@ -392,7 +392,9 @@ class _LoopClients:
 
     def __init__(self, opener: Any) -> None:
         self._opener = opener
-        self._open: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[tuple[Any, AsyncExitStack]]]
+        self._open: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, asyncio.Task[tuple[Any, AsyncExitStack]]
+        ]
         self._open = weakref.WeakKeyDictionary()
 
     async def get(self) -> Any:
