@@ -220,13 +220,8 @@ async def deliver_due_schedules(scheduler: Any, sqs: Any, now: datetime | None =
     now = now or datetime.now(UTC)
     delivered = 0
     names: list[tuple[str, str]] = []
-    kwargs: dict[str, Any] = {"NamePrefix": SCHEDULE_PREFIX}
-    while True:
-        page = await scheduler.list_schedules(**kwargs)
+    async for page in scheduler.get_paginator("list_schedules").paginate(NamePrefix=SCHEDULE_PREFIX):
         names.extend((s["Name"], s.get("GroupName", "default")) for s in page.get("Schedules", []))
-        if not page.get("NextToken"):
-            break
-        kwargs["NextToken"] = page["NextToken"]
     for name, group in names:
         try:
             if await _deliver_if_due(scheduler, sqs, name, group, now):

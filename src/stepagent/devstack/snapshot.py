@@ -98,34 +98,20 @@ async def save_snapshot(directory: Path, env: dict[str, str]) -> SnapshotCounts:
     ):
         for role, name in _TABLES.items():
             with open(scratch / f"{role}.jsonl", "w", encoding="utf-8") as out:
-                start: dict[str, Any] | None = None
-                while True:
-                    page = await dynamodb.scan(
-                        TableName=env[name],
-                        ConsistentRead=True,
-                        **({"ExclusiveStartKey": start} if start else {}),
-                    )
+                pages = dynamodb.get_paginator("scan").paginate(TableName=env[name], ConsistentRead=True)
+                async for page in pages:
                     for item in page.get("Items", []):
                         out.write(json.dumps(_encode(item), ensure_ascii=False) + "\n")
                         items += 1
-                    start = page.get("LastEvaluatedKey")
-                    if not start:
-                        break
         bucket = env["STEPAGENT_BLOB_BUCKET"]
         with open(scratch / "blobs.jsonl", "w", encoding="utf-8") as manifest:
-            token: str | None = None
-            while True:
-                listed = await s3.list_objects_v2(
-                    Bucket=bucket, **({"ContinuationToken": token} if token else {})
-                )
+            async for listed in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
                 for entry in listed.get("Contents", []):
                     blobs += 1
                     obj = await s3.get_object(Bucket=bucket, Key=entry["Key"])
-                    (scratch / "blobs" / f"{blobs:06d}").write_bytes(await obj["Body"].read())
+                    async with obj["Body"] as body:
+                        (scratch / "blobs" / f"{blobs:06d}").write_bytes(await body.read())
                     manifest.write(json.dumps({"key": entry["Key"], "file": f"{blobs:06d}"}) + "\n")
-                token = listed.get("NextContinuationToken")
-                if not token:
-                    break
         with open(scratch / "queues.jsonl", "w", encoding="utf-8") as out:
             for role, name in _QUEUES.items():
                 seen: set[str] = set()
