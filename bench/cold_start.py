@@ -14,9 +14,16 @@
   (``bench/peer-requirements.txt``); without one that ratio is skipped with a note saying so;
 - a cold container: the import, then two handler calls, each with a real SQS-event-shaped batch of one user
   message on a new thread (the second is the warm, comparable call), against a moto server in this process
-  (so not in the measured one's CPU), with the scripted model. Reported: the CPU (``time.process_time``) of
-  the first call minus that of the second, and the botocore clients alive after the import (must be 0) and
-  after each call. Every call must answer its message (checked on the output queue), or the run fails.
+  (so not in the measured one's CPU), with the template's default model — Bedrock's Claude Sonnet 4.5 —
+  answered by a loopback stand-in for the Bedrock runtime endpoint (``tests/providers/bedrock_stub.py``,
+  the real ConverseStream event-stream encoding, also in this process), so the Bedrock provider, its
+  aioboto3 client and its stream parsing are all in the measured CPU. The same container with the scripted
+  model is measured too (``scripted_*``: no model client), for comparison. Reported: the CPU
+  (``time.process_time``) of the first call minus that of the second, and the AWS clients alive after
+  the import (must be 0) and opened by each call. Every call must answer its message (checked on the
+  output queue), or the run fails. Not in the figures: TLS handshakes (moto and the stand-in are plain
+  HTTP on loopback; each client's CA-bundle parse is in them, since aiobotocore does it at a client's first
+  request whatever the scheme) and network latency.
 
 The ratios use medians of the same run, so a loaded machine slows both sides alike.
 """
@@ -31,8 +38,8 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,15 +51,30 @@ LAYER_ENV = "STEPAGENT_BENCH_LAYER"
 IMPORT_RATIO_TARGET = 0.8
 FIRST_MINUS_WARM_TARGET_MS = 300
 REGION = "us-east-1"
-SCRIPT = {"rules": [], "default": [{"text": "Cold start answered."}]}
+ANSWER = "Cold start answered."
+SCRIPT = {"rules": [], "default": [{"text": ANSWER}]}
+#: What the Bedrock stand-in streams for every ConverseStream call: the same answer, as Bedrock sends it.
+BEDROCK_ANSWER: list[dict[str, Any]] = [
+    {"messageStart": {"role": "assistant"}},
+    {"contentBlockDelta": {"delta": {"text": ANSWER}, "contentBlockIndex": 0}},
+    {"contentBlockStop": {"contentBlockIndex": 0}},
+    {"messageStop": {"stopReason": "end_turn"}},
+    {
+        "metadata": {
+            "usage": {"inputTokens": 12, "outputTokens": 4, "totalTokens": 16},
+            "metrics": {"latencyMs": 9},
+        }
+    },
+]
 # The third-party modules a worker's first message cannot do without, whoever imports them: the AWS SDK
-# (botocore's clients over urllib3), pydantic's model machinery and powertools. Their import is reported as
-# the floor of the worker's own, next to the peer's.
+# (aioboto3: aiobotocore's clients over aiohttp), pydantic's model machinery and powertools. Their import
+# is reported as the floor of the worker's own, next to the peer's.
 FLOOR = (
-    "botocore.session",
-    "botocore.client",
-    "botocore.endpoint",
-    "botocore.httpsession",
+    "aioboto3",
+    "aiobotocore.session",
+    "aiobotocore.client",
+    "aiobotocore.endpoint",
+    "aiobotocore.httpsession",
     "pydantic.main",
     "aws_lambda_powertools",
 )
@@ -176,7 +198,8 @@ class MotoStack:
         return {"Records": [record]}
 
     async def answered(self) -> set[str]:
-        """Threads that got the scripted answer on the output queue since the last call."""
+        """Threads that got the answer (scripted or streamed by the Bedrock stand-in) on the output queue
+        since the last call."""
         threads: set[str] = set()
         while True:
             found = await self.sqs.receive_message(
@@ -187,18 +210,39 @@ class MotoStack:
                 return threads
             for message in messages:
                 event = json.loads(message["Body"])
-                if event.get("type") == "text" and event.get("text") == SCRIPT["default"][0]["text"]:
+                if event.get("type") == "text" and event.get("text") == ANSWER:
                     threads.add(event["thread_id"])
                 await self.sqs.delete_message(
                     QueueUrl=self.urls["output"], ReceiptHandle=message["ReceiptHandle"]
                 )
 
 
+@contextmanager
+def bedrock_stand_in() -> Iterator[str]:
+    """A loopback Bedrock runtime endpoint in this process answering every ConverseStream call with
+    :data:`BEDROCK_ANSWER`; yields its URL (for ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME``)."""
+    from tests.providers.bedrock_stub import serve
+
+    serving = serve()
+    stub = next(serving)
+    stub.events = BEDROCK_ANSWER
+    try:
+        yield stub.url
+    finally:
+        serving.close()
+
+
+def with_script(env: dict[str, str], script: Path) -> dict[str, str]:
+    """``env`` with the scripted model ``script`` (the only variable the template's ``Model`` sets)."""
+    return {**env, "STEPAGENT_MODEL": f"scripted:{script}"}
+
+
 @asynccontextmanager
-async def deployed_worker(endpoint: str, script: Path) -> AsyncIterator[MotoStack]:
+async def deployed_worker(endpoint: str, bedrock_url: str) -> AsyncIterator[MotoStack]:
     """The worker's resources, fresh, on the moto server at ``endpoint``, with ``WorkerFunction``'s
-    environment as the template gives it (``Model``: the scripted model ``script``; every other parameter
-    its default) plus Lambda's variables."""
+    environment as the template gives it (every parameter its default: the model is Bedrock's Claude
+    Sonnet 4.5, whose endpoint is ``bedrock_url``) plus Lambda's variables. :func:`with_script` turns that
+    environment into the scripted model's."""
     from tests.artifact.template_env import Evaluator, load_template
 
     from stepagent.aws.clients import AwsSession, open_client
@@ -230,20 +274,24 @@ async def deployed_worker(endpoint: str, script: Path) -> AsyncIterator[MotoStac
             "DelayDeadLetterQueue.Arn": resources.scheduler_dlq_arn,
             "RapReceiverFunctionUrl.FunctionUrl": "https://receiver.lambda-url.us-east-1.on.aws/",
         }
-        evaluator = Evaluator(load_template(), physical, {"Model": f"scripted:{script}"}, region=REGION)
+        evaluator = Evaluator(load_template(), physical, {}, region=REGION)
         env = {
             **evaluator.environment("WorkerFunction"),
             **LAMBDA_ENV,
             "LAMBDA_TASK_ROOT": str(ROOT / "handlers"),
             "_HANDLER": f"{module}.{function}",
             "AWS_ENDPOINT_URL": endpoint,
+            # Only the Bedrock runtime's endpoint: the provider ignores AWS_ENDPOINT_URL on purpose.
+            "AWS_ENDPOINT_URL_BEDROCK_RUNTIME": bedrock_url,
         }
+        if not env.get("STEPAGENT_MODEL", "").startswith("bedrock:"):
+            raise RuntimeError(f"the template's default model is not Bedrock's: {env.get('STEPAGENT_MODEL')}")
         yield MotoStack(env, sqs, resources.urls)
 
 
 @asynccontextmanager
-async def moto_stack(script: Path) -> AsyncIterator[MotoStack]:
-    """:func:`deployed_worker` on a moto server of its own, in this process."""
+async def moto_stack() -> AsyncIterator[MotoStack]:
+    """:func:`deployed_worker` on a moto server of its own and a Bedrock stand-in, in this process."""
     import logging
 
     from moto.server import ThreadedMotoServer
@@ -253,8 +301,9 @@ async def moto_stack(script: Path) -> AsyncIterator[MotoStack]:
     server.start()
     host, port = server.get_host_and_port()
     try:
-        async with deployed_worker(f"http://{host}:{port}", script) as stack:
-            yield stack
+        with bedrock_stand_in() as bedrock_url:
+            async with deployed_worker(f"http://{host}:{port}", bedrock_url) as stack:
+                yield stack
     finally:
         server.stop()
 
@@ -272,11 +321,12 @@ async def cold_start(runs: int = 7) -> dict[str, Any]:
     floor_imports: list[dict[str, Any]] = []
     peer_imports: list[dict[str, Any]] = []
     invocations: list[dict[str, Any]] = []
+    scripted: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="stepagent-cold-") as folder:
         path = [str(ROOT / "handlers"), str(ROOT / "src"), str(built_layer(Path(folder) / "layer"))]
         script = Path(folder) / "agent.json"
         script.write_text(json.dumps(SCRIPT), encoding="utf-8")
-        async with moto_stack(script) as stack:
+        async with moto_stack() as stack:
             importing = {"path": path, "module": module}
             # One unmeasured import each first: bytecode caches written, files in the page cache.
             run_child(worker_python, importing, stack.env)
@@ -289,16 +339,29 @@ async def cold_start(runs: int = 7) -> dict[str, Any]:
                 if peer is not None:
                     strands = {"path": [], "module": "strands"}
                     peer_imports.append(run_child(peer_python_command, strands, LAMBDA_ENV))
-                groups = [f"cold-{run}-first", f"cold-{run}-warm"]
-                events = [await stack.batch(group) for group in groups]
-                calling = {**importing, "function": function, "events": events}
-                invocations.append(run_child(worker_python, calling, stack.env))
-                for call in invocations[-1]["calls"]:
-                    if call["result"] != {"batchItemFailures": []}:
-                        raise RuntimeError(f"the worker failed a record: {call['result']}")
-                if await stack.answered() != set(groups):
-                    raise RuntimeError(f"the worker did not answer both threads of run {run}")
+                for model, env, into in (
+                    ("bedrock", stack.env, invocations),
+                    ("scripted", with_script(stack.env, script), scripted),
+                ):
+                    groups = [f"cold-{run}-{model}-first", f"cold-{run}-{model}-warm"]
+                    events = [await stack.batch(group) for group in groups]
+                    calling = {**importing, "function": function, "events": events}
+                    into.append(run_child(worker_python, calling, env))
+                    for call in into[-1]["calls"]:
+                        if call["result"] != {"batchItemFailures": []}:
+                            raise RuntimeError(f"the worker ({model}) failed a record: {call['result']}")
+                    if await stack.answered() != set(groups):
+                        raise RuntimeError(f"the worker ({model}) did not answer both threads of run {run}")
     out = summary(worker_imports, peer_imports, invocations)
+    out["model"] = str(stack.env["STEPAGENT_MODEL"])
+    first = [i["calls"][0]["cpu_ms"] for i in scripted]
+    warm = [i["calls"][1]["cpu_ms"] for i in scripted]
+    out["scripted_first_call_cpu_ms_median"] = _median(first)
+    out["scripted_warm_call_cpu_ms_median"] = _median(warm)
+    out["scripted_first_minus_warm_cpu_ms_median"] = _median(
+        [f - w for f, w in zip(first, warm, strict=True)]
+    )
+    out["scripted_aws_clients_created_by_first_call"] = scripted[-1]["calls"][0]["aws_clients_created"]
     out["floor_modules"] = list(FLOOR)
     out["floor_import_cpu_ms_median"] = _median([f["import_cpu_ms"] for f in floor_imports])
     if peer is not None:
@@ -322,7 +385,9 @@ def summary(
             "medians of fresh interpreters, interleaved in one run; import: the WorkerFunction handler "
             "module as Lambda imports it (python -I -S, built layer, template environment) vs import "
             "strands in the peer venv, wall (import_ratio, judged) and CPU; first minus warm: process CPU "
-            "of a cold container's first one-message SQS batch minus its second's, moto in another process"
+            "of a cold container's first one-message SQS batch minus its second's, with the template's default "
+            "Bedrock model answered by a loopback ConverseStream stand-in (scripted_*: the scripted model), "
+            "moto and the stand-in in another process, plain HTTP (no TLS handshake in the figures)"
         ),
         "runs": len(worker),
         "worker_import_ms_median": _median([w["import_wall_ms"] for w in worker]),

@@ -1,31 +1,34 @@
 """The worker Lambda's cold start does only the work its first message needs (counters, not timers).
 
 The handler module of ``WorkerFunction`` (template.yaml's ``Handler``) is imported in a fresh interpreter
-(``bench/cold_child.py``, ``python -I``), in the environment the template gives the function (defaults, the
-scripted model) plus Lambda's variables, exactly as ``make bench`` measures it; then it takes two real
-SQS-event-shaped batches of one user message each (a cold call, then a warm one) against the moto server.
+(``bench/cold_child.py``, ``python -I``), in the environment the template gives the function (every
+parameter its default, so the model is Bedrock's Claude Sonnet 4.5, answered by a loopback stand-in for
+the Bedrock runtime endpoint) plus Lambda's variables, exactly as ``make bench`` measures it; then it takes
+two real SQS-event-shaped batches of one user message each (a cold call, then a warm one) against the moto
+server.
 
 Checked: the import creates no AWS client and loads none of the modules a first message does not need
-(the console, the CLI, local mode, tool-server and MCP code, the providers not configured, the X-Ray SDK);
-the cold call opens exactly the clients that message needs (SQS, DynamoDB, Secrets Manager for the
-callback key: no S3, no Scheduler, no HTTP client without RAP servers) and the warm call opens none. (That
-the clients share one TLS context is checked in ``test_aws_clients.py``.)
+(the console, the CLI, local mode, tool-server and MCP code, the providers — the configured one is built
+by the first invocation —, the X-Ray SDK); the AWS SDK (aioboto3 over aiohttp) is loaded by the import,
+since every message needs it. The cold call opens exactly the clients that message needs (SQS, DynamoDB,
+Secrets Manager for the callback key, the Bedrock runtime for the model: no S3, no Scheduler, no HTTP client
+without RAP servers) and the warm call opens none — the model's client included, so it is not opened per
+model call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from typing import Any
 
 import pytest
 
-from bench.cold_start import ROOT, SCRIPT, deployed_worker, handler_path, run_child
+from bench.cold_start import ROOT, bedrock_stand_in, deployed_worker, handler_path, run_child
 from tests.conftest import moto_endpoint
 
-# The runtime's AWS clients are botocore's (stepagent.aws.clients): only a bedrock: model loads these.
-NOT_WITHOUT_BEDROCK = ("aioboto3", "aiobotocore", "aiohttp")
+# The SDK every message needs (stepagent.aws.clients): loaded by the import, not by the first message.
+SDK = ("aioboto3", "aiobotocore", "aiohttp")
 # Not needed before the first message: adding an eager import of any of these fails this test.
 NOT_AT_IMPORT = (
     "stepagent.cli",
@@ -56,21 +59,23 @@ NOT_AT_IMPORT = (
     "uvicorn",
     "sqlite3",
     "moto",
-    *NOT_WITHOUT_BEDROCK,
 )
-# Not needed by a first message without RAP servers nor payloads over the queue's size limit.
-NOT_BY_FIRST_MESSAGE = ("httpcore", "s3transfer", *NOT_WITHOUT_BEDROCK)
+# Not needed by a first message without RAP servers nor payloads over the queue's size limit (S3's
+# client and aioboto3's S3 helpers load only with the first oversized payload).
+NOT_BY_FIRST_MESSAGE = ("httpcore", "s3transfer", "aioboto3.s3", "aiofiles")
 
 
 @pytest.fixture(scope="module")
-def cold_container(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def cold_container() -> dict[str, Any]:
     """One cold container's report (``bench/cold_child.py``) after two user messages."""
-    script = tmp_path_factory.mktemp("cold") / "agent.json"
-    script.write_text(json.dumps(SCRIPT))
     module, function = handler_path()
 
     async def run() -> dict[str, Any]:
-        async with deployed_worker(moto_endpoint(), script) as stack:
+        with bedrock_stand_in() as bedrock_url:
+            return await call(bedrock_url)
+
+    async def call(bedrock_url: str) -> dict[str, Any]:
+        async with deployed_worker(moto_endpoint(), bedrock_url) as stack:
             groups = ["cold-first", "cold-warm"]
             events = [await stack.batch(group) for group in groups]
             request = {
@@ -92,6 +97,7 @@ def test_the_import_creates_no_client_and_loads_nothing_the_first_message_does_n
     assert cold_container["aws_clients_after_import"] == []
     loaded = set(cold_container["modules_after_import"])
     assert "stepagent.aws.lambda_entry" in loaded  # the handler module really was imported
+    assert set(SDK) <= loaded
     eager = sorted(m for m in loaded if any(m == n or m.startswith(n + ".") for n in NOT_AT_IMPORT))
     assert eager == []
 
@@ -102,9 +108,10 @@ def test_the_first_message_opens_only_the_clients_it_needs_and_a_warm_one_none(
     cold, warm = cold_container["calls"]
     assert cold["result"] == warm["result"] == {"batchItemFailures": []}
     assert cold_container["answered"] == ["cold-first", "cold-warm"]  # both messages got the answer
-    assert cold["aws_clients_created"] == ["dynamodb", "secretsmanager", "sqs"]
+    assert cold["aws_clients_created"] == ["bedrock-runtime", "dynamodb", "secretsmanager", "sqs"]
     assert cold["http_clients_created"] == 0
     assert warm["aws_clients_created"] == [] and warm["http_clients_created"] == 0
     loaded = set(cold_container["modules_after_calls"])
-    assert "stepagent.providers.scripted" in loaded and "aws_xray_sdk" in loaded  # built on first use
+    assert "stepagent.providers.bedrock" in loaded and "aws_xray_sdk" in loaded  # built on first use
+    assert "stepagent.providers.scripted" not in loaded
     assert sorted(loaded & set(NOT_BY_FIRST_MESSAGE)) == []
