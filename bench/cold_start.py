@@ -223,13 +223,9 @@ def bedrock_stand_in() -> Iterator[str]:
     :data:`BEDROCK_ANSWER`; yields its URL (for ``AWS_ENDPOINT_URL_BEDROCK_RUNTIME``)."""
     from tests.providers.bedrock_stub import serve
 
-    serving = serve()
-    stub = next(serving)
-    stub.events = BEDROCK_ANSWER
-    try:
+    with contextmanager(serve)() as stub:
+        stub.events = BEDROCK_ANSWER
         yield stub.url
-    finally:
-        serving.close()
 
 
 def with_script(env: dict[str, str], script: Path) -> dict[str, str]:
