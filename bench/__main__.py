@@ -7,8 +7,9 @@ Sections of the JSON (each with its own method notes):
   the ``-X importtime`` attribution;
 - ``cold_start``: the worker Lambda's cold start against the peer in one run (:mod:`bench.cold_start`):
   the handler's import as Lambda does it (built layer, template environment) next to ``import strands`` in
-  the peer's venv (ratio, target 0.8), and the first invocation's CPU over a warm one's (target 300 ms),
-  with the AWS clients each opens; needs moto (skipped by ``--skip-moto``) and builds the layer (a few
+  the peer's venv (ratio, target 0.8), and the first invocation's CPU over a warm one's (target 300 ms)
+  with the template's default model (Bedrock, answered by a loopback stand-in; the scripted model beside
+  it), with the AWS clients each opens; needs moto (skipped by ``--skip-moto``) and builds the layer (a few
   minutes; ``STEPAGENT_BENCH_LAYER`` reuses one);
 - ``step_overhead``: one worker step excluding the model, at 10 → 10,000 stored rows, all in context or
   compacted to 10, on the in-memory, SQLite and DynamoDB-on-moto stores, with AWS calls per step;

@@ -75,6 +75,8 @@ class BedrockStub:
     url: str = ""
     bodies: list[bytes] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
+    #: The client's (host, port) of every request: equal for requests over one kept-alive connection.
+    peers: list[tuple[str, int]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     status: int = 200
     error_body: dict[str, Any] = field(default_factory=dict)
@@ -96,6 +98,7 @@ def _handler(stub: BedrockStub) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("content-length", "0"))
             stub.bodies.append(self.rfile.read(length))
             stub.paths.append(self.path)
+            stub.peers.append(self.client_address[:2])
             if stub.status != 200:
                 payload = json.dumps(stub.error_body).encode()
                 self.send_response(stub.status)
@@ -127,7 +130,7 @@ def serve() -> Iterator[BedrockStub]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(stub))
     server.daemon_threads = True
     stub.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield stub

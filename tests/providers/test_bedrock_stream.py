@@ -1,11 +1,14 @@
 """Recorded ConverseStream event sequences (hand-written from the API reference) parse into the expected
 events: through the pure parser, and end to end through aioboto3 against a loopback endpoint that answers
-with the binary AWS event-stream encoding."""
+with the binary AWS event-stream encoding. The provider keeps one client per event loop: later calls reuse
+its connection, concurrent first calls open it once, and a new loop gets a client of its own."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import aioboto3
 import pytest
@@ -202,3 +205,61 @@ async def test_a_bare_model_id_without_on_demand_access_says_to_use_an_inference
         await collect(provider(stub.url))
     assert not caught.value.retryable
     assert "bedrock:us.anthropic.claude-sonnet-4-5-20250929-v1:0" in str(caught.value)
+
+
+# ---- one client per provider and event loop ----------------------------------------------------------------
+
+
+class CountingSession:
+    """The test session, counting the clients opened from it."""
+
+    def __init__(self) -> None:
+        self.opened = 0
+
+    def client(self, *args: Any, **kwargs: Any) -> Any:
+        self.opened += 1
+        return SESSION.client(*args, **kwargs)
+
+
+async def test_calls_on_one_loop_share_one_client_and_its_connection(stub: BedrockStub) -> None:
+    stub.events = load_events("bedrock_text.jsonl")
+    session = CountingSession()
+    p = BedrockProvider(MODEL, info=INFO, region="us-east-1", endpoint_url=stub.url, session=session)
+    try:
+        first, second = await collect(p), await collect(p)
+        assert first == second == TEXT_EVENTS
+        assert session.opened == 1
+        assert stub.peers[0] == stub.peers[1]  # the second call reused the first one's connection
+        await asyncio.gather(*(collect(p) for _ in range(3)))
+        assert session.opened == 1
+    finally:
+        await p.aclose()
+
+
+async def test_concurrent_first_calls_open_one_client(stub: BedrockStub) -> None:
+    stub.events = load_events("bedrock_text.jsonl")
+    session = CountingSession()
+    p = BedrockProvider(MODEL, info=INFO, region="us-east-1", endpoint_url=stub.url, session=session)
+    try:
+        results = await asyncio.gather(*(collect(p) for _ in range(3)))
+        assert results == [TEXT_EVENTS] * 3 and session.opened == 1
+    finally:
+        await p.aclose()
+
+
+def test_each_event_loop_gets_a_client_of_its_own(stub: BedrockStub) -> None:
+    stub.events = load_events("bedrock_text.jsonl")
+    session = CountingSession()
+    p = BedrockProvider(MODEL, info=INFO, region="us-east-1", endpoint_url=stub.url, session=session)
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        assert first.run_until_complete(collect(p)) == TEXT_EVENTS
+        assert second.run_until_complete(collect(p)) == TEXT_EVENTS  # not the first loop's client
+        assert first.run_until_complete(collect(p)) == TEXT_EVENTS  # the first loop's is still its own
+        assert session.opened == 2
+        assert stub.peers[0] != stub.peers[1] and stub.peers[0] == stub.peers[2]
+        for loop in (first, second):
+            loop.run_until_complete(p.aclose())
+    finally:
+        first.close()
+        second.close()

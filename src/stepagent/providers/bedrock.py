@@ -35,7 +35,6 @@ import asyncio
 import base64
 import binascii
 import json
-import weakref
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -386,19 +385,18 @@ _TRANSPORT_ERRORS = (BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError, O
 class _LoopClients:
     """One client per event loop from ``opener`` (an async context manager factory), opened on first use.
 
-    Keyed weakly by loop: a loop that is gone takes its entry with it (its client cannot be closed from
-    another loop). Concurrent first callers await one opening; a caller cancelled meanwhile does not
-    cancel it for the others, and a failed opening is not kept."""
+    The entry of a closed loop is dropped at the next call (its client cannot be closed from another
+    loop). Concurrent first callers await one opening; a caller cancelled meanwhile does not cancel it
+    for the others, and a failed opening is not kept."""
 
     def __init__(self, opener: Any) -> None:
         self._opener = opener
-        self._open: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, asyncio.Task[tuple[Any, AsyncExitStack]]
-        ]
-        self._open = weakref.WeakKeyDictionary()
+        self._open: dict[asyncio.AbstractEventLoop, asyncio.Task[tuple[Any, AsyncExitStack]]] = {}
 
     async def get(self) -> Any:
         loop = asyncio.get_running_loop()
+        for gone in [other for other in self._open if other.is_closed()]:
+            del self._open[gone]
         opening = self._open.get(loop)
         if opening is None:
             opening = self._open[loop] = loop.create_task(self._enter())
