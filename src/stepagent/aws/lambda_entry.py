@@ -4,9 +4,9 @@ Guarantees:
 
 - Importing this module is cheap: settings, clients, the model and the toolset are built on the first
   invocation (cold start) and kept for the life of the process, one :class:`AwsRuntime` per role.
-- Every invocation runs on one persistent event loop. The model's HTTP client and the runtime's locks
-  belong to the loop that made them, so a new loop per invocation would break them (and re-pay the cold
-  start).
+- Every invocation runs on one persistent event loop. The AWS clients (aiohttp connectors), the model's
+  client and the runtime's locks belong to the loop that made them, so a new loop per invocation would
+  break them (and re-pay the cold start: new clients, new TLS contexts, new connections).
 - A configuration error fails the invocation with one clear message and is not cached: the next
   invocation tries again (e.g. after the environment was fixed by a redeploy).
 - Logs carry the request id; metrics are flushed (EMF) after each invocation, token metrics per model as
