@@ -2,7 +2,7 @@
 
 Guarantees:
 
-- Cold start builds everything once (settings, SQS/S3 clients, and — for view updates — the stores);
+- Cold start builds everything once (settings, the SQS client (S3 opens at the first oversized payload), and — for view updates — the stores);
   ``STEPAGENT_INPUT_QUEUE_URL`` and the callback key (``STEPAGENT_CALLBACK_SECRET``, or a secret named by
   ``STEPAGENT_CALLBACK_SECRET_ID``, read once) are required (one
   :class:`~stepagent.errors.ConfigurationError` names what is missing). Every invocation runs on the
@@ -23,7 +23,7 @@ import logging
 from contextlib import AsyncExitStack
 from typing import Any
 
-from stepagent.aws.clients import aws_session, client
+from stepagent.aws.clients import LazyClient, aws_session, client
 from stepagent.aws.layer_check import check_layer
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.aws.secrets import resolve_secrets
@@ -66,8 +66,9 @@ class RapReceiverRuntime:
         stack = AsyncExitStack()
         try:
             sqs = await stack.enter_async_context(client(session, "sqs", settings))
+            # S3 holds only payloads too large for a message: its client opens on first use, as the worker's.
             s3 = (
-                await stack.enter_async_context(client(session, "s3", settings))
+                LazyClient(lambda: stack.enter_async_context(client(session, "s3", settings)))
                 if settings.blob_bucket
                 else None
             )
