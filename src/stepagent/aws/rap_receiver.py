@@ -2,8 +2,8 @@
 
 Guarantees:
 
-- Cold start builds everything once (settings, the SQS client (S3 opens at the first oversized payload), and — for view updates — the stores);
-  ``STEPAGENT_INPUT_QUEUE_URL`` and the callback key (``STEPAGENT_CALLBACK_SECRET``, or a secret named by
+- Cold start builds everything once (settings, the SQS client, and — for view updates — the stores; the
+  S3 client opens at the first oversized payload); ``STEPAGENT_INPUT_QUEUE_URL`` and the callback key (``STEPAGENT_CALLBACK_SECRET``, or a secret named by
   ``STEPAGENT_CALLBACK_SECRET_ID``, read once) are required (one
   :class:`~stepagent.errors.ConfigurationError` names what is missing). Every invocation runs on the
   process's one event loop (:func:`stepagent.aws.lambda_entry.event_loop`), where the clients live.
