@@ -3,9 +3,9 @@
 Guarantees:
 
 - Cold start builds everything once (settings, the SQS client, and — for view updates — the stores; the
-  S3 client opens at the first oversized payload); ``STEPAGENT_INPUT_QUEUE_URL`` and the callback key (``STEPAGENT_CALLBACK_SECRET``, or a secret named by
-  ``STEPAGENT_CALLBACK_SECRET_ID``, read once) are required (one
-  :class:`~stepagent.errors.ConfigurationError` names what is missing). Every invocation runs on the
+  S3 client opens at the first oversized payload); ``STEPAGENT_INPUT_QUEUE_URL`` and the callback key
+  (``STEPAGENT_CALLBACK_SECRET``, or a secret named by ``STEPAGENT_CALLBACK_SECRET_ID``, read once) are
+  required (one :class:`~stepagent.errors.ConfigurationError` names what is missing). Every invocation runs on the
   process's one event loop (:func:`stepagent.aws.lambda_entry.event_loop`), where the clients live.
 - Authentication, validation and conversion are :func:`~stepagent.rap.receiver.receive_function_url_event`.
   Messages go to the FIFO input queue through :class:`~stepagent.senders.sqs.SqsSender` (group = thread,
