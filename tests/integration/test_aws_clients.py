@@ -6,7 +6,8 @@ the connection dropped); botocore's hooks run in the caller's context (context v
 keys are seen); a streamed body reads through ``async with``; paginators are async; leaving the context
 closes the client's connections; a client parses the CA bundle once for all its connections (aiobotocore
 does so at its first request, even over plain HTTP), still verifying — a server whose certificate that
-bundle does not vouch for is refused; a lazy client opens once under concurrent first calls.
+bundle does not vouch for is refused; a lazy client opens once under concurrent first calls. The worker's
+runtime keeps the Bedrock model's client across steps (one connection) and closes it when it closes.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import datetime
+import gc
 import http.server
 import ipaddress
 import select
 import ssl
 import threading
+import warnings
 from collections.abc import Iterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +35,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from bench.cold_start import BEDROCK_ANSWER
 from stepagent.aws.clients import AwsSession, LazyClient, open_client
 from tests.conftest import REGION, aws_client, moto_endpoint, unique_name
+from tests.integration.aws_helpers import aws_stack
+from tests.providers.bedrock_stub import serve
 
 
 def _self_signed(folder: Path, name: str) -> tuple[Path, Path]:
@@ -287,3 +293,29 @@ async def test_a_lazy_client_opens_once_under_concurrent_first_calls() -> None:
             lazy.get_paginator  # noqa: B018 - synchronous on the real client: never a coroutine here
         with pytest.raises(Exception, match=table):
             await lazy.describe_table(TableName=table)
+
+
+async def test_the_runtime_keeps_the_model_client_across_steps_and_closes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    gc.collect()  # earlier tests' garbage is not this test's
+    with contextmanager(serve)() as bedrock:
+        bedrock.events = BEDROCK_ANSWER
+        monkeypatch.setenv("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", bedrock.url)
+        model = {"STEPAGENT_MODEL": "bedrock:us.anthropic.claude-sonnet-4-5-20250929-v1:0"}
+        async with aws_stack(env=model) as stack:
+            for n in (1, 2):
+                thread = unique_name("bedrock")
+                await stack.send_user(thread, "hello", f"m{n}")
+                await stack.pump()
+                assert (await stack.texts(thread))[-1] == BEDROCK_ANSWER[1]["contentBlockDelta"]["delta"][
+                    "text"
+                ]
+        assert len(bedrock.peers) == 2 and bedrock.peers[0] == bedrock.peers[1]  # one kept connection
+    del stack
+    # Leaving the stack closed the runtime, which closed the model's client: collecting it finds no
+    # unclosed aiohttp session (aiohttp warns about one when it is collected).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gc.collect()
+    assert [str(w.message) for w in caught if "Unclosed" in str(w.message)] == []
