@@ -10,9 +10,11 @@ Guarantees:
 - A configuration error fails the invocation with one clear message and is not cached: the next
   invocation tries again (e.g. after the environment was fixed by a redeploy).
 - Logs carry the request id; metrics are flushed (EMF) after each invocation, token metrics per model as
-  they happen; the invocation is traced when X-Ray is active, and the worker's model calls and tool
-  dispatches are its subsegments (:class:`~stepagent.aws.tracing.XRayTracer`, safe for the concurrent
-  steps of a batch).
+  they happen.
+- Traces (OpenTelemetry, only when the standard ``OTEL_*`` variables enable it: :mod:`stepagent.telemetry`)
+  are exported after each invocation, before it returns, within the export timeout; an export that fails
+  is logged and never fails or retries the invocation. With telemetry off nothing of OpenTelemetry is
+  imported.
 """
 
 from __future__ import annotations
@@ -21,16 +23,14 @@ import asyncio
 import os
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
 
+from stepagent import telemetry
 from stepagent.aws.layer_check import check_layer
 from stepagent.aws.metrics import EmfMetrics
 from stepagent.aws.runtime import TIMER_RELAY, TOOL_RUNNER, WORKER, AwsRuntime, RemainingMs
-
-if TYPE_CHECKING:
-    from aws_lambda_powertools import Tracer
 
 logger = Logger(service="stepagent")
 
@@ -40,7 +40,6 @@ _loop: asyncio.AbstractEventLoop | None = None
 _runtimes: dict[str, AwsRuntime] = {}
 _handlers: dict[str, Handler] = {}
 _metrics: EmfMetrics | None = None
-_tracer: Tracer | None = None
 
 
 def event_loop() -> asyncio.AbstractEventLoop:
@@ -62,30 +61,13 @@ def metrics() -> EmfMetrics:
     return _metrics
 
 
-def tracer() -> Tracer:
-    """The powertools tracer, created at the first invocation (it imports the X-Ray SDK, ~0.2 s).
-
-    No auto-patching: the SDK's patches of botocore/httpx keep one subsegment stack per process, which
-    the concurrent steps of a batch (one asyncio task per thread) corrupt ("Already ended segment"),
-    failing every AWS call. The invocation is one segment; the steps' spans come from XRayTracer."""
-    global _tracer
-    if _tracer is None:
-        from aws_lambda_powertools import Tracer
-
-        _tracer = Tracer(service="stepagent", auto_patch=False)
-    return _tracer
-
-
 def runtime(role: str) -> AwsRuntime:
     """The runtime for ``role``, built on first use (cold start)."""
     built = _runtimes.get(role)
     if built is None:
         check_layer()
-        from stepagent.aws.tracing import XRayTracer
-
-        spans = None if tracer().disabled else XRayTracer(tracer().provider)
         built = event_loop().run_until_complete(
-            AwsRuntime.create(roles=[role], metrics=metrics(), tracer=spans)
+            AwsRuntime.create(roles=[role], metrics=metrics(), tracer=telemetry.process_tracer())
         )
         _runtimes[role] = built
     return built
@@ -117,10 +99,10 @@ def _handler(role: str) -> Handler:
                 # An invocation that counted nothing (an empty relay batch) is normal, not a warning.
                 warnings.filterwarnings("ignore", message="No application metrics to publish")
                 metrics().flush_metrics()
+            telemetry.flush()
 
-    handler = tracer().capture_lambda_handler(invoke, capture_response=False)
-    _handlers[role] = handler
-    return handler
+    _handlers[role] = invoke
+    return invoke
 
 
 def worker_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -148,3 +130,4 @@ def reset() -> None:
     _runtimes.clear()
     _handlers.clear()
     _loop = None
+    telemetry.reset()

@@ -23,6 +23,8 @@ Guarantees (DESIGN §1 "Handlers", "Bad input"; §3 invariants 5 and 6):
 - A lost conditional write (:class:`~stepagent.errors.ConcurrentWriteError`: another worker advanced the
   thread) is retried at once from a fresh load; the dedup by logical id makes that re-run absorb whatever
   the other writer already did, so nothing is lost or doubled.
+- Each step continues the trace its records arrived with (their ``traceparent`` message attribute, else a
+  ``traceparent`` field of the body): see :func:`stepagent.modes.step_mode.trace_of`.
 - Output events are sent after the step, before the records are acknowledged, with the root id and root
   metadata the step itself loaded (and committed, if it changed them): publishing reads nothing. If a previous attempt
   committed but did not publish (a crash, a failed send), the redelivery (``ApproximateReceiveCount`` > 1)
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -62,7 +65,8 @@ from stepagent.errors import (
 )
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.modes.step_mode import AgentSystem
-from stepagent.senders.sqs import SqsQueues
+from stepagent.senders.sqs import SqsQueues, record_traceparent
+from stepagent.tracing import TRACEPARENT
 
 logger = Logger(service="stepagent")
 
@@ -75,6 +79,15 @@ def rejection(error: BaseException) -> StepagentError | None:
     if isinstance(error, StepagentError):
         return error
     return MalformedMessageError(f"the input cannot be processed: {type(error).__name__}: {error}")
+
+
+def body_traceparent(body: str) -> str | None:
+    """A top-level ``traceparent`` field of a message body (what a Scheduler-delivered wake-up carries)."""
+    try:
+        found = json.loads(body).get(TRACEPARENT)
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
 
 
 #: Attempts per thread when another writer keeps winning the head-version race.
@@ -129,6 +142,8 @@ class Record:
     receive_count: int
     logical_id: str
     message: InputMessage | None = None
+    #: The W3C trace context the message arrived with (its ``traceparent`` attribute or body field).
+    traceparent: str | None = None
     rejected: StepagentError | None = None  # never retried: DLQ copy + error event
     failed: Exception | None = None  # transient (e.g. the claim check's S3 read)
 
@@ -182,6 +197,7 @@ class Worker:
             raw_body=body if isinstance(body, str) else "",
             receive_count=int(attributes.get("ApproximateReceiveCount") or 1),
             logical_id=str(attributes.get("MessageDeduplicationId") or record_id),
+            traceparent=record_traceparent(raw),
         )
         try:
             if not isinstance(body, str):
@@ -206,6 +222,8 @@ class Worker:
             )
             return record
         record.message = message
+        if record.traceparent is None and f'"{TRACEPARENT}"' in resolved:
+            record.traceparent = body_traceparent(resolved)
         record.group_id = record.group_id or message.group_id
         record.logical_id = message.id or record.logical_id
         return record
@@ -293,7 +311,7 @@ class Worker:
         return None
 
     async def _step_and_publish(self, thread_id: str, records: Sequence[Record]) -> None:
-        inputs = [StepInput(r.message, r.logical_id) for r in records if r.message is not None]
+        inputs = [StepInput(r.message, r.logical_id, r.traceparent) for r in records if r.message is not None]
         logger.thread_safe_append_keys(message_ids=[i.message_id for i in inputs])
         observer = StepEvents()
         steps: list[ThreadStep] = []

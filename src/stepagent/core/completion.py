@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -70,7 +71,14 @@ from stepagent.providers.base import (
 )
 from stepagent.stores.base import DispatchIntent
 from stepagent.tools.base import Toolset
-from stepagent.tracing import Tracer, traced
+from stepagent.tracing import (
+    AttributeValue,
+    Tracer,
+    capture_content,
+    chat_attributes,
+    traced,
+    usage_attributes,
+)
 
 MAX_ROUNDS_PER_STEP = 25
 
@@ -178,10 +186,12 @@ class CompletionRunner:
         while True:
             attempt += 1
             state = _RoundState()
-            annotations = {"thread_id": self.history.thread_id, "model": self.model.name}
+            model = self.model
+            annotations = chat_attributes(model.provider, model.name, self.history.thread_id)
             try:
-                async with traced(self.tracer, "model", annotations):
+                async with traced(self.tracer, f"chat {model.name}", annotations) as span:
                     finished = await self._stream(state, outcome)
+                    span.set_attributes(state.span_attributes(capture_content(self.tracer)))
             except ProviderError as error:
                 self._end_thinking()
                 if state.emitted_call:
@@ -268,6 +278,7 @@ class CompletionRunner:
             match event:
                 case TextDelta(text=text):
                     self._end_thinking()
+                    state.text.append(text)
                     history.handle_completion(AssistantText(text), chunk_id)
                     self.emit(TextChunk(text))
                 case ReasoningDelta(text=text):
@@ -287,6 +298,7 @@ class CompletionRunner:
                     await self._on_tool_call(call, chunk_id, state, outcome)
                 case Final(usage=usage):
                     self._end_thinking()
+                    state.final = event
                     history.flush_turn()
                     outcome.completions += 1
                     if usage is not None:
@@ -359,6 +371,20 @@ class CompletionRunner:
 class _RoundState:
     emitted_call: bool = False
     loop_back: bool = False
+    #: What the round's ``chat`` span reports: the model's closing event and (content capture) its text.
+    final: Final | None = None
+    text: list[str] = field(default_factory=list)
+
+    def span_attributes(self, with_content: bool) -> dict[str, AttributeValue]:
+        usage = (self.final.usage if self.final is not None else None) or Usage()
+        reason = self.final.stop_reason if self.final is not None else None
+        attributes = usage_attributes(
+            usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens, reason
+        )
+        if with_content and self.text:
+            parts = [{"type": "text", "content": "".join(self.text)}]
+            attributes["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": parts}])
+        return attributes
 
 
 def model_view(history: Sequence[HistoryItem], supports_image_input: bool) -> list[HistoryItem]:

@@ -20,8 +20,8 @@ docstring holds the durability argument (DESIGN §3) and the order of the writes
   over its model calls, the model's name, whether the turn is complete) with its rows. When the step
   leaves the thread with nothing pending — no open tool call, no held input, not interrupted — it emits
   :class:`~stepagent.events.TurnComplete` after everything else, carrying that record's usage.
-- Tracing: model calls and tool dispatches run inside spans of ``StepConfig.tracer`` (none by default);
-  tracing can never fail a step (``stepagent.tracing``).
+- Tracing: model calls and tool runs and dispatches are spans of ``StepConfig.tracer`` (none by default),
+  children of the step's span (``modes/step_mode.py``); tracing can never fail a step (``stepagent.tracing``).
 - Reads: the step starts with one snapshot of the thread (``HistoryManager.load``; a warm worker's
   cache makes it read only new rows) and skips the outbox, deferral and choice reads the snapshot says
   are empty.
@@ -132,10 +132,12 @@ class StepOutcome:
 
 @dataclass(frozen=True, slots=True)
 class StepInput:
-    """One input of a step: the message and its logical id (the dedup id every redelivery carries)."""
+    """One input of a step: the message, its logical id (the dedup id every redelivery carries) and the
+    W3C trace context it arrived with (``None``: it starts a trace of its own)."""
 
     message: InputMessage
     message_id: str
+    traceparent: str | None = None
 
 
 class ThreadStep:
