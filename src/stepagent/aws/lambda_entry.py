@@ -23,14 +23,24 @@ import asyncio
 import os
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools import Logger, Metrics
 
 from stepagent import telemetry
+from stepagent.aws.clients import aws_session
 from stepagent.aws.layer_check import check_layer
 from stepagent.aws.metrics import EmfMetrics
 from stepagent.aws.runtime import TIMER_RELAY, TOOL_RUNNER, WORKER, AwsRuntime, RemainingMs
+from stepagent.aws.secrets import read_secret
+from stepagent.aws.settings import Settings
+
+if TYPE_CHECKING:
+    from stepagent.telemetry.otel import OtelTracer
+
+#: Names the secret holding the OTLP exporter's headers (``key=value,...``): a deployment keeps API keys
+#: of its trace backend out of the function's configuration.
+OTLP_HEADERS_SECRET_ID = "STEPAGENT_OTLP_HEADERS_SECRET_ID"
 
 logger = Logger(service="stepagent")
 
@@ -61,13 +71,28 @@ def metrics() -> EmfMetrics:
     return _metrics
 
 
+def tracer() -> OtelTracer | None:
+    """The process's OpenTelemetry tracer, or ``None`` when the ``OTEL_*`` variables leave telemetry off
+    (then nothing of OpenTelemetry is imported). The exporter's headers come from the secret named by
+    ``STEPAGENT_OTLP_HEADERS_SECRET_ID`` when it is set (read once, at cold start)."""
+    if not telemetry.enabled():
+        return None
+    secret_id = os.environ.get(OTLP_HEADERS_SECRET_ID, "").strip()
+    headers = None
+    if secret_id:
+        settings = Settings.from_env()
+        read = read_secret(settings, aws_session(settings), OTLP_HEADERS_SECRET_ID, secret_id)
+        headers = event_loop().run_until_complete(read)
+    return telemetry.process_tracer(headers)
+
+
 def runtime(role: str) -> AwsRuntime:
     """The runtime for ``role``, built on first use (cold start)."""
     built = _runtimes.get(role)
     if built is None:
         check_layer()
         built = event_loop().run_until_complete(
-            AwsRuntime.create(roles=[role], metrics=metrics(), tracer=telemetry.process_tracer())
+            AwsRuntime.create(roles=[role], metrics=metrics(), tracer=tracer())
         )
         _runtimes[role] = built
     return built

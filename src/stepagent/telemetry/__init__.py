@@ -50,20 +50,24 @@ def captures_content(environ: Mapping[str, str] | None = None) -> bool:
     return env.get(CAPTURE_CONTENT, "").strip().lower() == "true"
 
 
-def tracer_from_env(environ: Mapping[str, str] | None = None) -> OtelTracer | None:
-    """A new OTLP tracer if the environment enables one, else ``None`` (nothing imported)."""
+def tracer_from_env(
+    environ: Mapping[str, str] | None = None, *, headers: str | None = None
+) -> OtelTracer | None:
+    """A new OTLP tracer if the environment enables one, else ``None`` (nothing imported). ``headers``
+    (``key=value,...``, as ``OTEL_EXPORTER_OTLP_HEADERS``) replaces the environment's export headers."""
     if not enabled(environ):
         return None
     from stepagent.telemetry.otel import OtelTracer
 
-    return OtelTracer.from_env(environ)
+    return OtelTracer.from_env(environ, headers=headers)
 
 
-def process_tracer() -> OtelTracer | None:
-    """The process's tracer (built once, at first use), or ``None`` when telemetry is off."""
+def process_tracer(headers: str | None = None) -> OtelTracer | None:
+    """The process's tracer (built once, at first use, with ``headers`` if given), or ``None`` when
+    telemetry is off."""
     global _process, _built
     if not _built:
-        _process, _built = tracer_from_env(), True
+        _process, _built = tracer_from_env(headers=headers), True
     return _process
 
 

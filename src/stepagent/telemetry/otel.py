@@ -163,12 +163,15 @@ class OtelTracer:
         self._tracer = self.provider.get_tracer("stepagent")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> OtelTracer:
-        """An OTLP/HTTP exporter configured by the standard ``OTEL_*`` variables."""
+    def from_env(cls, environ: Mapping[str, str] | None = None, *, headers: str | None = None) -> OtelTracer:
+        """An OTLP/HTTP exporter configured by the standard ``OTEL_*`` variables; ``headers`` (the
+        ``OTEL_EXPORTER_OTLP_HEADERS`` format) replaces theirs."""
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.util.re import parse_env_headers
 
         env = os.environ if environ is None else environ
-        exporter = OTLPSpanExporter(timeout=export_timeout(env))
+        parsed = parse_env_headers(headers, liberal=True) if headers else None
+        exporter = OTLPSpanExporter(timeout=export_timeout(env), headers=parsed)
         return cls(exporter, capture_content=captures_content(env))
 
     def start_span(
