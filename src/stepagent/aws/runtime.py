@@ -348,7 +348,13 @@ class AwsRuntime:
     ) -> dict[str, Any]:
         """The tool runner: run queued function-tool calls and send their results."""
         return await handle_tool_batch(
-            event, self.function_tools, self.queues, self.sender, remaining_ms, tracer=self.tracer
+            event,
+            self.function_tools,
+            self.queues,
+            self.sender,
+            remaining_ms,
+            tracer=self.tracer,
+            metrics=self.metrics,
         )
 
     async def handle_delay_batch(

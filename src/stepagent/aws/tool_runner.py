@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aws_lambda_powertools import Logger
 
+from stepagent.aws.metrics import DimensionedSink, publish_tool_latency
 from stepagent.errors import MalformedMessageError, ToolError
 from stepagent.messages import InputMessage, ToolResult
 from stepagent.senders.sqs import SqsQueues, SqsSender, record_traceparent
@@ -148,10 +150,11 @@ async def handle_tool_batch(
     sender: SqsSender,
     remaining_ms: Callable[[], int] | None = None,
     tracer: Tracer | None = None,
+    metrics: DimensionedSink | None = None,
 ) -> dict[str, Any]:
     """Run every queued call concurrently and send each result to its thread. Never raises for a
     partial failure. With a ``tracer``, each run is an ``execute_tool`` span in the trace of the step that
-    dispatched it, and the result carries that trace on."""
+    dispatched it, and the result carries that trace on. ``metrics`` receives each run's ``ToolLatency``."""
 
     async def one(record: dict[str, Any]) -> dict[str, str] | None:
         message_id = str(record.get("messageId", ""))
@@ -165,7 +168,10 @@ async def handle_tool_batch(
         attributes = tool_attributes(call.tool_name, call.tool_call_id, call.thread_id)
         with continuing(record_traceparent(record)):
             async with traced(tracer, f"execute_tool {call.tool_name}", attributes) as span:
+                started = time.monotonic()
                 text = await run_tool_call(tools, call, limit)
+                if metrics is not None:
+                    publish_tool_latency(metrics, call.tool_name, (time.monotonic() - started) * 1000.0)
                 if capture_content(tracer):
                     span.set_attributes({"gen_ai.tool.call.result": text})
                 result = ToolResult.text(call.tool_call_id, text, call_id=call.call_id)

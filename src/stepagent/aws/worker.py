@@ -43,8 +43,9 @@ from typing import Any, Protocol
 
 from aws_lambda_powertools import Logger
 
+from stepagent.agent_config import profile_name
 from stepagent.aws.live import LiveText
-from stepagent.aws.metrics import publish_usage
+from stepagent.aws.metrics import ModelTiming, publish_usage
 from stepagent.aws.outputs import (
     OutputPublisher,
     StepEvents,
@@ -314,19 +315,21 @@ class Worker:
         inputs = [StepInput(r.message, r.logical_id, r.traceparent) for r in records if r.message is not None]
         logger.thread_safe_append_keys(message_ids=[i.message_id for i in inputs])
         observer = StepEvents()
+        timing = ModelTiming(observer)
         steps: list[ThreadStep] = []
         # A lost head-version race means another writer advanced the thread: re-run from a fresh load;
         # the logical-id dedup absorbs whatever that writer already did.
         for attempt in range(1, MAX_STEP_ATTEMPTS + 1):
             observer = StepEvents()
             live = self.live.step(thread_id)  # the partial text clients poll (aws/live.py)
+            timing = ModelTiming(live.observing(observer))
 
             def started(step: ThreadStep, attach: Callable[[ThreadStep], None] = live.attach) -> None:
                 steps.append(step)
                 attach(step)
 
             try:
-                await self.system.step_thread(thread_id, inputs, live.observing(observer), on_start=started)
+                await self.system.step_thread(thread_id, inputs, timing, on_start=started)
                 break
             except ConcurrentWriteError:
                 self.metrics.add_metric("WriteConflicts", "Count", 1)
@@ -335,7 +338,9 @@ class Worker:
                 logger.warning("lost the thread's head-version race; re-running")
             finally:
                 await live.close()
-        publish_usage(self.metrics, observer.events)
+        history = steps[-1].history if steps else None
+        profile = profile_name(history.metadata) if history is not None else None
+        publish_usage(self.metrics, observer.events, profile=profile, latency_ms=timing.latency_ms)
         events = step_events(thread_id, observer.events, inputs)
         redelivered = [r.logical_id for r in records if r.receive_count > 1 and r.message is not None]
         if redelivered:
@@ -347,7 +352,6 @@ class Worker:
             done = await replay_turn_complete(conversation, thread_id, redelivered, events)
             events = row_events(thread_id, [r for r in replayed if r.order not in fresh]) + done + events
         # The step loaded the root and its metadata and committed any change to it: the events carry those.
-        history = steps[-1].history if steps else None
         context = (history.root_thread_id, history.metadata) if history is not None else None
         await self.publisher.publish(thread_id, events, context=context)
         self.metrics.add_metric("Steps", "Count", 1)
