@@ -205,14 +205,16 @@ async def start_function(
             process.kill()
 
 
-def function_url_event(method: str, path: str, query: dict[str, str], body: bytes) -> dict[str, Any]:
-    """A Lambda Function URL (payload format 2.0) event."""
+def function_url_event(
+    method: str, path: str, query: dict[str, str], body: bytes, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A Lambda Function URL (payload format 2.0) event (header names in lower case, as Lambda gives them)."""
     return {
         "version": "2.0",
         "rawPath": path,
         "rawQueryString": "&".join(f"{k}={v}" for k, v in query.items()),
         "queryStringParameters": query or None,
-        "headers": {"content-type": "application/json"},
+        "headers": {"content-type": "application/json", **(headers or {})},
         "requestContext": {"http": {"method": method, "path": path}},
         "body": body.decode(),
         "isBase64Encoded": False,
@@ -239,7 +241,8 @@ def function_url_app(functions: dict[str, LambdaFunction]) -> Any:
         query = dict(
             pair.split("=", 1) for pair in scope.get("query_string", b"").decode().split("&") if "=" in pair
         )
-        event = function_url_event(scope["method"], scope["path"], query, body)
+        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+        event = function_url_event(scope["method"], scope["path"], query, body, headers)
         result = await functions["RapReceiverFunction"].invoke(event, 30)
         await send(
             {
