@@ -89,20 +89,26 @@ def _median(values: list[float]) -> float:
     return round(statistics.median(values), 3)
 
 
-def telemetry_costs(root: Path, baseline: Path, *, runs: int = 5, steps: int = 60) -> dict[str, Any]:
-    """The section ``telemetry`` of ``docs/benchmarks.json`` (see the module docstring)."""
+def telemetry_costs(root: Path, baseline: Path | None, *, runs: int = 5, steps: int = 60) -> dict[str, Any]:
+    """The section ``telemetry`` of ``docs/benchmarks.json`` (see the module docstring); without a
+    ``baseline`` tree, only off against on."""
     warmup = 10
-    imports: dict[str, list[float]] = {"baseline": [], "off": []}
-    step_cpu: dict[str, list[float]] = {"baseline": [], "off": [], "on": []}
+    imports: dict[str, list[float]] = {"baseline": [], "off": []} if baseline else {"off": []}
+    step_cpu: dict[str, list[float]] = {"off": [], "on": []}
+    if baseline is not None:
+        step_cpu["baseline"] = []
+    per_run: dict[str, list[float]] = {label: [] for label in step_cpu}
     spans: list[float] = []
     request_bytes: list[float] = []
     on_import: list[float] = []
     for _ in range(runs):
-        for label, tree in (("baseline", baseline), ("off", root)):
+        trees = ([("baseline", baseline)] if baseline is not None else []) + [("off", root)]
+        for label, tree in trees:
             imports[label].append(float(_run(tree, _IMPORT_CHILD)) * 1000)
-        for label, tree, mode in (("baseline", baseline, "off"), ("off", root, "off"), ("on", root, "on")):
+        for label, tree, mode in [*((label, tree, "off") for label, tree in trees), ("on", root, "on")]:
             found = json.loads(_run(tree, _STEPS_CHILD, mode, str(warmup), str(steps)))
             step_cpu[label].extend(found["cpus"])
+            per_run[label].append(_median(found["cpus"]))
             if mode == "on":
                 spans.extend(found["spans"])
                 request_bytes.extend(found["bytes"])
@@ -117,12 +123,16 @@ def telemetry_costs(root: Path, baseline: Path, *, runs: int = 5, steps: int = 6
             "span recorded and each step's spans encoded as the OTLP/HTTP request body (the network is not "
             "counted); on_import: building the tracer (importing the SDK and the exporter) after the handler"
         ),
-        "baseline": str(baseline),
+        "baseline": str(baseline) if baseline is not None else None,
         "runs": runs,
         "steps_per_run": steps,
         "handler_import_ms_median": {label: _median(values) for label, values in imports.items()},
         "step_cpu_ms_median": medians,
-        "off_minus_baseline_cpu_ms": round(medians["off"] - medians["baseline"], 3),
+        # The run-to-run spread of each tree's median: the noise the differences below are judged against.
+        "step_cpu_ms_per_run_medians": per_run,
+        "off_minus_baseline_cpu_ms": (
+            round(medians["off"] - medians["baseline"], 3) if "baseline" in medians else None
+        ),
         "on_minus_off_cpu_ms": round(medians["on"] - medians["off"], 3),
         "spans_per_step_median": _median(spans),
         "otlp_request_bytes_per_step_median": _median(request_bytes),

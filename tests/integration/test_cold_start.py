@@ -111,4 +111,7 @@ def test_the_first_message_opens_only_the_clients_it_needs_and_a_warm_one_none(
     assert warm["aws_clients_created"] == [] and warm["http_clients_created"] == 0
     loaded = set(cold_container["modules_after_calls"])
     assert "stepagent.providers.scripted" in loaded  # built on first use
-    assert sorted(m for m in loaded if m.split(".")[0] in NOT_BY_FIRST_MESSAGE or m in NOT_BY_FIRST_MESSAGE) == []
+    assert (
+        sorted(m for m in loaded if m.split(".")[0] in NOT_BY_FIRST_MESSAGE or m in NOT_BY_FIRST_MESSAGE)
+        == []
+    )

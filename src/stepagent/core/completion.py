@@ -29,6 +29,7 @@ import dataclasses
 import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 from stepagent import texts
@@ -73,6 +74,7 @@ from stepagent.stores.base import DispatchIntent
 from stepagent.tools.base import Toolset
 from stepagent.tracing import (
     AttributeValue,
+    Span,
     Tracer,
     capture_content,
     chat_attributes,
@@ -185,13 +187,12 @@ class CompletionRunner:
         attempt = 0
         while True:
             attempt += 1
-            state = _RoundState()
-            model = self.model
-            annotations = chat_attributes(model.provider, model.name, self.history.thread_id)
+            state = _RoundState(capture=capture_content(self.tracer))
             try:
-                async with traced(self.tracer, f"chat {model.name}", annotations) as span:
+                async with self._chat_span() as span:
                     finished = await self._stream(state, outcome)
-                    span.set_attributes(state.span_attributes(capture_content(self.tracer)))
+                    if self.tracer is not None:
+                        span.set_attributes(state.span_attributes())
             except ProviderError as error:
                 self._end_thinking()
                 if state.emitted_call:
@@ -211,6 +212,14 @@ class CompletionRunner:
                 continue
             self.history.discard_turn()
             raise ProviderError("the model stream kept ending before it finished", retryable=True)
+
+    def _chat_span(self) -> AbstractAsyncContextManager[Span]:
+        """The ``chat {model}`` span of one model call (nothing is built with tracing off)."""
+        if self.tracer is None:
+            return traced(None, "", {})
+        model = self.model
+        attributes = chat_attributes(model.provider, model.name, self.history.thread_id)
+        return traced(self.tracer, f"chat {model.name}", attributes)
 
     async def _backoff(self, attempt: int, error: ProviderError | None, message: str) -> bool:
         delay = self.retry.delay(attempt, error)
@@ -278,7 +287,7 @@ class CompletionRunner:
             match event:
                 case TextDelta(text=text):
                     self._end_thinking()
-                    state.text.append(text)
+                    state.saw_text(text)
                     history.handle_completion(AssistantText(text), chunk_id)
                     self.emit(TextChunk(text))
                 case ReasoningDelta(text=text):
@@ -372,16 +381,21 @@ class _RoundState:
     emitted_call: bool = False
     loop_back: bool = False
     #: What the round's ``chat`` span reports: the model's closing event and (content capture) its text.
+    capture: bool = False
     final: Final | None = None
     text: list[str] = field(default_factory=list)
 
-    def span_attributes(self, with_content: bool) -> dict[str, AttributeValue]:
+    def saw_text(self, text: str) -> None:
+        if self.capture:
+            self.text.append(text)
+
+    def span_attributes(self) -> dict[str, AttributeValue]:
         usage = (self.final.usage if self.final is not None else None) or Usage()
         reason = self.final.stop_reason if self.final is not None else None
         attributes = usage_attributes(
             usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens, reason
         )
-        if with_content and self.text:
+        if self.capture and self.text:
             parts = [{"type": "text", "content": "".join(self.text)}]
             attributes["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": parts}])
         return attributes

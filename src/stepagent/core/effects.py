@@ -342,6 +342,8 @@ class StepEffects:
         )
 
     def _tool_attributes(self, name: str, tool_call_id: str, arguments: object) -> dict[str, AttributeValue]:
+        if self.tracer is None:
+            return {}
         attributes = tool_attributes(name, tool_call_id, self.thread_id)
         if capture_content(self.tracer):
             attributes["gen_ai.tool.call.arguments"] = json.dumps(arguments, ensure_ascii=False, default=str)

@@ -24,7 +24,9 @@ _SHOWN = (
 
 def _label(span: ReadableSpan) -> str:
     attributes = span.attributes or {}
-    details = [f"{short}={attributes[key]!s}" for key, short in _SHOWN if attributes.get(key) not in (None, 0)]
+    details = [
+        f"{short}={attributes[key]!s}" for key, short in _SHOWN if attributes.get(key) not in (None, 0)
+    ]
     if span.status is not None and not span.status.is_ok:
         details.append("ERROR")
     millis = ((span.end_time or 0) - (span.start_time or 0)) / 1e6
