@@ -17,6 +17,7 @@ import pytest
 
 from stepagent import telemetry
 from stepagent.telemetry.otel import OtelTracer
+from tests.conftest import REGION, moto_endpoint, unique_name
 from tests.integration.aws_helpers import Stack, aws_stack
 from tests.otlp_collector import otlp_collector
 
@@ -139,3 +140,29 @@ def test_an_unreachable_collector_costs_at_most_the_export_timeout(monkeypatch: 
         assert time.monotonic() - started < 5
         assert tracer.take() == []
     assert "stepagent.telemetry.otel" in sys.modules
+
+
+def test_the_lambda_entry_reads_the_export_headers_from_a_secret_and_exports_before_returning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import boto3
+
+    from stepagent.aws import lambda_entry
+
+    secrets = boto3.client("secretsmanager", endpoint_url=moto_endpoint(), region_name=REGION)
+    name = unique_name("otlp-headers")
+    secrets.create_secret(Name=name, SecretString="x-team=from-the-secret")
+    with otlp_collector() as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+        monkeypatch.setenv("STEPAGENT_OTLP_HEADERS_SECRET_ID", name)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint())
+        monkeypatch.setenv("AWS_REGION", REGION)
+        try:
+            tracer = lambda_entry.tracer()
+            assert tracer is not None and lambda_entry.telemetry.process_tracer() is tracer
+            tracer.start_span("invoke_agent", {}, None).end()
+            lambda_entry.telemetry.flush()  # what every handler does before it returns
+        finally:
+            lambda_entry.reset()
+    assert [s.name for s in collector.spans] == ["invoke_agent"]
+    assert collector.requests[0]["x-team"] == "from-the-secret"
