@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from stepagent.core.completion import RetryPolicy
 from stepagent.messages import InputMessage
 from stepagent.providers.base import Final, TextDelta, Usage
 from stepagent.telemetry.otel import OtelTracer, parse_traceparent
 from stepagent.tools.base import ToolContext
 from stepagent.tracing import Attributes, continuing, current_traceparent, trace_attributes, traced
-from tests.engine.harness import EchoSyncTool, RecordingTool, ReplayProvider, call, text
+from tests.engine.harness import EchoSyncTool, RecordingTool, ReplayProvider, call, no_sleep, text
 from tests.engine.test_agents import System
 
 
@@ -252,3 +253,21 @@ async def test_a_message_sent_inside_a_span_carries_its_context() -> None:
         await system.sender.send(InputMessage.user_text("t2", "hi"), "d1")
     [queued] = system.sender.drain()
     assert queued.traceparent == span.traceparent is not None
+
+
+async def test_local_mode_traces_a_turn_across_its_queued_messages_as_one_trace() -> None:
+    from stepagent.modes.local import LocalAgentSystem
+
+    provider, tool = answering_scenario()
+    tracer = OtelTracer(None)
+    system = LocalAgentSystem.create(provider, tools=[tool], tracer=tracer, retry=RetryPolicy(sleep=no_sleep))
+    await system.start()
+    try:
+        await system.send_user_text("t1", "weather?")
+        await system.wait_idle(10)
+    finally:
+        await system.shutdown()
+    spans = tracer.take()
+    assert [s.name for s in spans].count("invoke_agent") == 2 and len(
+        {s.context.trace_id for s in spans}
+    ) == 1
