@@ -90,8 +90,8 @@ class StepConfig:
 
     ``provider`` is the default agent's model and ``toolset`` every tool the deployment has (what a thread
     is offered is chosen per thread from ``agent``: :mod:`stepagent.core.agents`). ``providers`` holds the
-    models of profiles that name one (``<provider>:<model id>`` → provider). ``tracer`` receives spans
-    around model calls and tool dispatches (none: no tracing). Building a config checks that every
+    models of profiles that name one (``<provider>:<model id>`` → provider). ``tracer`` receives the
+    spans of steps, model calls and tool runs (none: no tracing). Building a config checks that every
     profile can be served (``ConfigurationError`` otherwise)."""
 
     provider: ModelProvider
