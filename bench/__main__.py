@@ -27,6 +27,10 @@ Sections of the JSON (each with its own method notes):
   warm) against LangGraph + ``DynamoDBSaver`` run from the bench-only ``.venv-peer`` on the same moto
   server, interleaved, at turn 10 and turn 500 with compaction, each ratio next to its target
   (:mod:`bench.peer_cpu`);
+- ``telemetry``: per-step CPU of the peer workload with OpenTelemetry off and on (spans recorded and
+  encoded as the OTLP request), and the tracer's one-time import; with ``STEPAGENT_BENCH_BASELINE`` (a
+  checkout before a change) also the handler import and step CPU with it off against that tree
+  (:mod:`bench.telemetry`);
 - ``local_mode``: local-mode steps per second;
 - ``memory``: the retained-growth gate (normal run and traps) and per-step peaks (see
   :mod:`bench.memory`), and the peak of one step against its model request body at 10 → 10,000 rows in
@@ -65,6 +69,7 @@ from bench.overhead import (
     moto_dynamodb,
 )
 from bench.peer_cpu import peer_cpu
+from bench.telemetry import telemetry_costs
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPORT_TARGET_MS = 300
@@ -381,6 +386,11 @@ def main(argv: list[str] | None = None) -> None:
             peer_cpu(repetitions=1, late_seeded=40) if args.quick else peer_cpu(repetitions=5)
         )
     print("local mode ...", flush=True)
+    print("telemetry off and on ...", flush=True)
+    baseline = os.environ.get("STEPAGENT_BENCH_BASELINE")
+    results["telemetry"] = telemetry_costs(
+        ROOT, Path(baseline) if baseline else None, runs=1 if args.quick else 5, steps=5 if args.quick else 60
+    )
     results["local_mode"] = asyncio.run(local_mode_rate(quick=args.quick))
     if not args.skip_memory:
         print("memory ...", flush=True)

@@ -90,8 +90,6 @@ LAMBDA_ENV = {
     "AWS_ACCESS_KEY_ID": "bench",
     "AWS_SECRET_ACCESS_KEY": "bench",
     "AWS_SESSION_TOKEN": "bench",
-    "AWS_XRAY_CONTEXT_MISSING": "LOG_ERROR",
-    "AWS_XRAY_DAEMON_ADDRESS": "127.0.0.1:2000",
     "_X_AMZN_TRACE_ID": "Root=1-00000000-000000000000000000000000;Parent=53995c3f42cd8ad8;Sampled=1",
     "PATH": "/usr/bin:/bin",
     "TZ": ":UTC",

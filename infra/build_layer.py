@@ -37,7 +37,7 @@ PYTHON_VERSION = "3.11"
 LAMBDA_UNZIPPED_LIMIT = 250 * 1024 * 1024
 
 # Every AWS service the runtime creates a client for (tests/artifact checks this list against the code),
-# plus X-Ray (the tracer's sampling client) and STS (credential resolution).
+# plus STS (credential resolution).
 RUNTIME_AWS_SERVICES = (
     "bedrock-runtime",
     "cloudformation",
@@ -48,7 +48,6 @@ RUNTIME_AWS_SERVICES = (
     "sqs",
     "ssm",
     "sts",
-    "xray",
 )
 
 

@@ -74,6 +74,11 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     run.add_argument(
+        "--trace",
+        action="store_true",
+        help="print each turn's span tree (OpenTelemetry: steps, model calls, tool runs) at the end",
+    )
+    run.add_argument(
         "--console",
         action="store_true",
         help="open the web console on the local stack instead of the terminal chat (Ctrl-C to stop)",
@@ -235,6 +240,7 @@ def _command(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
             debug_sdk=args.debug_sdk,
             state_dir=args.state_dir,
             session=_local_console(args) if args.console else None,
+            trace=args.trace,
         )
     if args.command == "console":
         return _console(args)

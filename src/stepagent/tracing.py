@@ -1,31 +1,52 @@
-"""The tracing port: spans around model calls and tool dispatches, and the one way the engine opens them.
+"""The tracing port: spans around steps, model calls and tool runs, and the trace context every queued
+message carries, with nothing of OpenTelemetry imported here.
 
 Guarantees:
 
 - **Tracing never changes a step.** :func:`traced` runs its body exactly once whatever the tracer does: an
   error while starting, annotating or ending a span is logged and swallowed, and the body's own exceptions
   propagate unchanged (recorded on the span first).
-- **Off by default.** With no tracer configured (``None``) nothing at all happens.
-- **Safe for concurrent tasks.** The port hands each span object back to its caller, so an implementation
-  needs no ambient "current span" shared between the asyncio tasks of one batch (the X-Ray SDK's
-  thread-local context stack is exactly such a shared stack; :mod:`stepagent.aws.tracing` avoids it).
+- **Off by default, and free when off.** With no tracer configured (``None``) no span exists and the trace
+  context is whatever the caller set (usually nothing): one context-variable read per send.
+- **Safe for concurrent tasks.** The current trace context is a :class:`~contextvars.ContextVar`: every
+  asyncio task (one per thread of a batch, one per tool-runner record) sees its own, and a span's children
+  are exactly the spans opened inside its ``async with`` block.
+- **One W3C currency.** A span's context is its W3C ``traceparent`` string. :func:`current_traceparent` is
+  what a sender stamps on an outgoing message (:data:`TRACEPARENT`, a message attribute or an HTTP
+  header); :func:`continuing` makes a received one the parent of the spans opened inside it.
 
-Span names: ``model`` (one model call, annotations ``thread_id``, ``model``) and ``tool`` (a tool's
-dispatch or inline run, annotations ``thread_id``, ``tool_call_id``, ``tool``).
+Span names and attributes follow the OpenTelemetry GenAI conventions: ``invoke_agent`` (one step),
+``chat {model}`` (one model call), ``execute_tool {name}`` (one tool run or dispatch).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+import re
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
 from typing import Protocol
 
 log = logging.getLogger(__name__)
 
+#: The message attribute (SQS) and HTTP header (RAP) name of the W3C trace context.
+TRACEPARENT = "traceparent"
+_TRACEPARENT_FORMAT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+AttributeValue = str | bool | int | float | Sequence[str]
+Attributes = Mapping[str, AttributeValue]
+
+_current: ContextVar[str | None] = ContextVar("stepagent_traceparent", default=None)
+
 
 class Span(Protocol):
-    """An open span: record an error on it, then end it."""
+    """An open span: annotate it, record an error on it, then end it."""
+
+    @property
+    def traceparent(self) -> str | None: ...
+
+    def set_attributes(self, attributes: Attributes) -> None: ...
 
     def record_error(self, error: BaseException) -> None: ...
 
@@ -33,34 +54,174 @@ class Span(Protocol):
 
 
 class Tracer(Protocol):
-    """Opens spans; ``None`` in place of a tracer turns tracing off."""
+    """Opens spans; ``None`` in place of a tracer turns tracing off.
 
-    def start_span(self, name: str, annotations: Mapping[str, str]) -> Span: ...
+    ``parent`` is the W3C ``traceparent`` of the parent span (``None``: a new trace); ``seed``, for a span
+    without a parent, makes its trace id a function of the seed (a redelivered input then re-emits its
+    spans into the trace its first delivery started). ``capture_content``: whether message content may be
+    recorded on spans."""
+
+    capture_content: bool
+
+    def start_span(
+        self, name: str, attributes: Attributes, parent: str | None, seed: str | None = None
+    ) -> Span: ...
+
+
+class _NoSpan:
+    """What the body of :func:`traced` gets when there is no span: every call does nothing."""
+
+    traceparent: str | None = None
+
+    def set_attributes(self, attributes: Attributes) -> None:
+        return None
+
+    def record_error(self, error: BaseException) -> None:
+        return None
+
+    def end(self) -> None:
+        return None
+
+
+NO_SPAN = _NoSpan()
+
+
+class _GuardedSpan:
+    """A span whose annotation errors are logged, never raised into the step."""
+
+    def __init__(self, span: Span, name: str) -> None:
+        self._span = span
+        self._name = name
+
+    @property
+    def traceparent(self) -> str | None:
+        try:
+            return self._span.traceparent
+        except Exception:
+            log.warning("could not read the context of trace span %s", self._name, exc_info=True)
+            return None
+
+    def set_attributes(self, attributes: Attributes) -> None:
+        try:
+            self._span.set_attributes(attributes)
+        except Exception:
+            log.warning("could not annotate trace span %s", self._name, exc_info=True)
+
+    def record_error(self, error: BaseException) -> None:
+        try:
+            self._span.record_error(error)
+        except Exception:
+            log.warning("could not record an error on trace span %s", self._name, exc_info=True)
+
+    def end(self) -> None:
+        try:
+            self._span.end()
+        except Exception:
+            log.warning("could not end trace span %s", self._name, exc_info=True)
+
+
+def valid_traceparent(value: object) -> str | None:
+    """``value`` if it is a well-formed W3C ``traceparent`` (version 00 shape), else ``None``: a malformed
+    header from outside never breaks a step, it only starts a new trace."""
+    if isinstance(value, str) and _TRACEPARENT_FORMAT.match(value.strip()):
+        return value.strip()
+    return None
+
+
+def current_traceparent() -> str | None:
+    """The trace context of the running task: what an outgoing message carries."""
+    return _current.get()
+
+
+def trace_attributes() -> dict[str, str]:
+    """``{"traceparent": ...}`` for an outgoing message, or ``{}`` when there is no trace."""
+    parent = _current.get()
+    return {TRACEPARENT: parent} if parent else {}
+
+
+@contextmanager
+def continuing(traceparent: str | None) -> Iterator[None]:
+    """Within the block, spans are children of ``traceparent`` and sends carry it (``None``: a new trace,
+    and sends carry nothing until a span opens)."""
+    token = _current.set(valid_traceparent(traceparent))
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def capture_content(tracer: Tracer | None) -> bool:
+    """Whether ``tracer`` may record message content (off unless it says so)."""
+    return tracer is not None and bool(getattr(tracer, "capture_content", False))
 
 
 @asynccontextmanager
-async def traced(tracer: Tracer | None, name: str, annotations: Mapping[str, str]) -> AsyncIterator[None]:
-    """``async with traced(tracer, "model", {...}):`` — a span around the body (see the module docstring)."""
+async def traced(
+    tracer: Tracer | None, name: str, attributes: Attributes, *, seed: str | None = None
+) -> AsyncIterator[Span]:
+    """``async with traced(tracer, "chat m", {...}) as span:`` — a span around the body, the child of the
+    current context, which is the current context inside (see the module docstring)."""
     if tracer is None:
-        yield
+        yield NO_SPAN
         return
-    span: Span | None = None
+    span: Span = NO_SPAN
     try:
-        span = tracer.start_span(name, annotations)
+        span = _GuardedSpan(tracer.start_span(name, attributes, _current.get(), seed), name)
     except Exception:
         log.warning("could not start trace span %s", name, exc_info=True)
+    token = _current.set(span.traceparent or _current.get())
     try:
-        yield
+        yield span
     except Exception as error:
-        if span is not None:
-            try:
-                span.record_error(error)
-            except Exception:
-                log.warning("could not record an error on trace span %s", name, exc_info=True)
+        span.record_error(error)
         raise
     finally:
-        if span is not None:
-            try:
-                span.end()
-            except Exception:
-                log.warning("could not end trace span %s", name, exc_info=True)
+        _current.reset(token)
+        span.end()
+
+
+# ---- GenAI semantic conventions -------------------------------------------------------------------------
+
+
+def step_attributes(thread_id: str) -> dict[str, AttributeValue]:
+    """The attributes an ``invoke_agent`` span has from its start."""
+    return {"gen_ai.operation.name": "invoke_agent", "stepagent.thread_id": thread_id}
+
+
+def chat_attributes(provider: str, model: str, thread_id: str) -> dict[str, AttributeValue]:
+    """The attributes a ``chat {model}`` span has from its start."""
+    return {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": provider or "stepagent",
+        "gen_ai.request.model": model,
+        "stepagent.thread_id": thread_id,
+    }
+
+
+def usage_attributes(
+    input_tokens: int,
+    output_tokens: int,
+    cache_read_tokens: int,
+    cache_write_tokens: int,
+    finish_reason: str | None,
+) -> dict[str, AttributeValue]:
+    """A finished model call's token usage and finish reason."""
+    attributes: dict[str, AttributeValue] = {
+        "gen_ai.usage.input_tokens": input_tokens,
+        "gen_ai.usage.output_tokens": output_tokens,
+        "gen_ai.usage.cache_read.input_tokens": cache_read_tokens,
+        "gen_ai.usage.cache_creation.input_tokens": cache_write_tokens,
+    }
+    if finish_reason:
+        attributes["gen_ai.response.finish_reasons"] = [finish_reason]
+    return attributes
+
+
+def tool_attributes(name: str, tool_call_id: str, thread_id: str) -> dict[str, AttributeValue]:
+    """The attributes of an ``execute_tool {name}`` span."""
+    return {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": name,
+        "gen_ai.tool.call.id": tool_call_id,
+        "stepagent.thread_id": thread_id,
+    }

@@ -10,7 +10,9 @@ test plays Lambda's event sources and the Function URL, handing them Lambda-shap
 Covered: a user message through worker → tool queue → tool runner (the user's tool, importing its own
 dependency) → worker; an inline user tool; an MCP tool run by the tool runner; a timer through the delay
 queue and the relay; a RAP tool whose result comes back through the receiver's Function URL; a forged
-callback refused with a 4xx. The callback key is read from Secrets Manager, as deployed.
+callback refused with a 4xx. The callback key is read from Secrets Manager, as deployed. With the
+template's ``OtlpEndpoint`` pointing at an OTLP/HTTP collector on loopback, every function exports its spans
+before it returns, and each conversation is one trace across the functions that served it.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from stepagent.senders.claim_check import unwrap_body
 from tests.artifact.template_env import Evaluator, load_template
 from tests.conftest import REGION, aws_client, moto_endpoint, unique_name
 from tests.integration.aws_helpers import lambda_record
+from tests.otlp_collector import otlp_collector
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("lambda_driver.py")
@@ -175,8 +178,6 @@ async def start_function(
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_SESSION_TOKEN": "testing",
         "AWS_ENDPOINT_URL": moto_endpoint(),
-        "AWS_XRAY_CONTEXT_MISSING": "LOG_ERROR",
-        "AWS_XRAY_DAEMON_ADDRESS": "127.0.0.1:2000",
         "PATH": "/usr/bin:/bin",
         "TZ": ":UTC",
     }
@@ -204,14 +205,16 @@ async def start_function(
             process.kill()
 
 
-def function_url_event(method: str, path: str, query: dict[str, str], body: bytes) -> dict[str, Any]:
-    """A Lambda Function URL (payload format 2.0) event."""
+def function_url_event(
+    method: str, path: str, query: dict[str, str], body: bytes, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A Lambda Function URL (payload format 2.0) event (header names in lower case, as Lambda gives them)."""
     return {
         "version": "2.0",
         "rawPath": path,
         "rawQueryString": "&".join(f"{k}={v}" for k, v in query.items()),
         "queryStringParameters": query or None,
-        "headers": {"content-type": "application/json"},
+        "headers": {"content-type": "application/json", **(headers or {})},
         "requestContext": {"http": {"method": method, "path": path}},
         "body": body.decode(),
         "isBase64Encoded": False,
@@ -238,7 +241,8 @@ def function_url_app(functions: dict[str, LambdaFunction]) -> Any:
         query = dict(
             pair.split("=", 1) for pair in scope.get("query_string", b"").decode().split("&") if "=" in pair
         )
-        event = function_url_event(scope["method"], scope["path"], query, body)
+        headers = {k.decode().lower(): v.decode() for k, v in scope.get("headers", [])}
+        event = function_url_event(scope["method"], scope["path"], query, body, headers)
         result = await functions["RapReceiverFunction"].invoke(event, 30)
         await send(
             {
@@ -307,7 +311,7 @@ class DeployedStack:
 
 
 @asynccontextmanager
-async def deployed(layer: Path, task_root: Path) -> AsyncIterator[DeployedStack]:
+async def deployed(layer: Path, task_root: Path, otlp_endpoint: str) -> AsyncIterator[DeployedStack]:
     async with AsyncExitStack() as stack:
         sqs = await stack.enter_async_context(aws_client("sqs"))
         s3 = await stack.enter_async_context(aws_client("s3"))
@@ -342,6 +346,7 @@ async def deployed(layer: Path, task_root: Path) -> AsyncIterator[DeployedStack]
             "McpServers": json.dumps(
                 [{"name": "echo", "command": sys.executable, "args": [str(ECHO_SERVER)]}]
             ),
+            "OtlpEndpoint": otlp_endpoint,
         }
         template = load_template()
         evaluator = Evaluator(template, physical, parameters, region=REGION)
@@ -358,7 +363,23 @@ async def test_the_built_layer_runs_every_handler(layer: Path, task_root: Path) 
         "development packages in the layer"
     )
     assert (layer / "humanize").is_dir(), "the tools project's dependency is missing from the layer"
-    async with deployed(layer, task_root) as stack:
+    with otlp_collector() as collector:
+        await run_conversations(layer, task_root, collector.url)
+    # Every function exported before returning (the driver reads the answer only after the handler returned).
+    steps = [s for s in collector.spans if s.name == "invoke_agent"]
+    by_conversation: dict[str, set[str]] = {}
+    for span in steps:
+        by_conversation.setdefault(str(span.attributes["gen_ai.conversation.id"]), set()).add(span.trace_id)
+    assert set(by_conversation) == set(CONVERSATIONS)
+    assert all(len(traces) == 1 for traces in by_conversation.values()), by_conversation
+    [forecast] = by_conversation["forecast"]
+    ran = [s.name for s in collector.spans if s.trace_id == forecast and s.name.startswith("execute_tool")]
+    assert ran.count("execute_tool forecast_size") == 2  # the worker's dispatch, the tool runner's run
+    assert {s.service for s in collector.spans} == {"stepagent"}
+
+
+async def run_conversations(layer: Path, task_root: Path, otlp_endpoint: str) -> None:
+    async with deployed(layer, task_root, otlp_endpoint) as stack:
         worker = stack.functions["WorkerFunction"]
         # A user message per conversation, as `stepagent send` puts it on the queue.
         for thread in CONVERSATIONS:

@@ -122,6 +122,7 @@ def test_each_function_gets_only_its_environment_and_no_secret_values(template: 
         "STEPAGENT_BLOB_BUCKET",
         "POWERTOOLS_SERVICE_NAME",
         "POWERTOOLS_METRICS_NAMESPACE",
+        "OTEL_SERVICE_NAME",  # harmless alone: tracing is off without an OTLP endpoint
     }
     env = {name: evaluate(template).environment(name) for name in FUNCTIONS}
     assert set(env["TimerRelayFunction"]) == common
@@ -238,3 +239,34 @@ def test_sam_build_does_not_copy_the_virtual_environments() -> None:
     config = tomllib.loads((ROOT / "samconfig.toml").read_text())
     assert config["default"]["build"]["parameters"]["build_in_source"] is True
     assert "CAPABILITY_AUTO_EXPAND" in config["default"]["deploy"]["parameters"]["capabilities"]
+
+
+def test_tracing_is_opentelemetry_only_and_off_without_an_endpoint(template: dict[str, Any]) -> None:
+    assert "Tracing" not in template["Globals"]["Function"]  # no X-Ray SDK segments
+    off = {name: evaluate(template).environment(name) for name in FUNCTIONS}
+    assert not any("OTEL_EXPORTER_OTLP_ENDPOINT" in env for env in off.values())
+    on = evaluate(template, OtlpEndpoint="http://localhost:4318", OtlpHeadersSecret="otlp-headers")
+    for name in FUNCTIONS:
+        env = on.environment(name)
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://localhost:4318"
+        assert env["STEPAGENT_OTLP_HEADERS_SECRET_ID"] == "otlp-headers"  # the secret's name, never its value
+
+
+def test_the_dashboard_charts_every_metric_the_runtime_publishes(template: dict[str, Any]) -> None:
+    from stepagent.aws import metrics
+
+    body = template["Resources"]["Dashboard"]["Properties"]["DashboardBody"]["Fn::Sub"]
+    published = [
+        metrics.INPUT_TOKENS,
+        metrics.OUTPUT_TOKENS,
+        metrics.CACHE_READ_TOKENS,
+        metrics.CACHE_WRITE_TOKENS,
+        metrics.MODEL_LATENCY,
+        metrics.MODEL_ERRORS,
+        metrics.TOOL_LATENCY,
+        "Steps",
+        "StepFailures",
+    ]
+    assert all(f'\\"{name}\\"' in body or f'"{name}"' in body for name in published)
+    for alarm in ("InputDeadLetterAlarm", "ToolDeadLetterAlarm", "WorkerErrorsAlarm", "InputAgeAlarm"):
+        assert "${" + alarm + ".Arn}" in body

@@ -13,7 +13,8 @@ by the first invocation —, the X-Ray SDK); the AWS SDK (aioboto3 over aiohttp)
 since every message needs it. The cold call opens exactly the clients that message needs (SQS, DynamoDB,
 Secrets Manager for the callback key, the Bedrock runtime for the model: no S3, no Scheduler, no HTTP client
 without RAP servers) and the warm call opens none — the model's client included, so it is not opened per
-model call.
+model call. With telemetry off (no ``OTEL_EXPORTER_OTLP_*ENDPOINT``) no OpenTelemetry module is ever
+imported.
 """
 
 from __future__ import annotations
@@ -53,7 +54,9 @@ NOT_AT_IMPORT = (
     "stepagent.providers.http",
     "stepagent.providers.openai_compat",
     "stepagent.providers.scripted",  # the configured provider is built by the first invocation
-    "aws_xray_sdk",  # the tracer is created by the first invocation
+    "aws_xray_sdk",  # not used at all (traces are OpenTelemetry's)
+    "opentelemetry",  # telemetry is off unless the OTEL_* variables turn it on
+    "google.protobuf",
     "mcp",
     "starlette",
     "uvicorn",
@@ -61,8 +64,9 @@ NOT_AT_IMPORT = (
     "moto",
 )
 # Not needed by a first message without RAP servers nor payloads over the queue's size limit (S3's
-# client and aioboto3's S3 helpers load only with the first oversized payload).
-NOT_BY_FIRST_MESSAGE = ("httpcore", "s3transfer", "aioboto3.s3", "aiofiles")
+# client and aioboto3's S3 helpers load only with the first oversized payload), nor with telemetry off (the
+# template's default: no OTLP endpoint).
+NOT_BY_FIRST_MESSAGE = ("httpcore", "s3transfer", "aioboto3.s3", "aiofiles", "aws_xray_sdk", "opentelemetry")
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +116,9 @@ def test_the_first_message_opens_only_the_clients_it_needs_and_a_warm_one_none(
     assert cold["http_clients_created"] == 0
     assert warm["aws_clients_created"] == [] and warm["http_clients_created"] == 0
     loaded = set(cold_container["modules_after_calls"])
-    assert "stepagent.providers.bedrock" in loaded and "aws_xray_sdk" in loaded  # built on first use
+    assert "stepagent.providers.bedrock" in loaded  # built on first use
     assert "stepagent.providers.scripted" not in loaded
-    assert sorted(loaded & set(NOT_BY_FIRST_MESSAGE)) == []
+    assert (
+        sorted(m for m in loaded if m.split(".")[0] in NOT_BY_FIRST_MESSAGE or m in NOT_BY_FIRST_MESSAGE)
+        == []
+    )

@@ -77,8 +77,8 @@ async def test_user_text_gets_an_answer_as_a_text_event() -> None:
         assert record.input_tokens > 0
         counts = stack.runtime.metrics.counts  # type: ignore[attr-defined]
         assert counts["Steps"] == 1
-        assert counts[f"InputTokens[model={stack.settings.model}]"] == record.input_tokens
-        assert counts[f"OutputTokens[model={stack.settings.model}]"] == 1
+        assert counts[f"InputTokens[model={stack.settings.model},profile=default]"] == record.input_tokens
+        assert counts[f"OutputTokens[model={stack.settings.model},profile=default]"] == 1
 
 
 async def test_tool_round_trip_through_the_tool_runner() -> None:

@@ -10,9 +10,11 @@ Guarantees:
 - A configuration error fails the invocation with one clear message and is not cached: the next
   invocation tries again (e.g. after the environment was fixed by a redeploy).
 - Logs carry the request id; metrics are flushed (EMF) after each invocation, token metrics per model as
-  they happen; the invocation is traced when X-Ray is active, and the worker's model calls and tool
-  dispatches are its subsegments (:class:`~stepagent.aws.tracing.XRayTracer`, safe for the concurrent
-  steps of a batch).
+  they happen.
+- Traces (OpenTelemetry, only when the standard ``OTEL_*`` variables enable it: :mod:`stepagent.telemetry`)
+  are exported after each invocation, before it returns, within the export timeout; an export that fails
+  is logged and never fails or retries the invocation. With telemetry off nothing of OpenTelemetry is
+  imported.
 """
 
 from __future__ import annotations
@@ -25,12 +27,20 @@ from typing import TYPE_CHECKING, Any
 
 from aws_lambda_powertools import Logger, Metrics
 
+from stepagent import telemetry
+from stepagent.aws.clients import aws_session
 from stepagent.aws.layer_check import check_layer
 from stepagent.aws.metrics import EmfMetrics
 from stepagent.aws.runtime import TIMER_RELAY, TOOL_RUNNER, WORKER, AwsRuntime, RemainingMs
+from stepagent.aws.secrets import read_secret
+from stepagent.aws.settings import Settings
 
 if TYPE_CHECKING:
-    from aws_lambda_powertools import Tracer
+    from stepagent.telemetry.otel import OtelTracer
+
+#: Names the secret holding the OTLP exporter's headers (``key=value,...``): a deployment keeps API keys
+#: of its trace backend out of the function's configuration.
+OTLP_HEADERS_SECRET_ID = "STEPAGENT_OTLP_HEADERS_SECRET_ID"
 
 logger = Logger(service="stepagent")
 
@@ -40,7 +50,6 @@ _loop: asyncio.AbstractEventLoop | None = None
 _runtimes: dict[str, AwsRuntime] = {}
 _handlers: dict[str, Handler] = {}
 _metrics: EmfMetrics | None = None
-_tracer: Tracer | None = None
 
 
 def event_loop() -> asyncio.AbstractEventLoop:
@@ -62,18 +71,19 @@ def metrics() -> EmfMetrics:
     return _metrics
 
 
-def tracer() -> Tracer:
-    """The powertools tracer, created at the first invocation (it imports the X-Ray SDK, ~0.2 s).
-
-    No auto-patching: the SDK's patches of botocore/httpx keep one subsegment stack per process, which
-    the concurrent steps of a batch (one asyncio task per thread) corrupt ("Already ended segment"),
-    failing every AWS call. The invocation is one segment; the steps' spans come from XRayTracer."""
-    global _tracer
-    if _tracer is None:
-        from aws_lambda_powertools import Tracer
-
-        _tracer = Tracer(service="stepagent", auto_patch=False)
-    return _tracer
+def tracer() -> OtelTracer | None:
+    """The process's OpenTelemetry tracer, or ``None`` when the ``OTEL_*`` variables leave telemetry off
+    (then nothing of OpenTelemetry is imported). The exporter's headers come from the secret named by
+    ``STEPAGENT_OTLP_HEADERS_SECRET_ID`` when it is set (read once, at cold start)."""
+    if not telemetry.enabled():
+        return None
+    secret_id = os.environ.get(OTLP_HEADERS_SECRET_ID, "").strip()
+    headers = None
+    if secret_id:
+        settings = Settings.from_env()
+        read = read_secret(settings, aws_session(settings), OTLP_HEADERS_SECRET_ID, secret_id)
+        headers = event_loop().run_until_complete(read)
+    return telemetry.process_tracer(headers)
 
 
 def runtime(role: str) -> AwsRuntime:
@@ -81,11 +91,8 @@ def runtime(role: str) -> AwsRuntime:
     built = _runtimes.get(role)
     if built is None:
         check_layer()
-        from stepagent.aws.tracing import XRayTracer
-
-        spans = None if tracer().disabled else XRayTracer(tracer().provider)
         built = event_loop().run_until_complete(
-            AwsRuntime.create(roles=[role], metrics=metrics(), tracer=spans)
+            AwsRuntime.create(roles=[role], metrics=metrics(), tracer=tracer())
         )
         _runtimes[role] = built
     return built
@@ -117,10 +124,10 @@ def _handler(role: str) -> Handler:
                 # An invocation that counted nothing (an empty relay batch) is normal, not a warning.
                 warnings.filterwarnings("ignore", message="No application metrics to publish")
                 metrics().flush_metrics()
+            telemetry.flush()
 
-    handler = tracer().capture_lambda_handler(invoke, capture_response=False)
-    _handlers[role] = handler
-    return handler
+    _handlers[role] = invoke
+    return invoke
 
 
 def worker_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -148,3 +155,4 @@ def reset() -> None:
     _runtimes.clear()
     _handlers.clear()
     _loop = None
+    telemetry.reset()

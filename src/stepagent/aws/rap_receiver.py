@@ -38,6 +38,7 @@ from stepagent.rap.receiver import (
 from stepagent.rap.receiver_app import deliver
 from stepagent.senders.sqs import SqsQueues, SqsSender
 from stepagent.stores.dynamodb import dynamo_stores
+from stepagent.tracing import TRACEPARENT, continuing
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +117,20 @@ class RapReceiverRuntime:
                 log.exception("could not publish a RAP view update")
                 result = ReceiverResult(500, INTERNAL_ERROR_BODY)
             else:
-                result = await deliver(
-                    ReceiverResult(result.status, result.body, result.messages), self.sender, None
-                )
+                # A callback that carries a trace context (the one its call was sent with) continues it.
+                with continuing(_header(event, TRACEPARENT)):
+                    result = await deliver(
+                        ReceiverResult(result.status, result.body, result.messages), self.sender, None
+                    )
         if not result.ok:
             log.warning("RAP callback refused: %s %s", result.status, result.body.get("error"))
         return function_url_response(result)
+
+
+def _header(event: dict[str, Any], name: str) -> str | None:
+    headers = event.get("headers") or {}
+    found = next((v for k, v in headers.items() if str(k).lower() == name), None)
+    return found if isinstance(found, str) else None
 
 
 _runtime: RapReceiverRuntime | None = None

@@ -357,7 +357,15 @@ class AwsRuntime:
         self, event: dict[str, Any], remaining_ms: RemainingMs | None = None
     ) -> dict[str, Any]:
         """The tool runner: run queued function-tool calls and send their results."""
-        return await handle_tool_batch(event, self.function_tools, self.queues, self.sender, remaining_ms)
+        return await handle_tool_batch(
+            event,
+            self.function_tools,
+            self.queues,
+            self.sender,
+            remaining_ms,
+            tracer=self.tracer,
+            metrics=self.metrics,
+        )
 
     async def handle_delay_batch(
         self, event: dict[str, Any], remaining_ms: RemainingMs | None = None

@@ -1,4 +1,4 @@
-"""Secrets read at cold start: the RAP callback key and the model provider's API key.
+"""Secrets read at cold start: the RAP callback key, the model provider's API key, the OTLP headers.
 
 Guarantees:
 
@@ -88,6 +88,16 @@ async def resolve_secrets(settings: Settings, session: Any) -> Settings:
     finally:
         await reader.aclose()
     return settings
+
+
+async def read_secret(settings: Settings, session: Any, variable: str, secret_id: str) -> str:
+    """One secret's value (the forms and errors of the module docstring), e.g. the OTLP exporter's
+    headers named by ``STEPAGENT_OTLP_HEADERS_SECRET_ID``."""
+    reader = _SecretReader(session, settings)
+    try:
+        return await reader.read(variable, secret_id)
+    finally:
+        await reader.aclose()
 
 
 def provider_environment(settings: Settings, environ: dict[str, str]) -> dict[str, str] | None:

@@ -15,6 +15,8 @@ Guarantees:
   failed deliveries to ``STEPAGENT_SCHEDULER_DLQ_ARN`` and targets the FIFO input queue with the thread as
   ``MessageGroupId``. Scheduler cannot pass a deduplication id, so the input queue uses content-based
   deduplication; the body is deterministic (it carries the logical id), which makes that dedup exact.
+- The trace context travels with every wake-up: the delay-queue message's ``traceparent`` attribute (the
+  relay forwards it), or a ``traceparent`` field of the schedule's body (Scheduler sets no attributes).
 - :func:`handle_delay_batch` forwards each delay-queue message to the input queue with
   ``MessageDeduplicationId`` derived from (thread, dedup id), so a twice-delivered wake-up is absorbed.
 """
@@ -35,8 +37,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from stepagent.errors import MalformedMessageError, PayloadTooLargeError, QueueError
 from stepagent.messages import InputMessage, parse_input_message
-from stepagent.senders.sqs import SqsQueues, SqsSender
+from stepagent.senders.sqs import SqsQueues, SqsSender, record_traceparent
 from stepagent.tools.sleep import Clock, utc_now
+from stepagent.tracing import continuing, trace_attributes
 
 logger = Logger(service="stepagent")
 
@@ -64,6 +67,17 @@ def relay_body(message: InputMessage, dedup_id: str) -> str:
         ensure_ascii=False,
         separators=(",", ":"),
     )
+
+
+def schedule_body(message: InputMessage) -> str:
+    """A schedule's target input: the message, plus the trace context as a top-level ``traceparent`` field
+    (Scheduler cannot set SQS message attributes; the message model ignores unknown fields, and the worker
+    reads this one when the record has no ``traceparent`` attribute)."""
+    body = message.to_json()
+    carried = trace_attributes()
+    if not carried:
+        return body
+    return body[:-1] + "," + json.dumps(carried, separators=(",", ":"))[1:]
 
 
 def _code(exc: ClientError) -> str:
@@ -101,6 +115,7 @@ class AwsTimers:
                 self.delay_queue_url,
                 relay_body(logical, dedup_id),
                 delay_seconds=max(0, math.ceil(delay_seconds)),
+                attributes=trace_attributes(),
             )
             return
         await self._create_schedule(logical, dedup_id, delay_seconds)
@@ -110,7 +125,7 @@ class AwsTimers:
             raise QueueError(
                 "timers over 15 minutes need STEPAGENT_SCHEDULER_ROLE_ARN and STEPAGENT_SCHEDULER_DLQ_ARN"
             )
-        body = message.to_json()
+        body = schedule_body(message)
         if len(body) > MAX_SCHEDULE_INPUT:
             raise PayloadTooLargeError(
                 f"a timer message of {len(body)} characters exceeds {MAX_SCHEDULE_INPUT}"
@@ -176,7 +191,9 @@ async def relay_record(record: dict[str, Any], queues: SqsQueues, sender: SqsSen
         raise MalformedMessageError(
             f"timer envelope group_id {group_id!r} != message group_id {message.group_id!r}"
         )
-    await sender.send(message, dedup_id)
+    # The wake-up continues the trace of the step that set the timer.
+    with continuing(record_traceparent(record)):
+        await sender.send(message, dedup_id)
 
 
 async def handle_delay_batch(event: dict[str, Any], queues: SqsQueues, sender: SqsSender) -> dict[str, Any]:

@@ -11,6 +11,8 @@ Guarantees:
   ``Error: <message>`` for a :class:`~stepagent.errors.ToolError`, an unknown tool or a timeout — to the
   calling thread with dedup id = the tool call id. A re-delivered tool message re-runs the function, but
   the thread keeps one result (SQS FIFO dedup, then the thread's own answered-call dedup).
+- With a tracer, each run is an ``execute_tool {name}`` span, the child of the dispatching step's span
+  (the tool message's ``traceparent`` attribute), and the result message carries that trace on.
 - A record whose result could not be sent, or whose body is unreadable, is reported in
   ``batchItemFailures``: it is retried and ends in the tool DLQ, never silently dropped.
 """
@@ -19,17 +21,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aws_lambda_powertools import Logger
 
+from stepagent.aws.metrics import DimensionedSink, publish_tool_latency
 from stepagent.errors import MalformedMessageError, ToolError
 from stepagent.messages import InputMessage, ToolResult
-from stepagent.senders.sqs import SqsQueues, SqsSender
+from stepagent.senders.sqs import SqsQueues, SqsSender, record_traceparent
 from stepagent.tools.base import ToolContext
 from stepagent.tools.functions import Invocable
+from stepagent.tracing import (
+    Tracer,
+    capture_content,
+    continuing,
+    tool_attributes,
+    trace_attributes,
+    traced,
+)
 
 logger = Logger(service="stepagent")
 
@@ -55,7 +67,7 @@ class SqsFunctionRunner:
             thread_stack=list(context.thread_stack),
             user_id=context.user_id,
         )
-        await self.queues.send(self.tool_queue_url, call.to_json())
+        await self.queues.send(self.tool_queue_url, call.to_json(), attributes=trace_attributes())
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,9 +149,12 @@ async def handle_tool_batch(
     queues: SqsQueues,
     sender: SqsSender,
     remaining_ms: Callable[[], int] | None = None,
+    tracer: Tracer | None = None,
+    metrics: DimensionedSink | None = None,
 ) -> dict[str, Any]:
     """Run every queued call concurrently and send each result to its thread. Never raises for a
-    partial failure."""
+    partial failure. With a ``tracer``, each run is an ``execute_tool`` span in the trace of the step that
+    dispatched it, and the result carries that trace on. ``metrics`` receives each run's ``ToolLatency``."""
 
     async def one(record: dict[str, Any]) -> dict[str, str] | None:
         message_id = str(record.get("messageId", ""))
@@ -150,13 +165,21 @@ async def handle_tool_batch(
             return {"itemIdentifier": message_id}
         logger.thread_safe_append_keys(thread_id=call.thread_id, tool_call_id=call.tool_call_id)
         limit = None if remaining_ms is None else remaining_ms() / 1000.0 - TIME_MARGIN_S
-        text = await run_tool_call(tools, call, limit)
-        result = ToolResult.text(call.tool_call_id, text, call_id=call.call_id)
-        try:
-            await sender.send(InputMessage.tool_result(call.thread_id, result), call.tool_call_id)
-        except Exception:
-            logger.exception("could not send a tool result", extra={"message_id": message_id})
-            return {"itemIdentifier": message_id}
+        attributes = tool_attributes(call.tool_name, call.tool_call_id, call.thread_id)
+        with continuing(record_traceparent(record)):
+            async with traced(tracer, f"execute_tool {call.tool_name}", attributes) as span:
+                started = time.monotonic()
+                text = await run_tool_call(tools, call, limit)
+                if metrics is not None:
+                    publish_tool_latency(metrics, call.tool_name, (time.monotonic() - started) * 1000.0)
+                if capture_content(tracer):
+                    span.set_attributes({"gen_ai.tool.call.result": text})
+                result = ToolResult.text(call.tool_call_id, text, call_id=call.call_id)
+                try:
+                    await sender.send(InputMessage.tool_result(call.thread_id, result), call.tool_call_id)
+                except Exception:
+                    logger.exception("could not send a tool result", extra={"message_id": message_id})
+                    return {"itemIdentifier": message_id}
         logger.info("tool call answered", extra={"tool": call.tool_name, "error": text.startswith("Error: ")})
         return None
 

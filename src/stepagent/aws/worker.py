@@ -23,6 +23,8 @@ Guarantees (DESIGN §1 "Handlers", "Bad input"; §3 invariants 5 and 6):
 - A lost conditional write (:class:`~stepagent.errors.ConcurrentWriteError`: another worker advanced the
   thread) is retried at once from a fresh load; the dedup by logical id makes that re-run absorb whatever
   the other writer already did, so nothing is lost or doubled.
+- Each step continues the trace its records arrived with (their ``traceparent`` message attribute, else a
+  ``traceparent`` field of the body): see :func:`stepagent.modes.step_mode.trace_of`.
 - Output events are sent after the step, before the records are acknowledged, with the root id and root
   metadata the step itself loaded (and committed, if it changed them): publishing reads nothing. If a previous attempt
   committed but did not publish (a crash, a failed send), the redelivery (``ApproximateReceiveCount`` > 1)
@@ -34,14 +36,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aws_lambda_powertools import Logger
 
+from stepagent.agent_config import profile_name
 from stepagent.aws.live import LiveText
-from stepagent.aws.metrics import publish_usage
+from stepagent.aws.metrics import ModelTiming, publish_usage
 from stepagent.aws.outputs import (
     OutputPublisher,
     StepEvents,
@@ -62,7 +66,8 @@ from stepagent.errors import (
 )
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.modes.step_mode import AgentSystem
-from stepagent.senders.sqs import SqsQueues
+from stepagent.senders.sqs import SqsQueues, record_traceparent
+from stepagent.tracing import TRACEPARENT
 
 logger = Logger(service="stepagent")
 
@@ -75,6 +80,15 @@ def rejection(error: BaseException) -> StepagentError | None:
     if isinstance(error, StepagentError):
         return error
     return MalformedMessageError(f"the input cannot be processed: {type(error).__name__}: {error}")
+
+
+def body_traceparent(body: str) -> str | None:
+    """A top-level ``traceparent`` field of a message body (what a Scheduler-delivered wake-up carries)."""
+    try:
+        found = json.loads(body).get(TRACEPARENT)
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
 
 
 #: Attempts per thread when another writer keeps winning the head-version race.
@@ -129,6 +143,8 @@ class Record:
     receive_count: int
     logical_id: str
     message: InputMessage | None = None
+    #: The W3C trace context the message arrived with (its ``traceparent`` attribute or body field).
+    traceparent: str | None = None
     rejected: StepagentError | None = None  # never retried: DLQ copy + error event
     failed: Exception | None = None  # transient (e.g. the claim check's S3 read)
 
@@ -182,6 +198,7 @@ class Worker:
             raw_body=body if isinstance(body, str) else "",
             receive_count=int(attributes.get("ApproximateReceiveCount") or 1),
             logical_id=str(attributes.get("MessageDeduplicationId") or record_id),
+            traceparent=record_traceparent(raw),
         )
         try:
             if not isinstance(body, str):
@@ -206,6 +223,8 @@ class Worker:
             )
             return record
         record.message = message
+        if record.traceparent is None and f'"{TRACEPARENT}"' in resolved:
+            record.traceparent = body_traceparent(resolved)
         record.group_id = record.group_id or message.group_id
         record.logical_id = message.id or record.logical_id
         return record
@@ -293,22 +312,24 @@ class Worker:
         return None
 
     async def _step_and_publish(self, thread_id: str, records: Sequence[Record]) -> None:
-        inputs = [StepInput(r.message, r.logical_id) for r in records if r.message is not None]
+        inputs = [StepInput(r.message, r.logical_id, r.traceparent) for r in records if r.message is not None]
         logger.thread_safe_append_keys(message_ids=[i.message_id for i in inputs])
         observer = StepEvents()
+        timing = ModelTiming(observer)
         steps: list[ThreadStep] = []
         # A lost head-version race means another writer advanced the thread: re-run from a fresh load;
         # the logical-id dedup absorbs whatever that writer already did.
         for attempt in range(1, MAX_STEP_ATTEMPTS + 1):
             observer = StepEvents()
             live = self.live.step(thread_id)  # the partial text clients poll (aws/live.py)
+            timing = ModelTiming(live.observing(observer))
 
             def started(step: ThreadStep, attach: Callable[[ThreadStep], None] = live.attach) -> None:
                 steps.append(step)
                 attach(step)
 
             try:
-                await self.system.step_thread(thread_id, inputs, live.observing(observer), on_start=started)
+                await self.system.step_thread(thread_id, inputs, timing, on_start=started)
                 break
             except ConcurrentWriteError:
                 self.metrics.add_metric("WriteConflicts", "Count", 1)
@@ -317,7 +338,9 @@ class Worker:
                 logger.warning("lost the thread's head-version race; re-running")
             finally:
                 await live.close()
-        publish_usage(self.metrics, observer.events)
+        history = steps[-1].history if steps else None
+        profile = profile_name(history.metadata) if history is not None else None
+        publish_usage(self.metrics, observer.events, profile=profile, latency_ms=timing.latency_ms)
         events = step_events(thread_id, observer.events, inputs)
         redelivered = [r.logical_id for r in records if r.receive_count > 1 and r.message is not None]
         if redelivered:
@@ -329,7 +352,6 @@ class Worker:
             done = await replay_turn_complete(conversation, thread_id, redelivered, events)
             events = row_events(thread_id, [r for r in replayed if r.order not in fresh]) + done + events
         # The step loaded the root and its metadata and committed any change to it: the events carry those.
-        history = steps[-1].history if steps else None
         context = (history.root_thread_id, history.metadata) if history is not None else None
         await self.publisher.publish(thread_id, events, context=context)
         self.metrics.add_metric("Steps", "Count", 1)

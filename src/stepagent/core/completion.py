@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 from stepagent import texts
@@ -70,7 +72,15 @@ from stepagent.providers.base import (
 )
 from stepagent.stores.base import DispatchIntent
 from stepagent.tools.base import Toolset
-from stepagent.tracing import Tracer, traced
+from stepagent.tracing import (
+    AttributeValue,
+    Span,
+    Tracer,
+    capture_content,
+    chat_attributes,
+    traced,
+    usage_attributes,
+)
 
 MAX_ROUNDS_PER_STEP = 25
 
@@ -177,11 +187,12 @@ class CompletionRunner:
         attempt = 0
         while True:
             attempt += 1
-            state = _RoundState()
-            annotations = {"thread_id": self.history.thread_id, "model": self.model.name}
+            state = _RoundState(capture=capture_content(self.tracer))
             try:
-                async with traced(self.tracer, "model", annotations):
+                async with self._chat_span() as span:
                     finished = await self._stream(state, outcome)
+                    if self.tracer is not None:
+                        span.set_attributes(state.span_attributes())
             except ProviderError as error:
                 self._end_thinking()
                 if state.emitted_call:
@@ -201,6 +212,14 @@ class CompletionRunner:
                 continue
             self.history.discard_turn()
             raise ProviderError("the model stream kept ending before it finished", retryable=True)
+
+    def _chat_span(self) -> AbstractAsyncContextManager[Span]:
+        """The ``chat {model}`` span of one model call (nothing is built with tracing off)."""
+        if self.tracer is None:
+            return traced(None, "", {})
+        model = self.model
+        attributes = chat_attributes(model.provider, model.name, self.history.thread_id)
+        return traced(self.tracer, f"chat {model.name}", attributes)
 
     async def _backoff(self, attempt: int, error: ProviderError | None, message: str) -> bool:
         delay = self.retry.delay(attempt, error)
@@ -268,6 +287,7 @@ class CompletionRunner:
             match event:
                 case TextDelta(text=text):
                     self._end_thinking()
+                    state.saw_text(text)
                     history.handle_completion(AssistantText(text), chunk_id)
                     self.emit(TextChunk(text))
                 case ReasoningDelta(text=text):
@@ -287,6 +307,7 @@ class CompletionRunner:
                     await self._on_tool_call(call, chunk_id, state, outcome)
                 case Final(usage=usage):
                     self._end_thinking()
+                    state.final = event
                     history.flush_turn()
                     outcome.completions += 1
                     if usage is not None:
@@ -359,6 +380,25 @@ class CompletionRunner:
 class _RoundState:
     emitted_call: bool = False
     loop_back: bool = False
+    #: What the round's ``chat`` span reports: the model's closing event and (content capture) its text.
+    capture: bool = False
+    final: Final | None = None
+    text: list[str] = field(default_factory=list)
+
+    def saw_text(self, text: str) -> None:
+        if self.capture:
+            self.text.append(text)
+
+    def span_attributes(self) -> dict[str, AttributeValue]:
+        usage = (self.final.usage if self.final is not None else None) or Usage()
+        reason = self.final.stop_reason if self.final is not None else None
+        attributes = usage_attributes(
+            usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens, reason
+        )
+        if self.capture and self.text:
+            parts = [{"type": "text", "content": "".join(self.text)}]
+            attributes["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": parts}])
+        return attributes
 
 
 def model_view(history: Sequence[HistoryItem], supports_image_input: bool) -> list[HistoryItem]:

@@ -45,6 +45,7 @@ intent done → compaction request.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -73,7 +74,7 @@ from stepagent.tools.base import (
     ToolEffects,
     Toolset,
 )
-from stepagent.tracing import Tracer, traced
+from stepagent.tracing import AttributeValue, Tracer, capture_content, tool_attributes, traced
 
 log = logging.getLogger(__name__)
 
@@ -340,13 +341,21 @@ class StepEffects:
             effects=ToolEffects(),
         )
 
+    def _tool_attributes(self, name: str, tool_call_id: str, arguments: object) -> dict[str, AttributeValue]:
+        if self.tracer is None:
+            return {}
+        attributes = tool_attributes(name, tool_call_id, self.thread_id)
+        if capture_content(self.tracer):
+            attributes["gen_ai.tool.call.arguments"] = json.dumps(arguments, ensure_ascii=False, default=str)
+        return attributes
+
     async def run_inline(self, tool: Tool, call: ToolCall) -> ToolResult:
         """Commit the call and its intent, then run the synchronous tool; its state changes join the
         commit that will hold its result."""
         await self.checkpoint()
-        annotations = {"thread_id": self.thread_id, "tool_call_id": call.id, "tool": call.name}
+        annotations = self._tool_attributes(call.name, call.id, call.arguments)
         context = self.context(call.id, call.call_id)
-        async with traced(self.tracer, "tool", annotations):
+        async with traced(self.tracer, f"execute_tool {call.name}", annotations):
             result = await run_inline_tool(tool, call, context)
         apply_tool_effects(self.history, context)
         return result
@@ -364,15 +373,11 @@ class StepEffects:
         re-driven)."""
         context = self.context(intent.tool_call_id, intent.call_id)
         tool = self.toolset.get(intent.tool_name)
-        annotations = {
-            "thread_id": self.thread_id,
-            "tool_call_id": intent.tool_call_id,
-            "tool": intent.tool_name,
-        }
+        annotations = self._tool_attributes(intent.tool_name, intent.tool_call_id, intent.arguments)
         try:
             if tool is None:
                 raise ToolError(f"tool '{intent.tool_name}' is no longer available")
-            async with traced(self.tracer, "tool", annotations):
+            async with traced(self.tracer, f"execute_tool {intent.tool_name}", annotations):
                 await tool.execute(intent.arguments, context)
         except TransientError:
             raise

@@ -20,8 +20,8 @@ docstring holds the durability argument (DESIGN §3) and the order of the writes
   over its model calls, the model's name, whether the turn is complete) with its rows. When the step
   leaves the thread with nothing pending — no open tool call, no held input, not interrupted — it emits
   :class:`~stepagent.events.TurnComplete` after everything else, carrying that record's usage.
-- Tracing: model calls and tool dispatches run inside spans of ``StepConfig.tracer`` (none by default);
-  tracing can never fail a step (``stepagent.tracing``).
+- Tracing: model calls and tool runs and dispatches are spans of ``StepConfig.tracer`` (none by default),
+  children of the step's span (``modes/step_mode.py``); tracing can never fail a step (``stepagent.tracing``).
 - Reads: the step starts with one snapshot of the thread (``HistoryManager.load``; a warm worker's
   cache makes it read only new rows) and skips the outbox, deferral and choice reads the snapshot says
   are empty.
@@ -90,8 +90,8 @@ class StepConfig:
 
     ``provider`` is the default agent's model and ``toolset`` every tool the deployment has (what a thread
     is offered is chosen per thread from ``agent``: :mod:`stepagent.core.agents`). ``providers`` holds the
-    models of profiles that name one (``<provider>:<model id>`` → provider). ``tracer`` receives spans
-    around model calls and tool dispatches (none: no tracing). Building a config checks that every
+    models of profiles that name one (``<provider>:<model id>`` → provider). ``tracer`` receives the
+    spans of steps, model calls and tool runs (none: no tracing). Building a config checks that every
     profile can be served (``ConfigurationError`` otherwise)."""
 
     provider: ModelProvider
@@ -132,10 +132,12 @@ class StepOutcome:
 
 @dataclass(frozen=True, slots=True)
 class StepInput:
-    """One input of a step: the message and its logical id (the dedup id every redelivery carries)."""
+    """One input of a step: the message, its logical id (the dedup id every redelivery carries) and the
+    W3C trace context it arrived with (``None``: it starts a trace of its own)."""
 
     message: InputMessage
     message_id: str
+    traceparent: str | None = None
 
 
 class ThreadStep:

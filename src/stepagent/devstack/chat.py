@@ -60,9 +60,11 @@ async def run_chat(
     debug_sdk: bool = False,
     state_dir: str | None = None,
     session: Session | None = None,
+    trace: bool = False,
 ) -> int:
     """Start the local stack and chat on it — or, with ``session``, run that instead of the terminal chat
-    once the services are up (``run --console``: the web console)."""
+    once the services are up (``run --console``: the web console). ``trace``: print each turn's span tree
+    at the end. The ``OTEL_*`` variables export the spans to a collector, as in Lambda."""
     terminal_logs.configure(debug=debug, debug_sdk=debug_sdk)
     terminal_logs.adopt_powertools_loggers(debug=debug)
     model, demo = choose_model(os.environ)
@@ -70,7 +72,7 @@ async def run_chat(
     # Build the model provider before the local stack swaps in throwaway credentials: a bedrock: model
     # needs the real AWS credentials, while the tables and queues live on the local endpoint.
     provider = _bedrock_with_real_credentials(model) if model.startswith("bedrock:") else None
-    chat = _StartChat(model, demo, provider, say, thread_id, idle_timeout, session)
+    chat = _StartChat(model, demo, provider, say, thread_id, idle_timeout, session, trace)
     if state_dir is not None:
         from stepagent.devstack.snapshot import local_state
 
@@ -117,6 +119,7 @@ class _StartChat:
     thread_id: str | None
     idle_timeout: float
     session: Session | None = None
+    trace: bool = False
 
     async def start(self, env: dict[str, str]) -> int:
         os.environ.update(env)
@@ -138,6 +141,7 @@ class _StartChat:
             demo=self.demo,
             provider=self.provider,
             session=self.session,
+            trace=self.trace,
         )
 
 
@@ -210,19 +214,38 @@ async def _chat(
     demo: bool,
     provider: ModelProvider | None,
     session: Session | None = None,
+    trace: bool = False,
 ) -> int:
     """Run the local services and chat through :mod:`stepagent.client`, as against a deployment (or run
     ``session`` on them)."""
+    from stepagent import telemetry
     from stepagent.client import Client
     from stepagent.client.terminal import chat
     from stepagent.devstack.services import local_services
 
-    async with local_services(settings, demo=demo, provider=provider) as services:
-        if session is not None:
-            return await session(services.settings, thread_id, say)
-        print(
-            f"conversation {thread_id} — " + ("type a message (Ctrl-D to quit)" if not say else "sending"),
-            file=sys.stderr,
+    tracer = telemetry.tracer_from_env()
+    kept = None
+    if trace:
+        from stepagent.telemetry.otel import OtelTracer, SpanBuffer
+
+        tracer = (
+            tracer if tracer is not None else OtelTracer(None, capture_content=telemetry.captures_content())
         )
-        async with Client(services.settings) as client:
-            return await chat(client, thread_id, say=say, timeout=idle_timeout)
+        kept = SpanBuffer()
+        tracer.provider.add_span_processor(kept)
+    try:
+        async with local_services(settings, demo=demo, provider=provider, tracer=tracer) as services:
+            if session is not None:
+                return await session(services.settings, thread_id, say)
+            print(
+                f"conversation {thread_id} — "
+                + ("type a message (Ctrl-D to quit)" if not say else "sending"),
+                file=sys.stderr,
+            )
+            async with Client(services.settings) as client:
+                return await chat(client, thread_id, say=say, timeout=idle_timeout)
+    finally:
+        if kept is not None:
+            from stepagent.telemetry.tree import render
+
+            print("\n".join(["", "── trace ──", *render(kept.take())]))

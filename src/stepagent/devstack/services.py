@@ -100,6 +100,11 @@ async def local_services(
         stop = asyncio.Event()
         tasks = [asyncio.create_task(source.run(stop)) for source in services.sources]
         tasks.append(asyncio.create_task(_every(1.0, runtime.deliver_due_schedules, stop)))
+        exporting = runtime.tracer if getattr(runtime.tracer, "exporter", None) is not None else None
+        if exporting is not None:
+            # Lambda exports after each invocation; here, the spans go out once a second (off the loop).
+            flush = getattr(exporting, "flush")  # noqa: B009 - an OtelTracer; the port does not flush
+            tasks.append(asyncio.create_task(_every(1.0, lambda: asyncio.to_thread(flush), stop)))
         try:
             yield services
         finally:
@@ -107,3 +112,5 @@ async def local_services(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if exporting is not None:
+                await asyncio.to_thread(flush)

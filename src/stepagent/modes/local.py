@@ -72,7 +72,7 @@ from stepagent.tools.base import LifecycleNotifier, Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import InProcessFunctionRunner
 from stepagent.tools.sleep import InProcessTimers, Sleep, SleepUntil
-from stepagent.tracing import Tracer
+from stepagent.tracing import Tracer, current_traceparent
 
 __all__ = [
     "DeadLetter",
@@ -312,7 +312,8 @@ class LocalAgentSystem:
         if len(self._recent) > DEDUP_WINDOW:
             self._recent.popitem(last=False)
         logical = message if message.id is not None else message.model_copy(update={"id": dedup_id})
-        self._inbox.append(StepInput(logical, logical.id or dedup_id))
+        # The sender's trace context goes with the message, as the SQS sender's attribute does.
+        self._inbox.append(StepInput(logical, logical.id or dedup_id, current_traceparent()))
         self._inbox_ready.set()
         self._changed.set()
 

@@ -346,7 +346,9 @@ class ThreadDriver:
             if not item.message.is_user_text:
                 self._held.append(item)
             elif not self._interrupt:
-                self._interrupt.append(StepInput(interrupting(item.message), item.message_id))
+                self._interrupt.append(
+                    StepInput(interrupting(item.message), item.message_id, item.traceparent)
+                )
             else:
                 self._interrupt.append(item)
         self._queue.clear()

@@ -4,6 +4,10 @@ A batch is grouped by thread (first-appearance order of threads, arrival order w
 threads run concurrently, each as one :class:`~stepagent.core.step.ThreadStep`. A thread's failure is
 reported for that thread only: the other threads' steps run to completion (each commit is atomic, so
 nothing is ever left half-written), and the caller decides per thread what to retry.
+
+Each thread's step is one ``invoke_agent`` span (with a tracer configured): the child of the trace context
+its inputs arrived with (:func:`trace_of`), annotated with the conversation (root thread) and the agent
+(the profile, else ``stepagent``) once the step has loaded the thread.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from stepagent.agent_config import profile_name
 from stepagent.core.step import StepConfig, StepInput, StepOutcome, ThreadStep
 from stepagent.events import EventCollector, Observer
-from stepagent.messages import InputMessage
+from stepagent.messages import InputMessage, TextContent
 from stepagent.stores.base import ConversationStore, StateStore
+from stepagent.tracing import continuing, step_attributes, traced
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,22 @@ def group_by_thread(batch: Sequence[StepInput]) -> dict[str, list[StepInput]]:
     for item in batch:
         groups.setdefault(item.message.group_id, []).append(item)
     return groups
+
+
+def trace_of(thread_id: str, inputs: Sequence[StepInput]) -> tuple[str | None, str | None]:
+    """The trace a step joins: ``(parent traceparent, seed)``. The parent is the context its user text
+    arrived with, else that of its first input that has one (a tool result, a child's report, a wake-up:
+    each carries the context of the step that caused it). With none, the seed — the thread and the first
+    input's logical id — makes a new trace whose id a redelivery reproduces."""
+    users = [
+        i
+        for i in inputs
+        if i.traceparent and isinstance(i.message.content, TextContent) and i.message.synthetic is None
+    ]
+    carried = users or [i for i in inputs if i.traceparent]
+    if carried:
+        return carried[0].traceparent, None
+    return None, f"{thread_id}\x1f{inputs[0].message_id}" if inputs else thread_id
 
 
 class AgentSystem:
@@ -61,7 +83,23 @@ class AgentSystem:
         step = ThreadStep(self.conversation, self.state, self.config, observer, thread_id, cancel=cancel)
         if on_start is not None:
             on_start(step)
-        return await step.run(inputs)
+        tracer = self.config.tracer
+        if tracer is None:
+            return await step.run(inputs)
+        parent, seed = trace_of(thread_id, inputs)
+        with continuing(parent):
+            async with traced(tracer, "invoke_agent", step_attributes(thread_id), seed=seed) as span:
+                try:
+                    return await step.run(inputs)
+                finally:
+                    history = step.history
+                    if history is not None:
+                        span.set_attributes(
+                            {
+                                "gen_ai.conversation.id": history.root_thread_id,
+                                "gen_ai.agent.name": profile_name(history.metadata) or "stepagent",
+                            }
+                        )
 
     async def step(
         self, batch: Sequence[StepInput | tuple[InputMessage, str]], observer: Observer | None = None

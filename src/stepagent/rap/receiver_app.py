@@ -25,6 +25,7 @@ from stepagent.rap.receiver import (
     receive_callback,
 )
 from stepagent.senders.base import InputSender
+from stepagent.tracing import TRACEPARENT, continuing
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,9 @@ def receiver_app(
             token = request.query_params.get("token")
             result = receive_callback(body, token, secret, method=request.method, max_bytes=max_bytes)
             if result.ok:
-                result = await deliver(result, sender, on_view)
+                # A callback that carries a trace context (the one its call was sent with) continues it.
+                with continuing(request.headers.get(TRACEPARENT)):
+                    result = await deliver(result, sender, on_view)
         return Response(result.body_json(), status_code=result.status, media_type="application/json")
 
     methods = ["GET", "POST", "PUT", "PATCH", "DELETE"]

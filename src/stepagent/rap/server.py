@@ -27,6 +27,8 @@ What it does for you (RAP §4):
 - :meth:`RapCall.ask_user` sends a ``user_choice`` and waits for the runtime's POST to ``response_url``
   (``/choices/<unguessable key>``).
 - Callbacks are retried on 5xx and network errors with backoff, never on 4xx.
+- The W3C ``traceparent`` header of an invocation goes back with its callbacks, so the step that the
+  result wakes joins the calling step's trace.
 
 Limits: state (running subscriptions, open choices) lives in this process. A production server that must
 survive restarts stores each subscription's ``callback_url`` durably and sends events from wherever the
@@ -60,6 +62,7 @@ from stepagent.rap.call import (
     current_call,
 )
 from stepagent.rap.protocol import RapInvocation
+from stepagent.tracing import TRACEPARENT, continuing, trace_attributes
 
 __all__ = [
     "DEFERRED",
@@ -194,7 +197,7 @@ class RapToolServer:
             if attempt:
                 await asyncio.sleep(self.callback_backoff * 2 ** (attempt - 1))
             try:
-                response = await self.http.post(url, json=body)
+                response = await self.http.post(url, json=body, headers=trace_attributes())
             except httpx.HTTPError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 continue
@@ -207,11 +210,18 @@ class RapToolServer:
 
     # ---- running calls ------------------------------------------------------------------------------------
 
-    def _start(self, key: tuple[str, str], work: Coroutine[Any, Any, None], call: RapCall) -> None:
+    def _start(
+        self,
+        key: tuple[str, str],
+        work: Coroutine[Any, Any, None],
+        call: RapCall,
+        traceparent: str | None = None,
+    ) -> None:
         async def guarded() -> None:
             _current.set(call)
             try:
-                await work
+                with continuing(traceparent):  # callbacks carry the calling step's trace back
+                    await work
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -309,7 +319,8 @@ class RapToolServer:
             first = exc.errors()[0]
             return _error(400, f"invalid invocation: {'.'.join(map(str, first['loc']))}: {first['msg']}")
         call = RapCall(invocation, self, self._base_url(request))
-        self._start((invocation.group_id, invocation.id), self._serve_call(call), call)
+        traceparent = request.headers.get(TRACEPARENT)
+        self._start((invocation.group_id, invocation.id), self._serve_call(call), call, traceparent)
         return JSONResponse({"ok": True})
 
     def _cancel_work(self, match: Callable[[tuple[str, str]], bool]) -> None:

@@ -2,7 +2,8 @@
 
 Messages are kept in FIFO order with their logical ids. Like an SQS FIFO queue with deduplication, a
 second send of the same ``(group_id, dedup_id)`` is dropped; the receiving thread's own dedup (by logical
-message id) covers duplicates that arrive anyway.
+message id) covers duplicates that arrive anyway. Each message keeps the trace context it was sent in, as
+the SQS sender's ``traceparent`` attribute does.
 """
 
 from __future__ import annotations
@@ -11,14 +12,16 @@ import asyncio
 from dataclasses import dataclass, field
 
 from stepagent.messages import InputMessage
+from stepagent.tracing import current_traceparent
 
 
 @dataclass(frozen=True, slots=True)
 class QueuedMessage:
-    """A message on the in-process queue with its logical message id."""
+    """A message on the in-process queue with its logical message id and the sender's trace context."""
 
     message: InputMessage
     message_id: str
+    traceparent: str | None = None
 
 
 @dataclass(slots=True)
@@ -37,7 +40,7 @@ class InProcessSender:
             return
         self._seen.add(key)
         logical = message if message.id is not None else message.model_copy(update={"id": dedup_id})
-        queued = QueuedMessage(logical, logical.id or dedup_id)
+        queued = QueuedMessage(logical, logical.id or dedup_id, current_traceparent())
         self.queue.append(queued)
         self.sent.append(queued)
         self._wakeup.set()

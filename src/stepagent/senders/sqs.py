@@ -20,6 +20,8 @@ Guarantees of :class:`SqsSender`:
   queues, the stores and the publisher share one :class:`~stepagent.blobs.ContentBlobs`.
 - Every AWS failure is a :class:`~stepagent.errors.QueueError` naming the queue (transient: the record
   that caused the send is retried).
+- The message carries the sending task's trace context as the ``traceparent`` message attribute (none
+  when there is no trace), so the step it wakes joins the same trace.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from stepagent.blobs import ContentBlobs
 from stepagent.errors import QueueError
 from stepagent.messages import InputMessage
 from stepagent.senders.claim_check import INLINE_BODY_LIMIT, unwrap_body, wrap_body
+from stepagent.tracing import TRACEPARENT, trace_attributes
 
 #: The async AWS clients (aiobotocore's, :mod:`stepagent.aws.clients`) are untyped.
 SqsClient: TypeAlias = Any
@@ -54,6 +57,14 @@ class Outgoing:
     body: str
     group_id: str | None = None
     dedup_id: str | None = None
+
+
+def record_traceparent(record: Mapping[str, Any]) -> str | None:
+    """The ``traceparent`` message attribute of a Lambda SQS record, if it has one."""
+    attributes = record.get("messageAttributes") or {}
+    value = attributes.get(TRACEPARENT) if isinstance(attributes, Mapping) else None
+    found = value.get("stringValue") if isinstance(value, Mapping) else None
+    return found if isinstance(found, str) else None
 
 
 def dedup_key(group_id: str, dedup_id: str) -> str:
@@ -186,4 +197,5 @@ class SqsSender:
             logical.to_json(),
             group_id=message.group_id,
             dedup_id=dedup_key(message.group_id, dedup_id),
+            attributes=trace_attributes(),
         )

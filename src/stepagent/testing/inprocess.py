@@ -30,6 +30,6 @@ class InProcessQueueDriver:
             queued = self.sender.drain()
             if not queued:
                 return results
-            batch = [StepInput(q.message, q.message_id) for q in queued]
+            batch = [StepInput(q.message, q.message_id, q.traceparent) for q in queued]
             results.extend(await self.system.step(batch, observer))
         raise RuntimeError(f"the queue did not drain within {max_batches} batches")

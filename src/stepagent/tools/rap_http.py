@@ -27,6 +27,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 
+from stepagent.tracing import trace_attributes
+
 _LAMBDA_URL_HOST = re.compile(r"^[a-z0-9]+\.lambda-url\.([a-z0-9-]+)\.on\.aws$")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 
@@ -126,6 +128,8 @@ class RapHttp:
         headers = {"accept": "application/json"}
         if method == "POST":
             headers["content-type"] = "application/json"
+        # The RAP server joins the calling step's trace (and may send it back with its callback).
+        headers.update(trace_attributes())
         if server.sigv4:
             headers = self.signer.headers(method, url, body, headers, server.region or "us-east-1")
         return headers
