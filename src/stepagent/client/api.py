@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -207,14 +208,27 @@ class Client:
             }
 
     # The contract's signature (DESIGN §1 "Client"): one call that waits, with its own limit.
-    async def wait(self, thread: str, message_id: str, timeout: float = 300.0) -> None:  # noqa: ASYNC109
+    async def wait(self, thread: str, message_id: str, timeout: float = 300.0) -> Any:  # noqa: ASYNC109
         """Return once ``thread`` has processed ``message_id`` and its tree is idle again (the turn that
-        message started is over); ``TimeoutError`` after ``timeout`` seconds."""
+        message started is over); ``TimeoutError`` after ``timeout`` seconds. Returns the turn's structured
+        output (``turn_complete.output``) when an output schema is configured, else ``None``."""
         self._require_open()
         cursor, seqs = await self._snapshot(thread)
         watch = TreeWatch(self._reader, thread, cursor, awaited={message_id}, notice_seq=seqs)
         async for _ in watch.replies(interval=self.poll_interval, limit=timeout):
             pass
+        return await self._last_output(thread)
+
+    async def _last_output(self, thread: str) -> Any:
+        """The output of the thread's last completed turn (one bounded read of its recent usage records)."""
+        info = await self.conversation.get_thread(thread)
+        if info is None:
+            return None
+        output: str | None = None
+        async for record in self.conversation.usage_records(thread, after_version=max(0, info.version - 50)):
+            if record.turn_complete:
+                output = record.output
+        return None if output is None else json.loads(output)
 
     async def idle(self, thread: str) -> bool:
         """Whether the thread tree is idle now (nothing running, nothing on its way), by two reads."""

@@ -166,6 +166,8 @@ class Preparer:
             item = UserItem(content=content)
         if not await self.history.handle_content(item, message_id):
             return False
+        if message.synthetic is None and not isinstance(content, ToolResult):
+            self.history.turn_model_calls = 0  # user input starts a new turn: the per-turn count restarts
         if isinstance(content, ToolResult):
             if message.subscription:
                 self.history.track_subscription(content.id)

@@ -110,7 +110,7 @@ from stepagent.stores.dynamodb_layout import (
 )
 from stepagent.stores.dynamodb_replace import rewind_thread, stage_history, sweep_generations
 from stepagent.stores.dynamodb_snapshot import latest_summary, open_thread, save_summary
-from stepagent.stores.dynamodb_state import DynamoStateStore, state_writes
+from stepagent.stores.dynamodb_state import DynamoStateStore, meta_writes, state_writes
 from stepagent.stores.metrics import StoreMetrics
 
 __all__ = ["DynamoConversationStore", "DynamoStateStore", "dynamo_stores"]
@@ -469,22 +469,30 @@ class DynamoConversationStore:
             await self._row_write(info, generation, info.tail + index, message_id, data)
             for index, (message_id, data) in enumerate(encoded, start=1)
         ]
-        others = await state_writes(self._io, self.state_table, thread_id, commit, info.version + 1)
+        others = await state_writes(
+            self._io, self.state_table, thread_id, commit, info.version + 1, meta=False
+        )
+        # The root's metadata and spend: written with the head flip itself (an ADD must never be re-applied
+        # by a journal roll-forward, which may repeat an entry).
+        meta = await meta_writes(self._io, self.state_table, info.root_id, commit)
         if commit.usage is not None:
             others.append(put(self.table, usage_item(thread_id, commit.usage, info.version + 1)))
         head = self._head_update(info, info.tail + len(rows), commit, deferred)
-        if fits([head, *rows, *others]):
-            await self._transact(thread_id, [head, *rows, *others])
+        if fits([head, *rows, *meta, *others]):
+            await self._transact(thread_id, [head, *rows, *meta, *others])
         else:
             # Write-then-flip: stage rows past the tail (invisible to readers), each chunk re-checking the
             # head so staging stops as soon as another writer wins; then flip the head with everything else
             # (through a journal when that does not fit one transaction either).
             for chunk in transaction_chunks(rows, reserve=1):
                 await self._transact(thread_id, [self._head_check(info), *chunk])
-            await journal_flip(self, thread_id, HEAD_SK, [head], others)
-        return replace(
+            await journal_flip(self, thread_id, HEAD_SK, [head, *meta], others)
+        new = replace(
             info, version=info.version + 1, tail=info.tail + len(rows), turn_complete=commit.turn_complete
         )
+        if commit.turn_model_calls is not None:
+            new = replace(new, turn_model_calls=commit.turn_model_calls)
+        return new
 
     async def _transact(self, thread_id: str, writes: list[Write]) -> None:
         """Run ``writes`` (head action first) as one transaction and classify a cancellation."""
