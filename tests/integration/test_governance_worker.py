@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from stepagent.client import Client
 from stepagent.providers.factory import make_provider
 from stepagent.usage import thread_usage
 from tests.integration.aws_helpers import aws_stack, script_file
@@ -83,3 +84,9 @@ async def test_structured_output_through_the_worker() -> None:
         turns = [e for e in events if e["type"] == "turn_complete"]
         assert [t["output"] for t in turns] == [{"city": "Paris", "sunny": True}]
         assert turns[0]["usage"]["input_tokens"] > 0 and "cost_usd" not in turns[0]["usage"]
+        # A client waiting for its message gets the turn's output.
+        async with Client(stack.settings, poll_interval=0.05) as client:
+            other = f"conv-{uuid.uuid4().hex[:8]}"
+            message_id = await client.send(other, "report please")
+            await stack.pump()
+            assert await client.wait(other, message_id, timeout=30) == {"city": "Paris", "sunny": True}
