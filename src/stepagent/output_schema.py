@@ -11,6 +11,8 @@ Guarantees:
 - A pydantic model class is validated by pydantic itself (its own rules, e.g. field validators); the JSON
   Schema sent to the model is the class's ``model_json_schema()``. The value returned is the JSON form of
   the validated model (``model_dump(mode="json")``).
+- ``jsonschema`` is imported only when a dict schema is configured, so a deployment without one pays
+  nothing for it at cold start.
 - ``check`` accepts the answer with surrounding whitespace or inside one Markdown code fence (models add
   them); anything else that is not one JSON document is an error. Errors are sorted by their location
   and capped, so feedback is deterministic and bounded.
@@ -24,7 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema
 from pydantic import BaseModel, ValidationError
 
 from stepagent.errors import ConfigurationError
@@ -61,6 +62,9 @@ class OutputSchema:
         if isinstance(spec, type) and issubclass(spec, BaseModel):
             return cls(spec.model_json_schema(), spec)
         if isinstance(spec, Mapping):
+            # Imported here: a deployment without an output schema never loads jsonschema (cold start).
+            import jsonschema
+
             schema = json.loads(json.dumps(spec))  # a plain, JSON-serialisable copy
             validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
             try:
@@ -95,6 +99,8 @@ class OutputSchema:
                     f"at {'/'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in exc.errors()
                 ]
                 return OutputCheck(errors=errors[:MAX_REPORTED_ERRORS])
+        import jsonschema
+
         validator_class = jsonschema.validators.validator_for(
             self.schema, default=jsonschema.Draft202012Validator
         )

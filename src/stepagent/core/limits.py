@@ -1,7 +1,7 @@
 """Spending limits, checked before every model call of a step.
 
-Three limits (each ``None``: unlimited): model calls of one thread since its last user text
-(``max_model_calls_per_turn``), and the tokens and dollars the whole conversation — the root thread and
+Three limits (each ``None``: unlimited): model calls of one thread since its last user text — for a
+child thread, since its parent's last message — (``max_model_calls_per_turn``), and the tokens and dollars the whole conversation — the root thread and
 every thread under it, compaction included — has spent (``max_conversation_tokens``,
 ``max_conversation_cost_usd``).
 

@@ -225,6 +225,8 @@ class Preparer:
         child = synthetic.child_thread_id if isinstance(synthetic, ThreadReport) else None
         if not await self._inline(original, content, message_id, child=child):
             return False
+        if isinstance(synthetic, ParentMessage):
+            history.turn_model_calls = 0  # a child's user is its parent: a new message starts a new count
         if isinstance(synthetic, SubscriptionEvent) and synthetic.final:
             history.remove_subscription(original_id)
             (await self._active_subscriptions()).discard(original_id)
