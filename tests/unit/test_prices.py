@@ -7,6 +7,8 @@ import pytest
 from stepagent.errors import ConfigurationError
 from stepagent.providers.base import Usage
 from stepagent.providers.prices import CATALOG_PRICES, ModelPrice, catalog_price, cost_usd, parse_prices
+from stepagent.stores.base import UsageRecord
+from stepagent.usage import summarize
 
 
 def test_catalogued_models_resolve_through_snapshots_and_bedrock_prefixes() -> None:
@@ -64,3 +66,22 @@ def test_every_problem_is_reported_at_once() -> None:
         parse_prices('{"openai:a": {"input": 1}, "openai:b": {"output": true, "input": 1}}')
     lines = str(caught.value).splitlines()
     assert len(lines) == 2 and "openai:a" in lines[0] and "openai:b" in lines[1]
+
+
+def test_usage_reports_show_dollars_from_stored_costs_or_current_prices() -> None:
+    stored = UsageRecord("m1", "anthropic:claude-haiku-4-5", 1000, 100, completions=1, cost_usd=0.5)
+    older = UsageRecord("m2", "anthropic:claude-haiku-4-5", 1_000_000, 0, completions=1)  # priced now: $1
+    unknown = UsageRecord("m3", "openai:house-model", 10, 10, completions=1)
+    report = summarize("r", [("r", stored), ("r", older), ("c", unknown)])
+    assert report.total.cost_usd == pytest.approx(1.5)
+    assert report.models["openai:house-model"].cost_usd is None
+    assert "cost_usd" not in report.as_dict()["models"]["openai:house-model"]
+    assert report.as_dict()["total"]["cost_usd"] == 1.5
+    lines = report.lines()
+    assert lines[0].endswith(", $1.5000")
+    assert any(
+        line.strip() == "anthropic:claude-haiku-4-5: 1,001,000 in, 100 out, 2 calls, $1.5000"
+        for line in lines
+    )
+    unpriced = summarize("x", [("x", unknown)])
+    assert unpriced.lines()[1] == "  cost: unknown (no prices for these models; set STEPAGENT_PRICES)"
