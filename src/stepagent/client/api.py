@@ -217,18 +217,21 @@ class Client:
         watch = TreeWatch(self._reader, thread, cursor, awaited={message_id}, notice_seq=seqs)
         async for _ in watch.replies(interval=self.poll_interval, limit=timeout):
             pass
-        return await self._last_output(thread)
+        return await self._turn_output(thread, message_id)
 
-    async def _last_output(self, thread: str) -> Any:
-        """The output of the thread's last completed turn (one bounded read of its recent usage records)."""
+    async def _turn_output(self, thread: str, message_id: str) -> Any:
+        """The structured output of the turn ``message_id`` started: the first completed turn's record at
+        or after the record of the step that answered it (one bounded read of recent usage records);
+        ``None`` when the model never answered that message (e.g. a limit stopped it) or gave no output."""
         info = await self.conversation.get_thread(thread)
         if info is None:
             return None
-        output: str | None = None
-        async for record in self.conversation.usage_records(thread, after_version=max(0, info.version - 50)):
-            if record.turn_complete:
-                output = record.output
-        return None if output is None else json.loads(output)
+        started = False
+        async for record in self.conversation.usage_records(thread, after_version=max(0, info.version - 200)):
+            started = started or record.step_id == message_id
+            if started and record.turn_complete:
+                return None if record.output is None else json.loads(record.output)
+        return None
 
     async def idle(self, thread: str) -> bool:
         """Whether the thread tree is idle now (nothing running, nothing on its way), by two reads."""
