@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,8 @@ from stepagent.stores.base import (
     UsageRecord,
     load_snapshot,
 )
+from stepagent.stores.dynamodb_io import TransactionCancelled
+from tests.conftest import DynamoEnv
 
 StorePair = tuple[ConversationStore, StateStore]
 
@@ -151,3 +154,33 @@ async def test_the_turns_model_call_count_rides_on_the_head(stores: StorePair) -
     await conv.commit(thread, Commit(expected_version=2, usage=record("m", 1), turn_model_calls=0))
     stored = await conv.get_thread(thread)
     assert stored is not None and stored.turn_model_calls == 0
+
+
+async def test_a_conflict_on_the_roots_item_is_tried_again_and_one_on_the_head_is_not(
+    dynamo: DynamoEnv,
+) -> None:
+    """Two threads of one tree committing at the same moment both write the root's metadata item (the
+    spend); DynamoDB cancels one with TransactionConflict. The commit tries again — the head's condition
+    still guards it — instead of failing the step (whose re-run would repeat its model call)."""
+    conv, state = dynamo.stores()
+    real = conv._io.call
+    cancellations = [["None", "TransactionConflict"], ["TransactionConflict", "None"]]
+    seen: list[str] = []
+
+    async def flaky(op: str, table: str, **kwargs: Any) -> Any:
+        if op == "TransactWriteItems" and cancellations:
+            seen.append(kwargs["ClientRequestToken"])
+            raise TransactionCancelled(cancellations.pop(0))
+        return await real(op, table, **kwargs)
+
+    conv._io.call = flaky  # type: ignore[method-assign]
+    root = uid("r")
+    # First: a conflict on the root's item only, then success on the next try (a fresh token).
+    cancellations[:] = [["None", "TransactionConflict"]]
+    info = await conv.commit(root, Commit(expected_version=0, usage=priced("m1", 10, 0.5)))
+    assert info.version == 1 and len(seen) == 1 and await state.spend(root) == Spend(18, 0.5)
+    # A conflict on the head: another writer of this very thread; the step must re-run.
+    cancellations[:] = [["TransactionConflict", "None"]]
+    with pytest.raises(ConcurrentWriteError):
+        await conv.commit(root, Commit(expected_version=1, usage=priced("m2", 10, 0.5)))
+    assert await state.spend(root) == Spend(18, 0.5)

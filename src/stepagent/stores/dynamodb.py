@@ -52,6 +52,7 @@ The item layout (keys and the head codec) is :mod:`~stepagent.stores.dynamodb_la
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -119,6 +120,15 @@ __all__ = ["DynamoConversationStore", "DynamoStateStore", "dynamo_stores"]
 #: Heads a store remembers (the last one each thread's snapshot read or commit wrote), so a commit does not
 #: read the head its step just read. Small items; bounded so a long-lived worker's memory stays flat.
 REMEMBERED_HEADS = 256
+
+
+#: Tries of a commit transaction cancelled only by a conflict on an item other than the thread's head.
+CONFLICT_ATTEMPTS = 3
+
+
+def _conflict_on_head(reasons: Sequence[str]) -> bool:
+    """Whether the conflict was on the head (the first action): another writer of this very thread."""
+    return bool(reasons) and reasons[0] == "TransactionConflict"
 
 
 class _RowConflict(Exception):
@@ -500,25 +510,41 @@ class DynamoConversationStore:
         # A token derived from the content makes botocore's own retry of a transaction whose response was
         # lost idempotent (DynamoDB answers success for 10 minutes) instead of failing its version check.
         token = hashlib.sha256(json.dumps(actions, sort_keys=True).encode()).hexdigest()[:36]
-        try:
-            await self._io.call(
-                "TransactWriteItems", self.table, TransactItems=actions, ClientRequestToken=token
-            )
-        except TransactionCancelled as exc:
-            reasons = exc.reasons
-            if reasons and reasons[0] == "ConditionalCheckFailed":
-                raise ConcurrentWriteError(f"thread {thread_id}: another writer committed first") from None
-            if any(r == "ConditionalCheckFailed" and w.is_row for w, r in zip(writes, reasons, strict=False)):
-                raise _RowConflict from None
-            if "TransactionConflict" in reasons:
-                raise ConcurrentWriteError(
-                    f"thread {thread_id}: a concurrent transaction touched it"
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                await self._io.call(
+                    "TransactWriteItems",
+                    self.table,
+                    TransactItems=actions,
+                    ClientRequestToken=token if attempt == 1 else f"{token[:32]}-r{attempt}",
+                )
+            except TransactionCancelled as exc:
+                reasons = exc.reasons
+                if reasons and reasons[0] == "ConditionalCheckFailed":
+                    raise ConcurrentWriteError(
+                        f"thread {thread_id}: another writer committed first"
+                    ) from None
+                if any(
+                    r == "ConditionalCheckFailed" and w.is_row for w, r in zip(writes, reasons, strict=False)
+                ):
+                    raise _RowConflict from None
+                if "TransactionConflict" in reasons:
+                    # Another thread of the same tree committing at the same moment touches the root's
+                    # metadata item (the conversation's spend): the head condition still guards this
+                    # thread, so trying the same transaction again is safe and spares the step a re-run
+                    # (which would repeat its model call).
+                    if attempt < CONFLICT_ATTEMPTS and not _conflict_on_head(reasons):
+                        await asyncio.sleep(0.02 * attempt)
+                        continue
+                    raise ConcurrentWriteError(
+                        f"thread {thread_id}: a concurrent transaction touched it"
+                    ) from None
+                raise StoreError(
+                    f"DynamoDB TransactWriteItems on table {self.table} for thread {thread_id} was "
+                    f"cancelled: {', '.join(reasons)}"
                 ) from None
-            raise StoreError(
-                f"DynamoDB TransactWriteItems on table {self.table} for thread {thread_id} was cancelled: "
-                f"{', '.join(reasons)}"
-            ) from None
-        self._io.count_written(writes)
+            self._io.count_written(writes)
+            return
 
     # ---- inbound messages (what a client needs to tell an idle thread from one with mail on the way)
 
