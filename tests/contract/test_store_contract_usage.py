@@ -184,3 +184,12 @@ async def test_a_conflict_on_the_roots_item_is_tried_again_and_one_on_the_head_i
     with pytest.raises(ConcurrentWriteError):
         await conv.commit(root, Commit(expected_version=1, usage=priced("m2", 10, 0.5)))
     assert await state.spend(root) == Spend(18, 0.5)
+
+
+async def test_tiny_costs_round_trip(stores: StorePair) -> None:
+    conv, state = stores
+    root = uid("r")
+    await conv.commit(root, Commit(expected_version=0, usage=priced("m1", 1, 1e-07)))
+    await conv.commit(root, Commit(expected_version=1, usage=priced("m2", 1, 2.5e-08)))
+    assert [r.cost_usd for r in await records(conv, root)] == [pytest.approx(1e-07), pytest.approx(2.5e-08)]
+    assert (await state.spend(root)).cost_usd == pytest.approx(1.25e-07)

@@ -274,7 +274,7 @@ def usage_item(thread_id: str, record: UsageRecord, version: int) -> Item:
     for attribute, name in _USAGE_COUNTS:
         item[attribute] = n_attr(int(getattr(record, name)))
     if record.cost_usd is not None:
-        item["cost"] = {"N": repr(record.cost_usd)}
+        item["cost"] = {"N": f"{record.cost_usd:.10f}"}  # fixed-point: never exponent notation
     if record.output is not None:
         item["output"] = s_attr(record.output)
     return item

@@ -121,7 +121,7 @@ async def meta_writes(io: DynamoIo, table: str, root_id: str, commit: Commit) ->
             writes.append(await _metadata_write(io, table, root_id, metadata[1]))
         return writes
     names = {"#st": SPEND_TOKENS_ATTRIBUTE, "#sc": SPEND_COST_ATTRIBUTE}
-    values: Item = {":st": n_attr(usage.tokens), ":sc": {"N": repr(usage.cost_usd or 0.0)}}
+    values: Item = {":st": n_attr(usage.tokens), ":sc": dollars_attr(usage.cost_usd or 0.0)}
     expression = "ADD #st :st, #sc :sc"
     if metadata is not None:
         base = await _metadata_write(io, table, root_id, metadata[1])
@@ -130,6 +130,11 @@ async def meta_writes(io: DynamoIo, table: str, root_id: str, commit: Commit) ->
         expression = f"{base.request['UpdateExpression']} {expression}"
     writes.append(update(table, item_key(root_id, META_SK), expression, names, values))
     return writes
+
+
+def dollars_attr(value: float) -> Item:
+    """A dollar amount as a DynamoDB number: fixed-point (never exponent notation), to 1e-10 dollars."""
+    return {"N": f"{value:.10f}"}
 
 
 def spend_from_item(item: Item | None) -> Spend:
