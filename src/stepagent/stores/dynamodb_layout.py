@@ -39,8 +39,9 @@ Item layout (``pk`` = thread id in both tables)::
                                                                           that produced head ``version``
     state         P#{message_id}    expires_at                           processed marker (TTL)
                   A#{tool_call_id}  expires_at                           answered marker (TTL)
-                  META              [body | blob] [sp_tokens sp_cost]    metadata JSON, under the root's id,
-                                                                         and the conversation's spend (ADDed
+                  META              [body | blob] [sp_tokens sp_pusd]    metadata JSON, under the root's id,
+                                                                         and the conversation's spend (tokens,
+                                                                         picodollars; ADDed
                                                                          by every commit with a usage record)
                   SUB#{tool_call_id}                                     active subscription
                   CHOICE#{id}       (body | blob) seq                    UserChoiceRequired JSON
@@ -274,7 +275,7 @@ def usage_item(thread_id: str, record: UsageRecord, version: int) -> Item:
     for attribute, name in _USAGE_COUNTS:
         item[attribute] = n_attr(int(getattr(record, name)))
     if record.cost_usd is not None:
-        item["cost"] = {"N": f"{record.cost_usd:.10f}"}  # fixed-point: never exponent notation
+        item["cost"] = {"N": f"{record.cost_usd:.10f}".rstrip("0").rstrip(".") or "0"}  # never 1e-07
     if record.output is not None:
         item["output"] = s_attr(record.output)
     return item

@@ -52,9 +52,12 @@ from stepagent.stores.metrics import StoreMetrics
 __all__ = ["MARKER_TTL_S", "DynamoStateStore", "state_writes"]
 
 META_SK = "META"
-#: The root's ``META`` item carries the conversation's spend next to its metadata: tokens and dollars.
+#: The root's ``META`` item carries the conversation's spend next to its metadata: tokens, and dollars as
+#: a whole number of picodollars (integer ``ADD`` is exact everywhere; fractional numbers drift or, on
+#: some DynamoDB emulators, fail once a sum needs exponent notation).
 SPEND_TOKENS_ATTRIBUTE = "sp_tokens"
-SPEND_COST_ATTRIBUTE = "sp_cost"
+SPEND_COST_ATTRIBUTE = "sp_pusd"
+_PICO = 10**12
 #: Present when state was added to a thread before it had a head: its head's state flags are not exact.
 FLAGS_UNKNOWN_SK = "FLAGS_UNKNOWN"
 COMPACTION_SK = "COMPACTION"
@@ -121,7 +124,7 @@ async def meta_writes(io: DynamoIo, table: str, root_id: str, commit: Commit) ->
             writes.append(await _metadata_write(io, table, root_id, metadata[1]))
         return writes
     names = {"#st": SPEND_TOKENS_ATTRIBUTE, "#sc": SPEND_COST_ATTRIBUTE}
-    values: Item = {":st": n_attr(usage.tokens), ":sc": dollars_attr(usage.cost_usd or 0.0)}
+    values: Item = {":st": n_attr(usage.tokens), ":sc": n_attr(round((usage.cost_usd or 0.0) * _PICO))}
     expression = "ADD #st :st, #sc :sc"
     if metadata is not None:
         base = await _metadata_write(io, table, root_id, metadata[1])
@@ -132,17 +135,12 @@ async def meta_writes(io: DynamoIo, table: str, root_id: str, commit: Commit) ->
     return writes
 
 
-def dollars_attr(value: float) -> Item:
-    """A dollar amount as a DynamoDB number: fixed-point (never exponent notation), to 1e-10 dollars."""
-    return {"N": f"{value:.10f}"}
-
-
 def spend_from_item(item: Item | None) -> Spend:
     """The conversation spend a root's ``META`` item holds (none: nothing spent yet)."""
     if not item:
         return Spend()
     tokens = int(item[SPEND_TOKENS_ATTRIBUTE]["N"]) if SPEND_TOKENS_ATTRIBUTE in item else 0
-    cost = float(item[SPEND_COST_ATTRIBUTE]["N"]) if SPEND_COST_ATTRIBUTE in item else 0.0
+    cost = int(item[SPEND_COST_ATTRIBUTE]["N"]) / _PICO if SPEND_COST_ATTRIBUTE in item else 0.0
     return Spend(tokens, cost)
 
 
