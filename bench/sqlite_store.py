@@ -33,6 +33,7 @@ from stepagent.stores.base import (
     DispatchIntent,
     HistoryStaging,
     Rewind,
+    Spend,
     StoredRow,
     ThreadInfo,
     ThreadKind,
@@ -54,6 +55,7 @@ CREATE TABLE metadata (root_id TEXT PRIMARY KEY, data TEXT);
 CREATE TABLE compaction (thread_id TEXT PRIMARY KEY, claim_id TEXT, expires REAL);
 CREATE TABLE cache (key TEXT PRIMARY KEY, value TEXT, expires REAL);
 CREATE TABLE usage (thread_id TEXT, version INTEGER, data TEXT, PRIMARY KEY (thread_id, version));
+CREATE TABLE spend (root_id TEXT PRIMARY KEY, tokens INTEGER, cost REAL);
 """
 
 _PROCESSED, _ANSWERED, _SUBSCRIPTION = "processed", "answered", "subscription"
@@ -281,6 +283,11 @@ class SqliteConversationStore:
                     "INSERT OR REPLACE INTO usage VALUES (?, ?, ?)",
                     (thread_id, new.version, json.dumps(dataclasses.asdict(stored))),
                 )
+                db.execute(
+                    "INSERT INTO spend VALUES (?, ?, ?) ON CONFLICT(root_id) DO UPDATE SET "
+                    "tokens = tokens + excluded.tokens, cost = cost + excluded.cost",
+                    (info.root_id, stored.tokens, stored.cost_usd or 0.0),
+                )
         return new
 
     async def usage_records(self, thread_id: str, after_version: int = 0) -> AsyncIterator[UsageRecord]:
@@ -347,6 +354,12 @@ class SqliteStateStore:
     async def get_metadata(self, root_id: str) -> Any:
         found = self.backend.db.execute("SELECT data FROM metadata WHERE root_id = ?", (root_id,)).fetchone()
         return json.loads(found[0]) if found is not None else None
+
+    async def spend(self, root_id: str) -> Spend:
+        found = self.backend.db.execute(
+            "SELECT tokens, cost FROM spend WHERE root_id = ?", (root_id,)
+        ).fetchone()
+        return Spend(int(found[0]), float(found[1])) if found else Spend()
 
     async def set_metadata(self, root_id: str, metadata: Any) -> None:
         self.backend.db.execute(

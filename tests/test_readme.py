@@ -67,3 +67,20 @@ def test_the_ownership_map_names_every_package_and_module() -> None:
     present |= {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
     roots = {name for name in mapped if (README.parent / name.rstrip("/")).is_dir()}
     assert mapped - roots == present
+
+
+def test_the_limits_and_structured_output_examples_run_as_written() -> None:
+    """Each Python example of "Approvals, limits and structured output" (its ``### Limits`` and
+    ``### Structured output`` parts) runs as written and its assertions hold."""
+    section = (
+        README.read_text().split("## Approvals, limits and structured output", 1)[1].split("\n## ", 1)[0]
+    )
+    parts = {
+        name: section.split(f"### {name}", 1)[1].split("\n### ", 1)[0]
+        for name in ("Limits", "Structured output")
+    }
+    for name, text in parts.items():
+        blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+        assert blocks, f"no example in ### {name}"
+        for code in blocks:
+            exec(compile(code, f"README ### {name}", "exec"), {"__name__": f"readme_{name}"})

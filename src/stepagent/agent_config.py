@@ -16,6 +16,12 @@ field                      setting                              value
 ``compaction_threshold``   ``STEPAGENT_COMPACTION_THRESHOLD``   share of the window, 0 < x <= 1 (0.75)
 ``builtin_tools``          ``STEPAGENT_BUILTIN_TOOLS``          :func:`parse_builtin_tools` (``all``)
 ``profiles``               ``STEPAGENT_PROFILES``               JSON object, or ``@path`` to a JSON file
+``max_model_calls_per_turn``  ``STEPAGENT_MAX_MODEL_CALLS_PER_TURN``  positive integer (50)
+``max_conversation_tokens``   ``STEPAGENT_MAX_CONVERSATION_TOKENS``   positive integer (default: none)
+``max_conversation_cost_usd`` ``STEPAGENT_MAX_CONVERSATION_COST_USD`` dollars, > 0 (default: none)
+``output_schema``          ``STEPAGENT_OUTPUT_SCHEMA``          JSON Schema text, or ``@path`` (in Python:
+                                                                a dict or a pydantic model class)
+``output_retries``         ``STEPAGENT_OUTPUT_RETRIES``         whole number >= 0 (2)
 =========================  ===================================  ===========================================
 
 Guarantees:
@@ -44,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from stepagent.errors import ConfigurationError
+from stepagent.output_schema import OutputSchema, parse_output_schema
 from stepagent.providers.base import ModelProvider
 from stepagent.tools.builtins import BUILTIN_GROUPS, BUILTIN_TOOL_NAMES, CHILD_TOOLS
 
@@ -60,6 +67,13 @@ CONTEXT_WINDOW = "STEPAGENT_CONTEXT_WINDOW"
 COMPACTION_THRESHOLD = "STEPAGENT_COMPACTION_THRESHOLD"
 BUILTIN_TOOLS = "STEPAGENT_BUILTIN_TOOLS"
 PROFILES = "STEPAGENT_PROFILES"
+MAX_MODEL_CALLS_PER_TURN = "STEPAGENT_MAX_MODEL_CALLS_PER_TURN"
+MAX_CONVERSATION_TOKENS = "STEPAGENT_MAX_CONVERSATION_TOKENS"
+MAX_CONVERSATION_COST_USD = "STEPAGENT_MAX_CONVERSATION_COST_USD"
+OUTPUT_SCHEMA = "STEPAGENT_OUTPUT_SCHEMA"
+OUTPUT_RETRIES = "STEPAGENT_OUTPUT_RETRIES"
+DEFAULT_MAX_MODEL_CALLS_PER_TURN = 50
+DEFAULT_OUTPUT_RETRIES = 2
 #: The agent settings, in the order they are documented.
 AGENT_SETTING_NAMES = (
     SYSTEM_PROMPT,
@@ -69,6 +83,11 @@ AGENT_SETTING_NAMES = (
     COMPACTION_THRESHOLD,
     BUILTIN_TOOLS,
     PROFILES,
+    MAX_MODEL_CALLS_PER_TURN,
+    MAX_CONVERSATION_TOKENS,
+    MAX_CONVERSATION_COST_USD,
+    OUTPUT_SCHEMA,
+    OUTPUT_RETRIES,
 )
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PROFILE_KEYS = (
@@ -79,6 +98,10 @@ _PROFILE_KEYS = (
     "max_tokens",
     "temperature",
     "context_window",
+    "max_model_calls_per_turn",
+    "max_conversation_tokens",
+    "max_conversation_cost_usd",
+    "output_schema",
 )
 
 
@@ -149,6 +172,11 @@ class AgentProfile:
     max_tokens: int | None = None
     temperature: float | None = None
     context_window: int | None = None
+    max_model_calls_per_turn: int | None = None
+    max_conversation_tokens: int | None = None
+    max_conversation_cost_usd: float | None = None
+    #: A JSON Schema dict, a pydantic model class or an :class:`OutputSchema` (normalised to the latter).
+    output_schema: Any = None
 
     def __post_init__(self) -> None:
         where = f"{PROFILES}: profile {self.name!r}"
@@ -175,6 +203,21 @@ class AgentProfile:
             except ConfigurationError as error:
                 problems.append(str(error))
         problems += _check_numbers(self.max_tokens, self.temperature, self.context_window, where=f"{where}: ")
+        problems += _check_limits(
+            self.max_model_calls_per_turn,
+            self.max_conversation_tokens,
+            self.max_conversation_cost_usd,
+            where=f"{where}: ",
+        )
+        if self.output_schema is not None:
+            try:
+                object.__setattr__(
+                    self,
+                    "output_schema",
+                    OutputSchema.of(self.output_schema, setting=f"{where}: output_schema"),
+                )
+            except ConfigurationError as error:
+                problems.append(str(error))
         if problems:
             raise ConfigurationError("\n".join(problems))
 
@@ -190,12 +233,31 @@ class AgentConfig:
     compaction_threshold: float = DEFAULT_COMPACTION_THRESHOLD
     builtin_tools: frozenset[str] = ALL_BUILTINS
     profiles: Mapping[str, AgentProfile] = field(default_factory=dict)
+    max_model_calls_per_turn: int | None = DEFAULT_MAX_MODEL_CALLS_PER_TURN
+    max_conversation_tokens: int | None = None
+    max_conversation_cost_usd: float | None = None
+    #: A JSON Schema dict, a pydantic model class or an :class:`OutputSchema` (normalised to the latter).
+    output_schema: Any = None
+    output_retries: int = DEFAULT_OUTPUT_RETRIES
 
     def __post_init__(self) -> None:
         problems: list[str] = []
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             problems.append(f"{SYSTEM_PROMPT} must be text")
         problems += _check_numbers(self.max_tokens, self.temperature, self.context_window)
+        problems += _check_limits(
+            self.max_model_calls_per_turn, self.max_conversation_tokens, self.max_conversation_cost_usd
+        )
+        if self.output_schema is not None:
+            try:
+                object.__setattr__(
+                    self, "output_schema", OutputSchema.of(self.output_schema, setting=OUTPUT_SCHEMA)
+                )
+            except ConfigurationError as error:
+                problems.append(str(error))
+        retries = self.output_retries
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            problems.append(f"{OUTPUT_RETRIES}={retries!r} is invalid: a whole number >= 0 (e.g. 2)")
         threshold = self.compaction_threshold
         if not _is_number(threshold) or not 0 < threshold <= 1:
             problems.append(
@@ -248,6 +310,25 @@ def _check_numbers(
     if temperature is not None and (not _is_number(temperature) or not 0 <= temperature <= MAX_TEMPERATURE):  # type: ignore[operator]
         problems.append(
             f"{name(TEMPERATURE, 'temperature')}={temperature!r} is invalid: a number from 0 to 2"
+        )
+    return problems
+
+
+def _check_limits(calls: object, tokens: object, cost: object, *, where: str = "") -> list[str]:
+    def name(setting: str, key: str) -> str:
+        return f"{where}{key}" if where else setting
+
+    problems = []
+    for setting, key, value, what in (
+        (MAX_MODEL_CALLS_PER_TURN, "max_model_calls_per_turn", calls, "model calls"),
+        (MAX_CONVERSATION_TOKENS, "max_conversation_tokens", tokens, "tokens"),
+    ):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            problems.append(f"{name(setting, key)}={value!r} is invalid: a positive whole number of {what}")
+    if cost is not None and (not _is_number(cost) or cost <= 0):  # type: ignore[operator]
+        problems.append(
+            f"{name(MAX_CONVERSATION_COST_USD, 'max_conversation_cost_usd')}={cost!r} is invalid: dollars, "
+            "a number greater than 0 (e.g. 2.50)"
         )
     return problems
 
@@ -329,6 +410,27 @@ def agent_config_from_env(environ: Mapping[str, str], *, roots: Sequence[Path] |
     attempt("compaction_threshold", lambda raw: _float(raw, COMPACTION_THRESHOLD), get(COMPACTION_THRESHOLD))
     attempt("builtin_tools", parse_builtin_tools, get(BUILTIN_TOOLS))
     attempt("profiles", lambda raw: load_profiles(raw, search), get(PROFILES))
+    attempt(
+        "max_model_calls_per_turn",
+        lambda raw: _integer(raw, MAX_MODEL_CALLS_PER_TURN, "model calls"),
+        get(MAX_MODEL_CALLS_PER_TURN),
+    )
+    attempt(
+        "max_conversation_tokens",
+        lambda raw: _integer(raw, MAX_CONVERSATION_TOKENS),
+        get(MAX_CONVERSATION_TOKENS),
+    )
+    attempt(
+        "max_conversation_cost_usd",
+        lambda raw: _float(raw.removeprefix("$"), MAX_CONVERSATION_COST_USD),
+        get(MAX_CONVERSATION_COST_USD),
+    )
+    attempt("output_schema", lambda raw: _schema(raw, OUTPUT_SCHEMA, search), get(OUTPUT_SCHEMA))
+    attempt(
+        "output_retries",
+        lambda raw: _integer(raw, OUTPUT_RETRIES, "retries (0 or more)"),
+        get(OUTPUT_RETRIES),
+    )
     try:
         config = AgentConfig(**values)  # range checks of what parsed, so every bad value is reported
     except ConfigurationError as error:
@@ -347,11 +449,18 @@ def _prompt(raw: str, setting: str, roots: Sequence[Path]) -> str:
     return text
 
 
-def _integer(raw: str, setting: str) -> int:
+def _integer(raw: str, setting: str, what: str = "tokens") -> int:
     try:
         return int(raw.replace("_", ""))
     except ValueError:
-        raise ConfigurationError(f"{setting}={raw!r} is invalid: a positive whole number of tokens") from None
+        raise ConfigurationError(f"{setting}={raw!r} is invalid: a positive whole number of {what}") from None
+
+
+def _schema(raw: str, setting: str, roots: Sequence[Path]) -> OutputSchema:
+    text = raw
+    if raw.startswith("@"):
+        text, _ = read_at_file(raw, setting, roots)
+    return parse_output_schema(text, setting)
 
 
 def _float(raw: str, setting: str) -> float:
@@ -409,6 +518,9 @@ def _profile(name: str, entry: Any, roots: Sequence[Path]) -> AgentProfile:
     model = values.get("model")
     if model is not None and not isinstance(model, str):
         raise ConfigurationError(f"{where}: model must be a <provider>:<model id> string")
+    schema = values.get("output_schema")
+    if isinstance(schema, str):
+        values["output_schema"] = _schema(schema, f"{where}: output_schema", roots)
     tools = values.get("tools")
     if tools is not None:
         if not isinstance(tools, list):

@@ -129,6 +129,23 @@ class TurnComplete:
     step_id: str
     #: The head version of the commit that stored the step's usage record (the event's stable identity).
     version: int = 0
+    #: What ``usage`` cost in dollars (``None``: the model's prices are unknown).
+    cost_usd: float | None = None
+    #: The turn's validated structured output (only when an output schema is configured and the answer
+    #: matched it: ``has_output``; the value itself may be JSON ``null``).
+    output: Any = None
+    has_output: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LimitReached:
+    """A spending limit stopped the thread before a model call (the ``limit_reached`` output event):
+    ``limit`` is ``model_calls_per_turn``, ``conversation_tokens`` or ``conversation_cost_usd``, ``value``
+    the configured limit and ``used`` what had been used. The turn ends there (``TurnComplete`` follows)."""
+
+    limit: str
+    value: float
+    used: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +207,7 @@ AgentEvent = (
     | Info
     | InputRejected
     | StepFailed
+    | LimitReached
     | TurnComplete
 )
 

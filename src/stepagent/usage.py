@@ -12,6 +12,8 @@ Guarantees:
 - ``input_tokens`` is the providers' uncached input; prompt-cache reads and writes are counted apart
   (``cache_read_tokens``, ``cache_write_tokens``). ``completions`` counts model calls, ``steps`` the
   steps that ran the model.
+- ``cost_usd``: each step's dollars as computed when it ran (the prices then), else at ``prices`` now;
+  absent when no model of the tree has known prices (:mod:`stepagent.providers.prices`).
 - Reads are streamed: one usage-records read per thread of the tree (a paginated Query on DynamoDB) and
   the tree walk, never the history rows. ``None`` for a thread that does not exist.
 """
@@ -19,9 +21,11 @@ Guarantees:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import asdict, astuple, dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from stepagent.providers.base import Usage
+from stepagent.providers.prices import CATALOG_PRICES, PriceTable
 from stepagent.stores.base import ConversationStore, UsageRecord
 
 
@@ -36,8 +40,11 @@ class TokenTotals:
     cache_write_tokens: int = 0
     completions: int = 0
     steps: int = 0
+    #: Dollars, summed over the records whose model has known prices (``None``: none has).
+    cost_usd: float | None = None
 
-    def plus(self, record: UsageRecord) -> TokenTotals:
+    def plus(self, record: UsageRecord, cost: float | None = None) -> TokenTotals:
+        """These totals plus one record (``cost``: its dollars, when known)."""
         return TokenTotals(
             self.input_tokens + record.input_tokens,
             self.output_tokens + record.output_tokens,
@@ -45,13 +52,43 @@ class TokenTotals:
             self.cache_write_tokens + record.cache_write_tokens,
             self.completions + record.completions,
             self.steps + 1,
+            _add_cost(self.cost_usd, cost),
         )
 
     def __add__(self, other: TokenTotals) -> TokenTotals:
-        return TokenTotals(*(a + b for a, b in zip(astuple(self), astuple(other), strict=True)))
+        return TokenTotals(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+            self.completions + other.completions,
+            self.steps + other.steps,
+            _add_cost(self.cost_usd, other.cost_usd),
+        )
 
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.cost_usd is None:
+            del out["cost_usd"]
+        else:
+            out["cost_usd"] = round(self.cost_usd, 6)
+        return out
+
+
+def _add_cost(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+def record_cost(record: UsageRecord, prices: PriceTable = CATALOG_PRICES) -> float | None:
+    """The dollars one step's record cost: as stored when the step ran, else at ``prices`` now."""
+    if record.cost_usd is not None:
+        return record.cost_usd
+    usage = Usage(
+        record.input_tokens, record.output_tokens, record.cache_read_tokens, record.cache_write_tokens
+    )
+    return prices.cost(record.model, usage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +118,10 @@ class UsageReport:
             f"{total.input_tokens:,} input tokens, {total.output_tokens:,} output tokens, "
             f"{total.completions:,} model call{'s' if total.completions != 1 else ''} "
             f"in {total.steps:,} step{'s' if total.steps != 1 else ''}"
+            + (f", ${total.cost_usd:,.4f}" if total.cost_usd is not None else "")
         ]
+        if total.cost_usd is None and total.completions:
+            out.append("  cost: unknown (no prices for these models; set STEPAGENT_PRICES)")
         if total.cache_read_tokens or total.cache_write_tokens:
             out.append(
                 f"  prompt cache: {total.cache_read_tokens:,} tokens read, {total.cache_write_tokens:,} written"
@@ -102,22 +142,28 @@ def _short(totals: TokenTotals) -> str:
     return (
         f"{totals.input_tokens:,} in, {totals.output_tokens:,} out, {totals.completions:,} "
         f"call{'s' if totals.completions != 1 else ''}"
+        + (f", ${totals.cost_usd:,.4f}" if totals.cost_usd is not None else "")
     )
 
 
-def summarize(thread_id: str, records: Iterable[tuple[str, UsageRecord]]) -> UsageReport:
+def summarize(
+    thread_id: str, records: Iterable[tuple[str, UsageRecord]], prices: PriceTable = CATALOG_PRICES
+) -> UsageReport:
     """A report from ``(thread id, record)`` pairs (threads keep their first-seen order)."""
     total = TokenTotals()
     models: dict[str, TokenTotals] = {}
     threads: dict[str, TokenTotals] = {}
     for thread, record in records:
-        total = total.plus(record)
-        models[record.model] = models.get(record.model, TokenTotals()).plus(record)
-        threads[thread] = threads.get(thread, TokenTotals()).plus(record)
+        cost = record_cost(record, prices)
+        total = total.plus(record, cost)
+        models[record.model] = models.get(record.model, TokenTotals()).plus(record, cost)
+        threads[thread] = threads.get(thread, TokenTotals()).plus(record, cost)
     return UsageReport(thread_id, total, models, threads)
 
 
-async def thread_usage(conversation: ConversationStore, thread_id: str) -> UsageReport | None:
+async def thread_usage(
+    conversation: ConversationStore, thread_id: str, prices: PriceTable = CATALOG_PRICES
+) -> UsageReport | None:
     """The usage of ``thread_id`` and every descendant (see the module docstring)."""
     if await conversation.get_thread(thread_id) is None:
         return None
@@ -131,7 +177,7 @@ async def thread_usage(conversation: ConversationStore, thread_id: str) -> Usage
             pairs.append((current, record))
         # Depth first, children in spawn order (the stack is popped from the end).
         pending.extend(reversed([child.thread_id for child in await conversation.children(current)]))
-    report = summarize(thread_id, pairs)
+    report = summarize(thread_id, pairs, prices)
     # Threads that never ran the model still belong to the tree (with zero usage).
     ordered = {thread: report.threads.get(thread, TokenTotals()) for thread in threads}
     return UsageReport(thread_id, report.total, report.models, ordered)

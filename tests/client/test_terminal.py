@@ -65,3 +65,9 @@ def test_lines_are_printed_above_the_status_and_the_prompt() -> None:
     plain = io.StringIO()
     Screen(plain, interactive=False).line("agent > hi")
     assert plain.getvalue() == "agent > hi\n"  # no terminal: no escapes
+
+
+def test_a_reached_limit_is_a_line() -> None:
+    root = "conv-1"
+    item = {"thread_id": root, "kind": "limit", "text": "model_calls_per_turn limit reached (3 of 3)"}
+    assert item_line(item, root) == "agent ⏹ model_calls_per_turn limit reached (3 of 3)"

@@ -115,7 +115,12 @@ async def test_turn_complete_is_republished_identically_when_its_step_is_redeliv
     assert done == clean_done  # the same id and the same usage: the redelivery replayed it exactly
     assert [e for e in first if e["type"] == "text"] == [e for e in second if e["type"] == "text"]
     last = records[-1]
-    assert done["usage"] == {"input_tokens": last.input_tokens, "output_tokens": last.output_tokens}
+    assert done["usage"] == {
+        "input_tokens": last.input_tokens,
+        "output_tokens": last.output_tokens,
+        "cache_read_tokens": 0,
+        "cache_write_tokens": 0,
+    }
     assert [r.turn_complete for r in records] == [False, True]
 
 

@@ -68,7 +68,12 @@ async def test_user_text_gets_an_answer_as_a_text_event() -> None:
         assert done == {
             "type": "turn_complete",
             "event_id": event_id(thread, f"v{record.version}", "turn_complete"),
-            "usage": {"input_tokens": record.input_tokens, "output_tokens": 1},
+            "usage": {
+                "input_tokens": record.input_tokens,
+                "output_tokens": 1,
+                "cache_read_tokens": 0,
+                "cache_write_tokens": 0,
+            },
             "model": stack.settings.model,  # the STEPAGENT_MODEL spelling
             "thread_id": thread,
             "root_thread_id": thread,

@@ -170,7 +170,7 @@ async def sdk_bytes(kwargs: dict[str, Any]) -> bytes:
     return captured[0]
 
 
-async def our_bytes(case: Case) -> tuple[bytes, httpx.Request]:
+async def our_bytes(case: Case, output_schema: dict[str, Any] | None = None) -> tuple[bytes, httpx.Request]:
     captured: list[httpx.Request] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -183,7 +183,13 @@ async def our_bytes(case: Case) -> tuple[bytes, httpx.Request]:
         provider = AnthropicProvider(
             MODEL, api_key="test-key", info=info, base_url="https://anthropic.test", http_client=client
         )
-        request = ModelRequest(system=case.system, history=history(case), tools=case.tools, model=info)
+        request = ModelRequest(
+            system=case.system,
+            history=history(case),
+            tools=case.tools,
+            model=info,
+            output_schema=output_schema,
+        )
         events = [event async for event in provider.stream(request)]
     assert events, "the stream produced no events"
     assert len(captured) == 1
@@ -214,3 +220,23 @@ async def test_retry_resends_identical_bytes() -> None:
     first, _ = await our_bytes(case)
     second, _ = await our_bytes(case)
     assert first == second
+
+
+# ---- structured output: the Messages API's output_config.format ---------------------------------------------
+
+SCHEMA = {
+    "title": "Weather report",
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "temp_c": {"type": "number"}, "tags": {"type": "array"}},
+    "required": ["city", "temp_c"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("seed", range(0, 200, 20))
+async def test_an_output_schema_is_sent_as_the_sdk_sends_output_config(seed: int) -> None:
+    case = generate(seed)
+    ours, _ = await our_bytes(case, SCHEMA)
+    kwargs = oracle_kwargs(case) | {"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}
+    theirs = await sdk_bytes(kwargs)
+    assert ours == theirs, first_difference(ours, theirs)

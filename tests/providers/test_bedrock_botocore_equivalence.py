@@ -12,11 +12,13 @@ from typing import Any
 import aioboto3
 import boto3
 import pytest
+from botocore.validate import validate_parameters
 
 from stepagent.history_items import INJECTED_TOOL_NAME, SUMMARY_PREFIX
 from stepagent.messages import ImageBlock
+from stepagent.output_schema import schema_instruction
 from stepagent.providers.base import ModelInfo, ModelRequest
-from stepagent.providers.bedrock import BedrockProvider
+from stepagent.providers.bedrock import BedrockProvider, converse_params
 from stepagent.providers.catalog import bedrock_prompt_cache
 from stepagent.providers.requests_common import (
     CONVERSATION_START,
@@ -215,3 +217,16 @@ async def test_body_matches_botocore(seed: int, stub: BedrockStub, botocore_clie
 async def test_retry_resends_identical_bytes(stub: BedrockStub) -> None:
     case = generate(5)
     assert await our_bytes(stub, case) == await our_bytes(stub, case)
+
+
+def test_an_output_schema_becomes_an_instruction_after_the_system_prompt() -> None:
+    """The pinned botocore has no Converse ``outputConfig``: the schema is stated in the system prompt
+    (the runtime validates the answer either way), and the request stays one botocore accepts."""
+    schema = {"type": "object", "required": ["city"]}
+    info = ModelInfo("anthropic.claude-haiku-4-5", context_window=200_000)
+    request = ModelRequest(system="Be brief.", history=[], tools=[], model=info, output_schema=schema)
+    params = converse_params(request, "anthropic.claude-haiku-4-5")
+    assert params["system"][0] == {"text": "Be brief.\n\n" + schema_instruction(schema)}
+    assert '{"required": ["city"], "type": "object"}' in params["system"][0]["text"]
+    client = boto3.client("bedrock-runtime", region_name="us-east-1")
+    validate_parameters(params, client.meta.service_model.operation_model("ConverseStream").input_shape)

@@ -187,7 +187,7 @@ async def sdk_bytes(kwargs: dict[str, Any]) -> bytes:
     return captured[0]
 
 
-async def our_bytes(case: Case) -> tuple[bytes, httpx.Request]:
+async def our_bytes(case: Case, output_schema: dict[str, Any] | None = None) -> tuple[bytes, httpx.Request]:
     captured: list[httpx.Request] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -200,7 +200,13 @@ async def our_bytes(case: Case) -> tuple[bytes, httpx.Request]:
         provider = OpenAIProvider(
             MODEL, api_key="test-key", info=info, base_url="https://openai.test/v1/", http_client=client
         )
-        request = ModelRequest(system=case.system, history=history(case), tools=case.tools, model=info)
+        request = ModelRequest(
+            system=case.system,
+            history=history(case),
+            tools=case.tools,
+            model=info,
+            output_schema=output_schema,
+        )
         events = [event async for event in provider.stream(request)]
     assert events, "the stream produced no events"
     assert len(captured) == 1
@@ -222,3 +228,24 @@ async def test_retry_resends_identical_bytes() -> None:
     first, _ = await our_bytes(case)
     second, _ = await our_bytes(case)
     assert first == second
+
+
+# ---- structured output: response_format with json_schema ------------------------------------------------------
+
+SCHEMA = {
+    "title": "Weather report",
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "temp_c": {"type": "number"}},
+    "required": ["city", "temp_c"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("seed", range(0, 200, 20))
+async def test_an_output_schema_is_sent_as_the_sdks_response_format(seed: int) -> None:
+    case = generate(seed)
+    ours, _ = await our_bytes(case, SCHEMA)
+    # The name must match ^[a-zA-Z0-9_-]{1,64}$: the schema's title with other characters replaced.
+    response_format = {"type": "json_schema", "json_schema": {"name": "Weather_report", "schema": SCHEMA}}
+    theirs = await sdk_bytes(oracle_kwargs(case) | {"response_format": response_format})
+    assert ours == theirs, first_difference(ours, theirs)

@@ -28,10 +28,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench import step_costs
 from bench.step_costs import dynamo_row_writer, peer_costs
 from bench.workload import Workload
+from stepagent.agent_config import AgentConfig
 from stepagent.history_items import AssistantText, HistoryItem, Summary, UserItem, encode_item
 from stepagent.messages import InputMessage, TextContent
+from stepagent.providers.prices import parse_prices
 from stepagent.stores.base import Commit, ConversationStore, StateStore
 from stepagent.stores.memory import memory_stores
 from stepagent.stores.metrics import StoreMetrics
@@ -266,3 +269,33 @@ async def test_peer_workload_steps_make_few_requests_and_read_no_more_at_turn_60
         for a, b in zip(early[kind], late[kind], strict=True):
             assert b["requests"] <= a["requests"] + 1
             assert b["bytes_read"] <= 1.2 * a["bytes_read"] + 2_000  # + the ~1 KB summary
+
+
+async def test_the_limit_checks_add_no_request(dynamo: DynamoEnv, monkeypatch: Any) -> None:
+    """Every limit on, with prices known: each step of a turn makes exactly the requests it makes with the
+    limits off — the per-turn count rides on the head and the spend on the root's metadata item, both read
+    with the step's first request and written by its commit."""
+
+    def stores(metrics: StoreMetrics) -> tuple[ConversationStore, StateStore]:
+        return dynamo.stores(metrics=metrics, page_size=None)
+
+    plain = await peer_costs(stores, 3, False, "limits-off", modes=("cold",))
+    original = step_costs.build
+
+    def limited(factory: Any, metrics: StoreMetrics) -> Workload:
+        workload = original(factory, metrics)
+        config = workload.worker.system.config  # type: ignore[attr-defined]
+        config.agent = AgentConfig(
+            max_model_calls_per_turn=40, max_conversation_tokens=10**9, max_conversation_cost_usd=1000.0
+        )
+        config.prices = parse_prices(f'{{"{config.provider.info.name}": {{"input": 3, "output": 15}}}}')
+        return workload
+
+    monkeypatch.setattr(step_costs, "build", limited)
+    capped = await peer_costs(stores, 3, False, "limits-on", modes=("cold",))
+    assert len(plain["cold"]) == len(capped["cold"]) == 2
+    for off, on in zip(plain["cold"], capped["cold"], strict=True):
+        assert on["calls"] == off["calls"], (off, on)
+        assert on["requests"] == off["requests"]
+    spend = await dynamo.stores(metrics=StoreMetrics())[1].spend("limits-on-cold")
+    assert spend.tokens > 0 and spend.cost_usd > 0  # the limits had something to check

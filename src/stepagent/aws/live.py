@@ -15,8 +15,8 @@ Guarantees:
   step drops it from its turn buffer.
 - **Never in the way.** A failed live write is logged and ends live writes for that step; the step itself
   never fails because of it. ``STEPAGENT_LIVE_TEXT=off`` turns partial text off (:meth:`LiveText.disabled`).
-- **Notices.** :class:`NoticingPublisher` publishes output events as before and also records ``error``
-  and ``oauth_required`` events in the thread's ``LIVE`` item (best effort), so a client that does not
+- **Notices.** :class:`NoticingPublisher` publishes output events as before and also records ``error``,
+  ``oauth_required`` and ``limit_reached`` events in the thread's ``LIVE`` item (best effort), so a client that does not
   read the shared output queue still sees them.
 
 Cost per step (counted in :attr:`LiveText.metrics`; ``make bench`` measures it): with partial text on,
@@ -224,7 +224,7 @@ class NoticingPublisher(OutputPublisher):
     """An :class:`~stepagent.aws.outputs.OutputPublisher` that also keeps a thread's ``error`` and
     ``oauth_required`` events in its ``LIVE`` item."""
 
-    NOTICE_TYPES = frozenset({"error", "oauth_required"})
+    NOTICE_TYPES = frozenset({"error", "oauth_required", "limit_reached"})
 
     def __init__(
         self,

@@ -10,9 +10,13 @@ Guarantees (DESIGN §1 "Output queue"):
   tool-call row), ``tool_result`` and ``event`` (results and folded-in reports/events, with ``text``)
   come from :class:`~stepagent.events.TurnCommitted`, never from stream chunks, so a step
   that fails after streaming shows nothing it did not keep.
+- ``limit_reached`` (``limit``, ``value``, ``used``: a spending limit stopped the thread before a model
+  call) comes just before its step's ``turn_complete``; its id derives from the step's input.
 - ``turn_complete`` (the step ran the model and left the thread with nothing pending: no open call, no
-  held input) comes last in its step's events and carries ``usage`` (``input_tokens``, ``output_tokens``
-  of the step's model calls; prompt-cache tokens are not in ``input_tokens``) and ``model``
+  held input) comes last in its step's events and carries ``usage`` (``input_tokens``, ``output_tokens``,
+  ``cache_read_tokens``, ``cache_write_tokens`` of the step's model calls — prompt-cache tokens are not in
+  ``input_tokens`` — and ``cost_usd`` when the model's prices are known), ``output`` (the validated
+  structured output, when an output schema is configured and the answer matched it) and ``model``
   (``<provider>:<model id>``), exactly as the step's committed :class:`~stepagent.stores.base.UsageRecord`
   holds them.
 - ``event_id`` is stable and unique per content for the life of a thread: row events derive it from
@@ -36,6 +40,7 @@ from stepagent.events import (
     AgentEvent,
     CompletionFinished,
     InputRejected,
+    LimitReached,
     OAuthRequiredEvent,
     StepFailed,
     TurnCommitted,
@@ -75,6 +80,7 @@ class StepEvents:
             | UserChoiceRequiredEvent
             | UserChoiceDismissed
             | CompletionFinished
+            | LimitReached
             | TurnComplete,
         ):
             self.events.append(event)
@@ -180,19 +186,64 @@ def step_events(
                     "choice_id": event.choice_id,
                 }
             )
+        elif isinstance(event, LimitReached):
+            out.append(
+                {
+                    "type": "limit_reached",
+                    "event_id": event_id(thread_id, last_id, "limit_reached"),
+                    "limit": event.limit,
+                    "value": event.value,
+                    "used": event.used,
+                }
+            )
         elif isinstance(event, TurnComplete):
-            out.append(turn_complete_event(thread_id, event.version, event.usage, event.model))
+            out.append(
+                turn_complete_event(
+                    thread_id,
+                    event.version,
+                    event.usage,
+                    event.model,
+                    cost_usd=event.cost_usd,
+                    output=_OutputValue(event.output) if event.has_output else None,
+                )
+            )
     return out
 
 
-def turn_complete_event(thread_id: str, version: int, usage: Usage, model: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class _OutputValue:
+    """A structured output (wrapped: the value itself may be ``None``, JSON ``null``)."""
+
+    value: Any
+
+
+def turn_complete_event(
+    thread_id: str,
+    version: int,
+    usage: Usage,
+    model: str,
+    *,
+    cost_usd: float | None = None,
+    output: _OutputValue | None = None,
+) -> dict[str, Any]:
     """The ``turn_complete`` event of the step whose commit produced head ``version``."""
-    return {
+    counts: dict[str, Any] = {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cache_read_tokens": usage.cache_read_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+    }
+    if cost_usd is not None:
+        counts["cost_usd"] = cost_usd
+    event = {
         "type": "turn_complete",
         "event_id": event_id(thread_id, f"v{version}", "turn_complete"),
-        "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+        "usage": counts,
         "model": model,
     }
+    if output is not None:
+        event["output"] = output.value
+    return event
 
 
 async def replay_turn_complete(
@@ -212,7 +263,15 @@ async def replay_turn_complete(
         thread_id, after_version=max(0, info.version - REPLAY_WINDOW)
     ):
         if record.turn_complete and record.step_id in wanted:
-            event = turn_complete_event(thread_id, record.version, _usage(record), record.model)
+            output = _OutputValue(json.loads(record.output)) if record.output is not None else None
+            event = turn_complete_event(
+                thread_id,
+                record.version,
+                _usage(record),
+                record.model,
+                cost_usd=record.cost_usd,
+                output=output,
+            )
             if event["event_id"] not in seen:
                 out.append(event)
     return out

@@ -256,6 +256,7 @@ class AwsRuntime:
             providers=self.profile_providers,
             tracer=self.tracer,
             thread_cache=ThreadCache(settings.thread_cache_bytes),
+            prices=settings.prices,
         )
         self._system = AgentSystem(conversation, state, config)
         self.live = LiveText(self.dynamodb, str(settings.state_table), enabled=settings.live_text)

@@ -28,6 +28,7 @@ from typing import Any
 from stepagent.agent_config import AGENT_SETTING_NAMES, AgentConfig, agent_config_from_env, search_roots
 from stepagent.core.thread_cache import DEFAULT_CACHE_BYTES
 from stepagent.errors import ConfigurationError
+from stepagent.providers.prices import CATALOG_PRICES, PRICES_SETTING, PriceTable, parse_prices
 from stepagent.tools.mcp_config import McpServer
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ SETTING_NAMES = (
     "STEPAGENT_CALLBACK_SECRET_ID",
     "STEPAGENT_PROVIDER_API_KEY_ID",
     "STEPAGENT_LIVE_TEXT",
+    PRICES_SETTING,
     *AGENT_SETTING_NAMES,
 )
 #: Every ``STEPAGENT_*`` name something reads (the contract's, the template's and the test knobs').
@@ -106,6 +108,8 @@ class Settings:
     max_receive_count: int = DEFAULT_MAX_RECEIVE_COUNT
     #: Bytes of loaded threads a warm worker keeps (``STEPAGENT_THREAD_CACHE_BYTES``; 0 turns the cache off).
     thread_cache_bytes: int = DEFAULT_CACHE_BYTES
+    #: Model prices: the catalog's, with ``STEPAGENT_PRICES`` overriding the models it names.
+    prices: PriceTable = CATALOG_PRICES
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -162,6 +166,7 @@ class Settings:
             region=get("AWS_REGION") or get("AWS_DEFAULT_REGION"),
             agent_settings={name: value for name in AGENT_SETTING_NAMES if (value := get(name)) is not None},
             live_text=_switch("STEPAGENT_LIVE_TEXT", get("STEPAGENT_LIVE_TEXT"), default=True),
+            prices=parse_prices(get(PRICES_SETTING)),
         )
 
     def agent_config(self, roots: list[Path] | None = None) -> AgentConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -207,14 +208,30 @@ class Client:
             }
 
     # The contract's signature (DESIGN §1 "Client"): one call that waits, with its own limit.
-    async def wait(self, thread: str, message_id: str, timeout: float = 300.0) -> None:  # noqa: ASYNC109
+    async def wait(self, thread: str, message_id: str, timeout: float = 300.0) -> Any:  # noqa: ASYNC109
         """Return once ``thread`` has processed ``message_id`` and its tree is idle again (the turn that
-        message started is over); ``TimeoutError`` after ``timeout`` seconds."""
+        message started is over); ``TimeoutError`` after ``timeout`` seconds. Returns the turn's structured
+        output (``turn_complete.output``) when an output schema is configured, else ``None``."""
         self._require_open()
         cursor, seqs = await self._snapshot(thread)
         watch = TreeWatch(self._reader, thread, cursor, awaited={message_id}, notice_seq=seqs)
         async for _ in watch.replies(interval=self.poll_interval, limit=timeout):
             pass
+        return await self._turn_output(thread, message_id)
+
+    async def _turn_output(self, thread: str, message_id: str) -> Any:
+        """The structured output of the turn ``message_id`` started: the first completed turn's record at
+        or after the record of the step that answered it (one bounded read of recent usage records);
+        ``None`` when the model never answered that message (e.g. a limit stopped it) or gave no output."""
+        info = await self.conversation.get_thread(thread)
+        if info is None:
+            return None
+        started = False
+        async for record in self.conversation.usage_records(thread, after_version=max(0, info.version - 200)):
+            started = started or record.step_id == message_id
+            if started and record.turn_complete:
+                return None if record.output is None else json.loads(record.output)
+        return None
 
     async def idle(self, thread: str) -> bool:
         """Whether the thread tree is idle now (nothing running, nothing on its way), by two reads."""

@@ -102,8 +102,8 @@ class SyncClient:
             if not self._closed:
                 self._run(items.aclose())  # type: ignore[attr-defined]
 
-    def wait(self, thread: str, message_id: str, timeout: float = 300.0) -> None:
-        self._run(self._client.wait(thread, message_id, timeout))
+    def wait(self, thread: str, message_id: str, timeout: float = 300.0) -> Any:
+        return self._run(self._client.wait(thread, message_id, timeout))
 
     def idle(self, thread: str) -> bool:
         return self._run(self._client.idle(thread))

@@ -63,6 +63,8 @@ def item_line(item: Item, root: str) -> str | None:
         return f"{who} ✉ {_clip(text)}"
     if kind == "error":
         return f"{who} ! {text}" + (" (retrying)" if item.get("retrying") else "")
+    if kind == "limit":
+        return f"{who} ⏹ {text}"
     if kind == "oauth":
         return f"{who} 🔑 authorise at {item.get('auth_url')}"
     if kind == "choice":

@@ -227,6 +227,12 @@ class TreeWatch:
                         "auth_url": notice.get("auth_url"),
                     }
                 )
+            elif kind == "limit_reached":
+                limit, value, used = notice.get("limit"), notice.get("value"), notice.get("used")
+                text = (
+                    f"{limit} limit reached ({used} of {value}): the agent stopped before calling the model"
+                )
+                out.append({"thread_id": thread, "kind": "limit", "text": text})
             elif kind == "error":
                 message = str(notice.get("message", ""))
                 retrying = bool(notice.get("retrying"))

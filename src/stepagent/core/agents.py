@@ -17,6 +17,9 @@ Guarantees:
 - **System prompt** (:func:`system_prompt`): the configured prompt (else the built-in intro and "be
   concise"), then the runtime's guidance for the tools actually offered, then the thread-id line. With no
   prompt configured and every built-in offered it is exactly ``texts.DEFAULT_SYSTEM_PROMPT`` + suffix.
+- **Limits and output.** The spending limits and the output schema come from the profile where it sets
+  them, else the config. Only a root thread has an output schema: children and compaction threads answer
+  their parent in free text.
 - **Model limits.** ``context_window`` (profile, else the config's for the default model) replaces the
   provider's window; ``max_tokens``/``temperature`` travel in every request of the thread.
 """
@@ -32,6 +35,7 @@ from typing import Any
 from stepagent import texts
 from stepagent.agent_config import CHILD_TOOLS, AgentConfig, AgentProfile, profile_name
 from stepagent.errors import ConfigurationError, UnknownProfileError
+from stepagent.output_schema import OutputSchema
 from stepagent.providers.base import ModelInfo, ModelProvider
 from stepagent.tools.base import Toolset
 
@@ -50,6 +54,13 @@ class ThreadAgent:
     max_tokens: int | None
     temperature: float | None
     compaction_threshold: float
+    #: The limits checked before each model call (:mod:`stepagent.core.limits`).
+    max_model_calls_per_turn: int | None = None
+    max_conversation_tokens: int | None = None
+    max_conversation_cost_usd: float | None = None
+    #: The schema the root thread's final answers must match (``None``: free text), and the retries.
+    output_schema: OutputSchema | None = None
+    output_retries: int = 0
 
     @property
     def model(self) -> str:
@@ -98,6 +109,17 @@ def resolve_agent(
         max_tokens=_pick(profile and profile.max_tokens, agent.max_tokens),
         temperature=_pick(profile and profile.temperature, agent.temperature),
         compaction_threshold=agent.compaction_threshold,
+        max_model_calls_per_turn=_pick(
+            profile and profile.max_model_calls_per_turn, agent.max_model_calls_per_turn
+        ),
+        max_conversation_tokens=_pick(
+            profile and profile.max_conversation_tokens, agent.max_conversation_tokens
+        ),
+        max_conversation_cost_usd=_pick(
+            profile and profile.max_conversation_cost_usd, agent.max_conversation_cost_usd
+        ),
+        output_schema=None if child else _pick(profile and profile.output_schema, agent.output_schema),
+        output_retries=agent.output_retries,
     )
 
 

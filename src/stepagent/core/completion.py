@@ -17,6 +17,12 @@ Guarantees:
 - Cancellation (the ``cancel`` event, set by local mode when user text interrupts or the system shuts
   down) takes effect at once, even while the provider waits for its next chunk or a retry backs off: the
   visible partial turn is kept (trailing reasoning trimmed) and the round is never retried.
+- Limits: before every model call the thread's per-turn count and the conversation's spend (plus this
+  step's calls so far) are checked against ``limits``; a reached limit ends the rounds with
+  ``outcome.limit`` and no call is made.
+- Structured output: with an ``output_schema`` (root threads only), a round that ends the turn with text
+  has that text validated; an invalid answer is followed by a user item listing the errors and another
+  round, at most ``output_retries`` times, then ``outcome.output_errors``.
 - Usage: ``outcome.usage`` is the last finished model call's (what compaction measures),
   ``outcome.step_usage`` the sum over every finished call of the step, ``outcome.completions`` their
   number. Each model call and each inline tool run is a span of ``tracer`` (if any).
@@ -31,14 +37,17 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 from stepagent import texts
 from stepagent.core.effects import StepEffects
 from stepagent.core.history import HistoryManager
+from stepagent.core.limits import Limits
 from stepagent.errors import InvariantViolation, ProviderError
 from stepagent.events import (
     AgentEvent,
     Info,
+    LimitReached,
     TextChunk,
     ThinkingChunk,
     ThinkingEnded,
@@ -54,9 +63,11 @@ from stepagent.history_items import (
     Reasoning,
     ToolCallItem,
     ToolResultItem,
+    UserItem,
 )
 from stepagent.ids import completion_id, fresh_tool_call_id
-from stepagent.messages import ImageBlock, TextBlock, ToolCall, ToolResult
+from stepagent.messages import ImageBlock, TextBlock, TextContent, ToolCall, ToolResult
+from stepagent.output_schema import OutputSchema, output_feedback
 from stepagent.providers.base import (
     Final,
     ModelInfo,
@@ -70,7 +81,7 @@ from stepagent.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from stepagent.stores.base import DispatchIntent
+from stepagent.stores.base import DispatchIntent, Spend
 from stepagent.tools.base import Toolset
 from stepagent.tracing import (
     AttributeValue,
@@ -120,6 +131,13 @@ class CompletionOutcome:
     error: ProviderError | None = None
     executed_sync_calls: list[str] = field(default_factory=list)
     cancelled: bool = False
+    #: The limit that stopped the step before a model call, if one did.
+    limit: LimitReached | None = None
+    #: The validated structured output of the final answer (``has_output``), or the problems of the last
+    #: answer when the retries ran out (``output_errors``).
+    output: Any = None
+    has_output: bool = False
+    output_errors: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -141,6 +159,14 @@ class CompletionRunner:
     max_tokens: int | None = None
     temperature: float | None = None
     tracer: Tracer | None = None
+    #: Checked before every model call against the thread's count and the conversation's spend.
+    limits: Limits | None = None
+    #: What a step's usage costs (for the cost limit; ``None``: prices unknown, the cost limit never binds).
+    cost: Callable[[Usage], float | None] | None = None
+    #: The root thread's output schema: final answers are validated, and sent back at most
+    #: ``output_retries`` times with the errors.
+    output_schema: OutputSchema | None = None
+    output_retries: int = 0
     _counter: int = 0
     _thinking: bool = False
 
@@ -158,6 +184,7 @@ class CompletionRunner:
             thread_stack=self.history.thread_stack,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
+            output_schema=self.output_schema.schema if self.output_schema is not None else None,
         )
 
     def _next_id(self) -> str:
@@ -172,15 +199,49 @@ class CompletionRunner:
 
     async def run(self) -> CompletionOutcome:
         outcome = CompletionOutcome()
+        retries = 0
         for _ in range(MAX_ROUNDS_PER_STEP):
             if self.cancel is not None and self.cancel.is_set():
                 outcome.cancelled = True  # interrupted between rounds: the next step starts afresh
                 return outcome
-            loop_back = await self._round(outcome)
-            if not loop_back or outcome.error is not None or outcome.cancelled:
+            outcome.limit = self._limit_reached(outcome)
+            if outcome.limit is not None:
                 return outcome
+            start = len(self.history.history)
+            loop_back = await self._round(outcome)
+            if outcome.error is not None or outcome.cancelled:
+                return outcome
+            if loop_back:
+                continue
+            if outcome.action is not None or self.output_schema is None:
+                return outcome
+            verdict = self.output_schema.check(self._answer_since(start))
+            if verdict.ok:
+                outcome.output, outcome.has_output = verdict.value, True
+                return outcome
+            if retries >= self.output_retries:
+                outcome.output_errors = verdict.errors
+                return outcome
+            retries += 1
+            # The errors go back to the model as the next user turn; its row id is fixed by the step's
+            # input and the attempt, so a re-run of the step writes the same history.
+            feedback = UserItem(content=TextContent(text=output_feedback(verdict.errors)))
+            self.history.append_generated(feedback, f"{self.message_id}-output-check-{retries}")
         self.emit(Info(f"Stopped after {MAX_ROUNDS_PER_STEP} model rounds in one step"))
         return outcome
+
+    def _limit_reached(self, outcome: CompletionOutcome) -> LimitReached | None:
+        if self.limits is None:
+            return None
+        spent = self.history.snapshot.spend
+        if outcome.step_usage is not None:
+            cost = self.cost(outcome.step_usage) if self.cost is not None else None
+            spent = Spend(spent.tokens + outcome.step_usage.total_tokens, spent.cost_usd + (cost or 0.0))
+        return self.limits.reached(model_calls=self.history.turn_model_calls, spend=spent)
+
+    def _answer_since(self, start: int) -> str:
+        """The assistant text the last round added (the final answer to validate)."""
+        return "".join(item.text for item in self.history.history[start:] if isinstance(item, AssistantText))
 
     async def _round(self, outcome: CompletionOutcome) -> bool:
         """One round with retries. Returns whether another round should follow."""
@@ -310,6 +371,7 @@ class CompletionRunner:
                     state.final = event
                     history.flush_turn()
                     outcome.completions += 1
+                    history.turn_model_calls += 1
                     if usage is not None:
                         outcome.usage = usage
                         outcome.step_usage = (

@@ -56,6 +56,7 @@ from stepagent.stores.base import (
     DeferredInput,
     DispatchIntent,
     KnownRows,
+    Spend,
     StateStore,
     StoredRow,
     ThreadInfo,
@@ -145,6 +146,10 @@ class HistoryManager:
         #: What the next sync records as ``Commit.turn_complete``; the step sets it before its last sync,
         #: and every sync resets it, so a mid-step commit always says the turn is still running.
         self.turn_complete = False
+        #: Model calls of this thread since its last user text: as the head recorded them, plus this
+        #: step's. Every sync records a changed count on the head with the rows that made it change.
+        self.turn_model_calls = info.turn_model_calls if info else 0
+        self._recorded_model_calls = self.turn_model_calls
 
     # ---- construction ---------------------------------------------------------------------------------
 
@@ -439,6 +444,8 @@ class HistoryManager:
         commit = self._pending.to_commit(self.version, self.turn_complete)
         if commit.is_empty():
             return False
+        if self.turn_model_calls != self._recorded_model_calls:
+            commit.turn_model_calls = self.turn_model_calls
         self.turn_complete = False
         try:
             self.info = await self.conversation.commit(self.thread_id, commit)
@@ -447,6 +454,12 @@ class HistoryManager:
                 self._cache.drop(self.thread_id)
             raise
         self.version = self.info.version
+        self._recorded_model_calls = self.turn_model_calls
+        if commit.usage is not None:
+            spent = self.snapshot.spend
+            self.snapshot.spend = Spend(
+                spent.tokens + commit.usage.tokens, spent.cost_usd + (commit.usage.cost_usd or 0.0)
+            )
         first_order = self.info.tail - len(commit.rows) + 1
         self.committed_rows.extend(
             StoredRow(order=first_order + index, message_id=message_id, item=item, epoch=self.info.epoch)

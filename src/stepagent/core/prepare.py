@@ -166,6 +166,8 @@ class Preparer:
             item = UserItem(content=content)
         if not await self.history.handle_content(item, message_id):
             return False
+        if message.synthetic is None and not isinstance(content, ToolResult):
+            self.history.turn_model_calls = 0  # user input starts a new turn: the per-turn count restarts
         if isinstance(content, ToolResult):
             if message.subscription:
                 self.history.track_subscription(content.id)
@@ -223,6 +225,8 @@ class Preparer:
         child = synthetic.child_thread_id if isinstance(synthetic, ThreadReport) else None
         if not await self._inline(original, content, message_id, child=child):
             return False
+        if isinstance(synthetic, ParentMessage):
+            history.turn_model_calls = 0  # a child's user is its parent: a new message starts a new count
         if isinstance(synthetic, SubscriptionEvent) and synthetic.final:
             history.remove_subscription(original_id)
             (await self._active_subscriptions()).discard(original_id)

@@ -20,6 +20,13 @@ docstring holds the durability argument (DESIGN §3) and the order of the writes
   over its model calls, the model's name, whether the turn is complete) with its rows. When the step
   leaves the thread with nothing pending — no open tool call, no held input, not interrupted — it emits
   :class:`~stepagent.events.TurnComplete` after everything else, carrying that record's usage.
+- Limits: before every model call, the thread's model calls since its last user text (on its head) and
+  the conversation's spend (with the root's metadata) are checked (``core/limits.py``); a reached limit
+  emits :class:`~stepagent.events.LimitReached` after the commit instead of calling the model, then the
+  turn completes. The usage record's tokens and cost are added to the root's spend by the same commit.
+- Structured output: the root thread's validated final answer travels in ``TurnComplete.output`` (and in
+  the usage record, so a redelivery re-reports it); answers that stay invalid end with a ``StepFailed``
+  (not retrying) naming the errors.
 - Tracing: model calls and tool runs and dispatches are spans of ``StepConfig.tracer`` (none by default),
   children of the step's span (``modes/step_mode.py``); tracing can never fail a step (``stepagent.tracing``).
 - Reads: the step starts with one snapshot of the thread (``HistoryManager.load``; a warm worker's
@@ -32,6 +39,7 @@ docstring holds the durability argument (DESIGN §3) and the order of the writes
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +49,7 @@ from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, syst
 from stepagent.core.completion import CompletionRunner, RetryPolicy, sync_result_id
 from stepagent.core.effects import StepEffects, StepEnd, ToolServices
 from stepagent.core.history import HistoryManager
+from stepagent.core.limits import Limits
 from stepagent.core.prepare import Preparer
 from stepagent.core.thread_cache import ThreadCache
 from stepagent.core.turn import turn_is_complete
@@ -66,6 +75,7 @@ from stepagent.messages import (
     is_deferrable_synthetic,
 )
 from stepagent.providers.base import ModelProvider, Usage
+from stepagent.providers.prices import CATALOG_PRICES, PriceTable
 from stepagent.senders.base import InputSender
 from stepagent.stores.base import (
     ConversationStore,
@@ -109,6 +119,8 @@ class StepConfig:
     clock: Callable[[], float] = time.time
     #: A warm worker's cache of loaded threads (``core/thread_cache.py``); ``None``: every step reads all.
     thread_cache: ThreadCache | None = None
+    #: Model prices, for ``cost_usd`` in usage records and events and for the conversation cost limit.
+    prices: PriceTable = CATALOG_PRICES
 
     def __post_init__(self) -> None:
         check_agents(self.agent, self.toolset, self.providers)
@@ -276,6 +288,12 @@ class ThreadStep:
             max_tokens=agent.max_tokens,
             temperature=agent.temperature,
             tracer=self.config.tracer,
+            limits=Limits(
+                agent.max_model_calls_per_turn, agent.max_conversation_tokens, agent.max_conversation_cost_usd
+            ),
+            cost=lambda usage: self.config.prices.cost(agent.model, usage),
+            output_schema=agent.output_schema,
+            output_retries=agent.output_retries,
         )
         outcome = await runner.run()
         intent = None
@@ -289,18 +307,24 @@ class ThreadStep:
         )
         history.turn_complete = turn_is_complete(history, self.config.toolset, compaction_due=compaction_due)
         complete = not outcome.cancelled and not self._held and history.pending_tool_call() is None
-        history.record_usage(
-            UsageRecord(
-                step_id=message_id,
-                model=agent.model,
-                input_tokens=step_usage.input_tokens,
-                output_tokens=step_usage.output_tokens,
-                cache_read_tokens=step_usage.cache_read_tokens,
-                cache_write_tokens=step_usage.cache_write_tokens,
-                completions=outcome.completions,
-                turn_complete=complete,
+        cost = self.config.prices.cost(agent.model, step_usage)
+        if outcome.completions or outcome.limit is None:
+            # A step that a limit stopped before any model call stores no record: a redelivery of it then
+            # commits nothing and re-reports the same turn_complete.
+            history.record_usage(
+                UsageRecord(
+                    step_id=message_id,
+                    model=agent.model,
+                    input_tokens=step_usage.input_tokens,
+                    output_tokens=step_usage.output_tokens,
+                    cache_read_tokens=step_usage.cache_read_tokens,
+                    cache_write_tokens=step_usage.cache_write_tokens,
+                    completions=outcome.completions,
+                    turn_complete=complete,
+                    cost_usd=cost,
+                    output=json.dumps(outcome.output) if outcome.has_output else None,
+                )
             )
-        )
         finished = CompletionFinished(
             usage=outcome.usage,
             context_window=model.context_window,
@@ -308,7 +332,15 @@ class ThreadStep:
             model=agent.model,
         )
         error = None if outcome.error is None else f"The model failed: {outcome.error}"
-        failed = [] if error is None else [StepFailed(message=error, retrying=False)]
+        if error is None and outcome.output_errors:
+            attempts = agent.output_retries + 1
+            error = (
+                f"The answer did not match the output schema after {attempts} attempt"
+                f"{'s' if attempts != 1 else ''}: " + "; ".join(outcome.output_errors)
+            )
+        failed: list[AgentEvent] = [] if error is None else [StepFailed(message=error, retrying=False)]
+        if outcome.limit is not None:
+            failed.append(outcome.limit)
         request = self._compaction_request(
             history, outcome.usage, model.context_window, agent.compaction_threshold
         )
@@ -324,7 +356,15 @@ class ThreadStep:
         )
         if complete:
             self.emit(
-                TurnComplete(usage=step_usage, model=agent.model, step_id=message_id, version=history.version)
+                TurnComplete(
+                    usage=step_usage,
+                    model=agent.model,
+                    step_id=message_id,
+                    version=history.version,
+                    cost_usd=cost,
+                    output=outcome.output,
+                    has_output=outcome.has_output,
+                )
             )
         return StepOutcome(self.thread_id, True, outcome.usage, model.context_window, error)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from typing import IO, Any
 from stepagent.lifecycle.export import LifecycleError, export_lines
 from stepagent.lifecycle.importer import ImportLimits, import_tree
 from stepagent.lifecycle.rewind import rewind_thread
+from stepagent.providers.prices import PRICES_SETTING, parse_prices
 from stepagent.stores.base import ConversationStore, StateStore
 from stepagent.usage import thread_usage
 
@@ -104,7 +106,8 @@ def add_lifecycle_commands(subparsers: Any) -> None:
         help="token totals of a thread and its descendants, per model and per thread",
         description=(
             "Sum the token usage every step of the thread tree committed: input (uncached), output and "
-            "prompt-cache tokens, model calls and steps — in total, per model and per thread."
+            "prompt-cache tokens, model calls, steps and dollars (for models with known prices; "
+            "STEPAGENT_PRICES adds or overrides prices) — in total, per model and per thread."
         ),
     )
     usage.add_argument("thread", help="the thread id (usually a root)")
@@ -163,7 +166,8 @@ async def _export(conversation: ConversationStore, state: StateStore, args: argp
 
 
 async def _usage(conversation: ConversationStore, args: argparse.Namespace) -> int:
-    report = await thread_usage(conversation, args.thread)
+    # Steps stored their cost when they ran; older records are priced now (catalog + STEPAGENT_PRICES).
+    report = await thread_usage(conversation, args.thread, parse_prices(os.environ.get(PRICES_SETTING)))
     if report is None:
         print(f"stepagent: no thread {args.thread!r}", file=sys.stderr)
         return 1

@@ -66,6 +66,7 @@ from stepagent.modes.local_driver import (
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelProvider
 from stepagent.providers.factory import make_provider
+from stepagent.providers.prices import CATALOG_PRICES, PriceTable
 from stepagent.stores.base import ConversationStore, StateStore
 from stepagent.stores.memory import memory_stores
 from stepagent.tools.base import LifecycleNotifier, Tool, Toolset
@@ -236,6 +237,7 @@ class LocalAgentSystem:
         notifier: LifecycleNotifier | None = None,
         tracer: Tracer | None = None,
         step_retry_delays: Sequence[float] = DEFAULT_STEP_RETRY_DELAYS,
+        prices: PriceTable = CATALOG_PRICES,
     ) -> LocalAgentSystem:
         """A system with in-memory stores (unless ``stores`` is given), ``tools`` followed by every built-in
         tool (``agent.builtin_tools`` chooses which the model is offered; a tool in ``tools`` with a
@@ -265,6 +267,7 @@ class LocalAgentSystem:
             runner=InProcessFunctionRunner(user_tools, background=True),
             notifier=notifier,
             retry=retry if retry is not None else RetryPolicy(),
+            prices=prices,
         )
         conversation, state = stores if stores is not None else memory_stores()
         return cls(conversation, state, config, observer=observer, step_retry_delays=step_retry_delays)

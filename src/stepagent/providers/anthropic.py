@@ -146,8 +146,11 @@ def anthropic_body(
         "max_tokens": request.output_limit,
         "messages": JsonArray(lambda: anthropic_messages(turns)),
         "model": model,
-        "stream": True,
     }
+    if request.output_schema is not None:
+        # Structured outputs: the Messages API constrains the answer's text to the schema.
+        body["output_config"] = {"format": {"type": "json_schema", "schema": request.output_schema}}
+    body["stream"] = True
     if request.system.strip():
         body["system"] = [{"type": "text", "text": request.system, "cache_control": dict(_EPHEMERAL)}]
     if thinking is not None:

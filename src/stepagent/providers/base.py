@@ -58,6 +58,9 @@ class ModelRequest:
     max_tokens: int | None = None
     #: Sampling temperature (``STEPAGENT_TEMPERATURE``); ``None``: not sent (the provider's default).
     temperature: float | None = None
+    #: The JSON Schema the answer must match (structured output), sent through the provider's native
+    #: mechanism where it has one; ``None``: free text.
+    output_schema: dict[str, Any] | None = None
 
     @property
     def output_limit(self) -> int:

@@ -47,6 +47,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from stepagent.errors import ProviderError
 from stepagent.messages import ToolCall
+from stepagent.output_schema import schema_instruction
 from stepagent.providers.base import (
     Final,
     ModelInfo,
@@ -179,8 +180,13 @@ def converse_params(
         request.history if history is None else history, images=request.model.supports_image_input
     )
     params: dict[str, Any] = {"modelId": model_id, "messages": converse_messages(turns, cache=cache)}
-    if request.system.strip():
-        params["system"] = [{"text": request.system}, *([dict(_CACHE_POINT)] if cache else [])]
+    system = request.system
+    if request.output_schema is not None:
+        # Converse's structured-output field (outputConfig) is newer than the pinned botocore, which would
+        # reject it: the schema goes into the system prompt and the runtime validates the answer.
+        system = f"{system}\n\n{schema_instruction(request.output_schema)}".strip()
+    if system.strip():
+        params["system"] = [{"text": system}, *([dict(_CACHE_POINT)] if cache else [])]
     inference: dict[str, Any] = {"maxTokens": request.output_limit}
     if request.temperature is not None:
         inference["temperature"] = request.temperature

@@ -41,6 +41,7 @@ import httpx
 
 from stepagent.errors import ConfigurationError, ProviderError
 from stepagent.messages import ToolCall
+from stepagent.output_schema import schema_name
 from stepagent.providers.base import (
     Final,
     ModelInfo,
@@ -189,6 +190,12 @@ def openai_body(
         body[max_tokens_field] = request.max_tokens
     if request.tools:
         body["parallel_tool_calls"] = False
+    if request.output_schema is not None:
+        # Structured outputs: the answer's content must be JSON matching the schema.
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": schema_name(request.output_schema), "schema": request.output_schema},
+        }
     body["stream_options"] = {"include_usage": True}
     if request.temperature is not None:
         body["temperature"] = request.temperature

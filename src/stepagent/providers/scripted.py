@@ -35,6 +35,14 @@ Events (each an object with exactly one of these shapes):
   event's index in the reply: stable when the same request is re-run, distinct across turns.
 - ``{"error": s, "retryable": bool}`` — raise ``ProviderError(s, retryable=...)`` at that point of the
   stream (``retryable`` defaults to false).
+- ``{"output": <any JSON value>}`` — a structured answer: the value's JSON text, streamed like ``text``.
+
+Structured output: the scripted model honours an output schema the way a vendor's constrained decoding
+cannot be imitated offline — it never rewrites a reply. An ``output`` event answers with JSON; a ``text``
+event answers exactly as written (so a script can answer badly on purpose). The runtime validates the answer
+and, when it does not match, sends the errors back as a user item starting with ``Your answer does not
+match the required output schema``, which a rule can match to answer again. The request's schema counts
+toward the input characters.
 
 Usage (reported in the final event, so compaction can be exercised offline): one token per 4 characters,
 rounded up. Input characters = the system prompt + every history item's text (tool calls: name and JSON
@@ -88,6 +96,7 @@ _EVENT_KEYS: dict[str, frozenset[str]] = {
     "reasoning": frozenset({"reasoning", "signature"}),
     "tool_call": frozenset({"tool_call"}),
     "error": frozenset({"error", "retryable"}),
+    "output": frozenset({"output"}),
 }
 _TOOL_CALL_KEYS = frozenset({"name", "arguments"})
 _THREAD_ID = "{thread_id}"
@@ -268,7 +277,8 @@ def _parse_event(raw: object, where: str) -> ScriptEvent:
     if len(kinds) != 1:
         found = "none" if not kinds else " and ".join(repr(k) for k in kinds)
         raise _Invalid(
-            where, f"an event needs exactly one of 'text', 'reasoning', 'tool_call', 'error' (found {found})"
+            where,
+            f"an event needs exactly one of 'text', 'reasoning', 'tool_call', 'error', 'output' (found {found})",
         )
     kind = kinds[0]
     unknown = sorted(set(raw) - _EVENT_KEYS[kind])
@@ -278,6 +288,9 @@ def _parse_event(raw: object, where: str) -> ScriptEvent:
         )
     if kind == "text":
         return TextEvent(_string(raw["text"], f"{where}.text"))
+    if kind == "output":
+        # A structured answer: the value's JSON text, streamed like any text.
+        return TextEvent(json.dumps(raw["output"], ensure_ascii=False))
     if kind == "reasoning":
         signature = raw.get("signature")
         if signature is not None:
@@ -447,7 +460,8 @@ def request_chars(request: ModelRequest) -> int:
     specs = [
         {"name": s.name, "description": s.description, "parameters": s.parameters} for s in request.tools
     ]
-    return total + len(_dumps(specs))
+    schema = getattr(request, "output_schema", None)
+    return total + len(_dumps(specs)) + (len(_dumps(schema)) if schema is not None else 0)
 
 
 def item_text(item: HistoryItem) -> str:

@@ -5,7 +5,9 @@ Guarantees every implementation must give (the contract suite in ``tests/contrac
 
 - A thread's log is append-only with 1-based, gap-free orders; rows become visible only through a
   :class:`Commit`, which is atomic: rows, processed message ids, answered tool calls, dispatch intents,
-  subscription and deferral changes and the step's :class:`UsageRecord` all land, or none do.
+  subscription and deferral changes and the step's :class:`UsageRecord` all land, or none do; the
+  record's tokens and cost are added to the root's :class:`Spend` in the same commit, so a conversation's
+  spend counts every committed step exactly once.
 - A commit is conditioned on the thread's head ``version``; if another writer committed first it raises
   :class:`~stepagent.errors.ConcurrentWriteError` and changes nothing.
 - The head carries the last commit's :attr:`Commit.turn_complete` (``ThreadInfo.turn_complete``), so a
@@ -67,6 +69,18 @@ class ThreadInfo:
     #: commit has recorded it (a spawned child before its first step, an imported or older thread). A
     #: liveness flag, not part of the record: equality ignores it.
     turn_complete: bool | None = field(default=None, compare=False)
+    #: Model calls of this thread since its last user text, as of the last commit that said
+    #: (:attr:`Commit.turn_model_calls`); what the per-turn model-call limit counts.
+    turn_model_calls: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """What a conversation (a root thread and every thread under it) has spent on model calls: tokens
+    (input, output and prompt-cache tokens) and dollars (of the calls whose model has known prices)."""
+
+    tokens: int = 0
+    cost_usd: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +136,15 @@ class UsageRecord:
     completions: int = 0
     turn_complete: bool = False
     version: int = 0
+    #: The dollars the step's calls cost at the prices known when it ran (``None``: prices unknown).
+    cost_usd: float | None = None
+    #: The validated structured output of the turn (JSON text), when an output schema is configured.
+    output: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        """Every token of the step: input, output, cache reads and writes (what the token limit counts)."""
+        return self.input_tokens + self.output_tokens + self.cache_read_tokens + self.cache_write_tokens
 
 
 @dataclass(slots=True)
@@ -142,7 +165,10 @@ class Commit:
     #: Calls that later inputs refer to (spawn and subscription calls), kept findable after compaction.
     indexed_calls: Sequence[ToolCall] = ()
     #: The step's model usage, stored under this commit's new head version (never by a replacement flip).
+    #: Its tokens and cost are added to the root's :class:`Spend` in the same commit.
     usage: UsageRecord | None = None
+    #: The thread's model calls since its last user text, recorded on the head (``None``: unchanged).
+    turn_model_calls: int | None = None
     #: The step that makes this commit leaves the thread with nothing pending (no open call, no held input,
     #: no compaction about to start). Recorded on the head (``ThreadInfo.turn_complete``); every commit
     #: writes it, so a mid-step commit marks the turn as still running. Not a change by itself.
@@ -268,6 +294,8 @@ class ThreadSnapshot:
     open_intents: bool | None = None
     deferred: bool | None = None
     choices: bool | None = None
+    #: The conversation's spend so far (kept with the root; read with its metadata).
+    spend: Spend = field(default_factory=Spend)
 
 
 class ConversationStore(Protocol):
@@ -355,6 +383,11 @@ class StateStore(Protocol):
     async def get_metadata(self, root_id: str) -> Any: ...
 
     async def set_metadata(self, root_id: str, metadata: Any) -> None: ...
+
+    async def spend(self, root_id: str) -> Spend:
+        """The conversation's spend: the sum of every committed usage record of the tree (never lowered
+        by rewinds, compaction or closing threads — the tokens were spent)."""
+        ...
 
     async def active_subscriptions(self, thread_id: str) -> set[str]: ...
 
@@ -462,7 +495,9 @@ async def compose_snapshot(
             snapshot.summary = summary
             after = order if order is not None else 0
         snapshot.rows = [row async for row in conversation.load_rows(thread_id, after=after)]
-    snapshot.metadata = await state.get_metadata(info.root_id if info is not None else thread_id)
+    root = info.root_id if info is not None else thread_id
+    snapshot.metadata = await state.get_metadata(root)
+    snapshot.spend = await state.spend(root)
     if message_ids:
         snapshot.processed = await state.filter_processed(thread_id, message_ids)
     if tool_call_ids:

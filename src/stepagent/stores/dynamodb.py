@@ -52,6 +52,7 @@ The item layout (keys and the head codec) is :mod:`~stepagent.stores.dynamodb_la
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -110,7 +111,7 @@ from stepagent.stores.dynamodb_layout import (
 )
 from stepagent.stores.dynamodb_replace import rewind_thread, stage_history, sweep_generations
 from stepagent.stores.dynamodb_snapshot import latest_summary, open_thread, save_summary
-from stepagent.stores.dynamodb_state import DynamoStateStore, state_writes
+from stepagent.stores.dynamodb_state import DynamoStateStore, meta_writes, state_writes
 from stepagent.stores.metrics import StoreMetrics
 
 __all__ = ["DynamoConversationStore", "DynamoStateStore", "dynamo_stores"]
@@ -119,6 +120,15 @@ __all__ = ["DynamoConversationStore", "DynamoStateStore", "dynamo_stores"]
 #: Heads a store remembers (the last one each thread's snapshot read or commit wrote), so a commit does not
 #: read the head its step just read. Small items; bounded so a long-lived worker's memory stays flat.
 REMEMBERED_HEADS = 256
+
+
+#: Tries of a commit transaction cancelled only by a conflict on an item other than the thread's head.
+CONFLICT_ATTEMPTS = 3
+
+
+def _conflict_on_head(reasons: Sequence[str]) -> bool:
+    """Whether the conflict was on the head (the first action): another writer of this very thread."""
+    return bool(reasons) and reasons[0] == "TransactionConflict"
 
 
 class _RowConflict(Exception):
@@ -469,22 +479,30 @@ class DynamoConversationStore:
             await self._row_write(info, generation, info.tail + index, message_id, data)
             for index, (message_id, data) in enumerate(encoded, start=1)
         ]
-        others = await state_writes(self._io, self.state_table, thread_id, commit, info.version + 1)
+        others = await state_writes(
+            self._io, self.state_table, thread_id, commit, info.version + 1, meta=False
+        )
+        # The root's metadata and spend: written with the head flip itself (an ADD must never be re-applied
+        # by a journal roll-forward, which may repeat an entry).
+        meta = await meta_writes(self._io, self.state_table, info.root_id, commit)
         if commit.usage is not None:
             others.append(put(self.table, usage_item(thread_id, commit.usage, info.version + 1)))
         head = self._head_update(info, info.tail + len(rows), commit, deferred)
-        if fits([head, *rows, *others]):
-            await self._transact(thread_id, [head, *rows, *others])
+        if fits([head, *rows, *meta, *others]):
+            await self._transact(thread_id, [head, *rows, *meta, *others])
         else:
             # Write-then-flip: stage rows past the tail (invisible to readers), each chunk re-checking the
             # head so staging stops as soon as another writer wins; then flip the head with everything else
             # (through a journal when that does not fit one transaction either).
             for chunk in transaction_chunks(rows, reserve=1):
                 await self._transact(thread_id, [self._head_check(info), *chunk])
-            await journal_flip(self, thread_id, HEAD_SK, [head], others)
-        return replace(
+            await journal_flip(self, thread_id, HEAD_SK, [head, *meta], others)
+        new = replace(
             info, version=info.version + 1, tail=info.tail + len(rows), turn_complete=commit.turn_complete
         )
+        if commit.turn_model_calls is not None:
+            new = replace(new, turn_model_calls=commit.turn_model_calls)
+        return new
 
     async def _transact(self, thread_id: str, writes: list[Write]) -> None:
         """Run ``writes`` (head action first) as one transaction and classify a cancellation."""
@@ -492,25 +510,41 @@ class DynamoConversationStore:
         # A token derived from the content makes botocore's own retry of a transaction whose response was
         # lost idempotent (DynamoDB answers success for 10 minutes) instead of failing its version check.
         token = hashlib.sha256(json.dumps(actions, sort_keys=True).encode()).hexdigest()[:36]
-        try:
-            await self._io.call(
-                "TransactWriteItems", self.table, TransactItems=actions, ClientRequestToken=token
-            )
-        except TransactionCancelled as exc:
-            reasons = exc.reasons
-            if reasons and reasons[0] == "ConditionalCheckFailed":
-                raise ConcurrentWriteError(f"thread {thread_id}: another writer committed first") from None
-            if any(r == "ConditionalCheckFailed" and w.is_row for w, r in zip(writes, reasons, strict=False)):
-                raise _RowConflict from None
-            if "TransactionConflict" in reasons:
-                raise ConcurrentWriteError(
-                    f"thread {thread_id}: a concurrent transaction touched it"
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                await self._io.call(
+                    "TransactWriteItems",
+                    self.table,
+                    TransactItems=actions,
+                    ClientRequestToken=token if attempt == 1 else f"{token[:32]}-r{attempt}",
+                )
+            except TransactionCancelled as exc:
+                reasons = exc.reasons
+                if reasons and reasons[0] == "ConditionalCheckFailed":
+                    raise ConcurrentWriteError(
+                        f"thread {thread_id}: another writer committed first"
+                    ) from None
+                if any(
+                    r == "ConditionalCheckFailed" and w.is_row for w, r in zip(writes, reasons, strict=False)
+                ):
+                    raise _RowConflict from None
+                if "TransactionConflict" in reasons:
+                    # Another thread of the same tree committing at the same moment touches the root's
+                    # metadata item (the conversation's spend): the head condition still guards this
+                    # thread, so trying the same transaction again is safe and spares the step a re-run
+                    # (which would repeat its model call).
+                    if attempt < CONFLICT_ATTEMPTS and not _conflict_on_head(reasons):
+                        await asyncio.sleep(0.02 * attempt)
+                        continue
+                    raise ConcurrentWriteError(
+                        f"thread {thread_id}: a concurrent transaction touched it"
+                    ) from None
+                raise StoreError(
+                    f"DynamoDB TransactWriteItems on table {self.table} for thread {thread_id} was "
+                    f"cancelled: {', '.join(reasons)}"
                 ) from None
-            raise StoreError(
-                f"DynamoDB TransactWriteItems on table {self.table} for thread {thread_id} was cancelled: "
-                f"{', '.join(reasons)}"
-            ) from None
-        self._io.count_written(writes)
+            self._io.count_written(writes)
+            return
 
     # ---- inbound messages (what a client needs to tell an idle thread from one with mail on the way)
 

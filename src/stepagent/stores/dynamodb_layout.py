@@ -10,6 +10,7 @@ Item layout (``pk`` = thread id in both tables)::
 
     conversation  HEAD              root_id kind closed version tail [epoch] [parent_id spawn_order spawn_tool_call_id]
                                     [gen] [pending_gen pending_at]       generation pointer, replacement mark
+                                    [mc]                                 model calls since the last user text
                                     [turn_complete] [inbox]              last commit's turn flag; ids of
                                                                          messages sent here by other threads,
                                                                          not yet processed (string set)
@@ -33,11 +34,15 @@ Item layout (``pk`` = thread id in both tables)::
                   SUMMARY           up_to sv (body | blob) [cid]         copy of the latest summary, valid
                                                                          only while the head's ``sv`` matches
                   C#{child_id}      seq                                  child index entry (spawn order)
-                  U#{version:012d}  step_id model in out cr cw calls done    model usage of the commit
+                  U#{version:012d}  step_id model in out cr cw calls done [cost] [output]
+                                                                         model usage of the commit
                                                                           that produced head ``version``
     state         P#{message_id}    expires_at                           processed marker (TTL)
                   A#{tool_call_id}  expires_at                           answered marker (TTL)
-                  META              (body | blob)                        metadata JSON, under the root's id
+                  META              [body | blob] [sp_tokens sp_pusd]    metadata JSON, under the root's id,
+                                                                         and the conversation's spend (tokens,
+                                                                         picodollars; ADDed
+                                                                         by every commit with a usage record)
                   SUB#{tool_call_id}                                     active subscription
                   CHOICE#{id}       (body | blob) seq                    UserChoiceRequired JSON
                   I#{tool_call_id}  (body | blob) seq                    DispatchIntent JSON (outbox)
@@ -124,6 +129,7 @@ HEAD_SK = "HEAD"
 CHILD_PREFIX = "C#"
 USAGE_PREFIX = "U#"
 TURN_COMPLETE_ATTRIBUTE = "turn_complete"
+TURN_MODEL_CALLS_ATTRIBUTE = "mc"
 INBOX_ATTRIBUTE = "inbox"
 CREATED_AT_ATTRIBUTE = "created_at"
 FLAGS_ATTRIBUTE = "fl"
@@ -212,6 +218,7 @@ def info_from_item(item: Item) -> ThreadInfo:
         tail=number("tail") or 0,
         epoch=number("epoch") or 0,
         turn_complete=bool(turn) if turn is not None else None,
+        turn_model_calls=number(TURN_MODEL_CALLS_ATTRIBUTE) or 0,
     )
 
 
@@ -267,6 +274,10 @@ def usage_item(thread_id: str, record: UsageRecord, version: int) -> Item:
     }
     for attribute, name in _USAGE_COUNTS:
         item[attribute] = n_attr(int(getattr(record, name)))
+    if record.cost_usd is not None:
+        item["cost"] = {"N": f"{record.cost_usd:.10f}".rstrip("0").rstrip(".") or "0"}  # never 1e-07
+    if record.output is not None:
+        item["output"] = s_attr(record.output)
     return item
 
 
@@ -278,6 +289,8 @@ def usage_from_item(item: Item) -> UsageRecord:
         model=str(item["model"]["S"]),
         turn_complete=bool(item.get("done", {}).get("BOOL", False)),
         version=int(str(item["sk"]["S"])[len(USAGE_PREFIX) :]),
+        cost_usd=float(item["cost"]["N"]) if "cost" in item else None,
+        output=str(item["output"]["S"]) if "output" in item else None,
         **counts,
     )
 
@@ -310,6 +323,10 @@ def head_update(
         names["#tc"] = TURN_COMPLETE_ATTRIBUTE
         values[":tc"] = {"BOOL": commit.turn_complete}
         sets.append("#tc = :tc")
+        if commit.turn_model_calls is not None:
+            names["#mc"] = TURN_MODEL_CALLS_ATTRIBUTE
+            values[":mc"] = n_attr(commit.turn_model_calls)
+            sets.append("#mc = :mc")
         processed = sorted(set(commit.processed_message_ids))
         if processed:
             names["#in"] = INBOX_ATTRIBUTE
@@ -390,6 +407,8 @@ def head_after(head: Item, new: ThreadInfo, commit: Commit, deferred: set[str] |
     after["version"] = n_attr(new.version)
     after["tail"] = n_attr(new.tail)
     after[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": commit.turn_complete}
+    if commit.turn_model_calls is not None:
+        after[TURN_MODEL_CALLS_ATTRIBUTE] = n_attr(commit.turn_model_calls)
     inbox = head_inbox(head) - set(commit.processed_message_ids)
     sets = {
         INBOX_ATTRIBUTE: inbox,

@@ -4,7 +4,8 @@
 reads (``load_snapshot`` composes them; the contract suite checks both agree) with:
 
 - **One ``BatchGetItem``** (consistent) for the thread's ``HEAD``, the ``SUMMARY`` copy of its latest
-  summary (only when the caller holds no rows), the ``META`` item of the thread (its root's, for a root)
+  summary (only when the caller holds no rows), the ``META`` item of the thread (its root's, for a root:
+  the metadata and the conversation's spend, which the limits are checked against)
   and the ``P#`` / ``A#`` markers of the batch's message and tool-call ids — across both tables.
 - **One ``Query``** of exactly the rows after the summary (or after the rows the caller still holds, when
   the head proves them unchanged: same epoch and summary, tail not behind), paged by DynamoDB's 1 MB
@@ -62,7 +63,7 @@ from stepagent.stores.dynamodb_layout import (
     summary_call_ids_attribute,
     summary_sk,
 )
-from stepagent.stores.dynamodb_state import FLAGS_UNKNOWN_SK
+from stepagent.stores.dynamodb_state import FLAGS_UNKNOWN_SK, has_metadata, spend_from_item
 
 
 class SnapshotTable(Protocol):
@@ -128,6 +129,7 @@ async def open_thread(
         by_sk.get((root, _META_SK)) if root == thread_id else await _get(store, state_table, root, _META_SK)
     )
     snapshot.metadata = await _metadata(store, meta, root)
+    snapshot.spend = spend_from_item(meta)
     if head is None or info is None:
         return snapshot
     if FLAGS_ATTRIBUTE in head and (thread_id, FLAGS_UNKNOWN_SK) not in by_sk:
@@ -166,8 +168,9 @@ async def _get(store: SnapshotTable, table: str, pk: str, sk: str) -> Item | Non
 
 
 async def _metadata(store: SnapshotTable, item: Item | None, root: str) -> Any:
-    if item is None:
+    if not has_metadata(item):
         return None
+    assert item is not None
     return json.loads(await store._io.read_payload(item, f"metadata of {root}"))
 
 

@@ -27,18 +27,21 @@ from typing import Any
 from stepagent.blobs import ContentBlobs
 from stepagent.errors import StoreError
 from stepagent.messages import InputMessage, ToolCall, UserChoiceRequired
-from stepagent.stores.base import Commit, DeferredInput, DispatchIntent
+from stepagent.stores.base import Commit, DeferredInput, DispatchIntent, Spend
 from stepagent.stores.dynamodb_io import (
     MARKER_TTL_S,
+    PAYLOAD_ATTRIBUTES,
     AwsClient,
     ConditionFailed,
     DynamoIo,
+    Item,
     TransactionCancelled,
     Write,
     delete,
     insertion_seq,
     item_key,
     marker_item,
+    n_attr,
     payload_write,
     put,
     s_attr,
@@ -49,6 +52,12 @@ from stepagent.stores.metrics import StoreMetrics
 __all__ = ["MARKER_TTL_S", "DynamoStateStore", "state_writes"]
 
 META_SK = "META"
+#: The root's ``META`` item carries the conversation's spend next to its metadata: tokens, and dollars as
+#: a whole number of picodollars (integer ``ADD`` is exact everywhere; fractional numbers drift or, on
+#: some DynamoDB emulators, fail once a sum needs exponent notation).
+SPEND_TOKENS_ATTRIBUTE = "sp_tokens"
+SPEND_COST_ATTRIBUTE = "sp_pusd"
+_PICO = 10**12
 #: Present when state was added to a thread before it had a head: its head's state flags are not exact.
 FLAGS_UNKNOWN_SK = "FLAGS_UNKNOWN"
 COMPACTION_SK = "COMPACTION"
@@ -58,9 +67,10 @@ _SEQ_PER_VERSION = 1_000_000
 
 
 async def state_writes(
-    io: DynamoIo, table: str, thread_id: str, commit: Commit, new_version: int
+    io: DynamoIo, table: str, thread_id: str, commit: Commit, new_version: int, *, meta: bool = True
 ) -> list[Write]:
-    """The state-table actions of ``commit``, which will produce head version ``new_version``."""
+    """The state-table actions of ``commit``, which will produce head version ``new_version`` (without its
+    metadata write when ``meta`` is false: the caller writes the root's ``META`` with :func:`meta_writes`)."""
     writes = [
         put(table, marker_item(thread_id, f"P#{m}")) for m in dict.fromkeys(commit.processed_message_ids)
     ]
@@ -88,15 +98,55 @@ async def state_writes(
     for call in {call.id: call for call in commit.indexed_calls}.values():
         payload = await io.payload(call.model_dump_json(), f"state/{thread_id}/CALL#{call.id}")
         writes.append(put(table, {**item_key(thread_id, f"CALL#{call.id}"), **payload}))
-    if commit.metadata is not None:
+    if meta and commit.metadata is not None:
         root_id, value = commit.metadata
         writes.append(await _metadata_write(io, table, root_id, value))
     return writes
 
 
 async def _metadata_write(io: DynamoIo, table: str, root_id: str, value: Any) -> Write:
-    payload = await io.payload(json.dumps(value), f"state/{root_id}/{META_SK}")
-    return put(table, {**item_key(root_id, META_SK), **payload})
+    # An upsert of the payload attributes only: the item also holds the conversation's spend.
+    return await payload_write(io, table, root_id, META_SK, json.dumps(value), None)
+
+
+async def meta_writes(io: DynamoIo, table: str, root_id: str, commit: Commit) -> list[Write]:
+    """The ``META`` writes of a commit of a thread under ``root_id``: its metadata change and the spend of
+    its usage record (``ADD``, so concurrent commits of the tree's threads all count), as ONE update when
+    both concern the root (a transaction may touch an item only once)."""
+    writes: list[Write] = []
+    metadata = commit.metadata
+    if metadata is not None and metadata[0] != root_id:
+        writes.append(await _metadata_write(io, table, metadata[0], metadata[1]))
+        metadata = None
+    usage = commit.usage
+    if usage is None:
+        if metadata is not None:
+            writes.append(await _metadata_write(io, table, root_id, metadata[1]))
+        return writes
+    names = {"#st": SPEND_TOKENS_ATTRIBUTE, "#sc": SPEND_COST_ATTRIBUTE}
+    values: Item = {":st": n_attr(usage.tokens), ":sc": n_attr(round((usage.cost_usd or 0.0) * _PICO))}
+    expression = "ADD #st :st, #sc :sc"
+    if metadata is not None:
+        base = await _metadata_write(io, table, root_id, metadata[1])
+        names |= base.request["ExpressionAttributeNames"]
+        values |= base.request["ExpressionAttributeValues"]
+        expression = f"{base.request['UpdateExpression']} {expression}"
+    writes.append(update(table, item_key(root_id, META_SK), expression, names, values))
+    return writes
+
+
+def spend_from_item(item: Item | None) -> Spend:
+    """The conversation spend a root's ``META`` item holds (none: nothing spent yet)."""
+    if not item:
+        return Spend()
+    tokens = int(item[SPEND_TOKENS_ATTRIBUTE]["N"]) if SPEND_TOKENS_ATTRIBUTE in item else 0
+    cost = int(item[SPEND_COST_ATTRIBUTE]["N"]) / _PICO if SPEND_COST_ATTRIBUTE in item else 0.0
+    return Spend(tokens, cost)
+
+
+def has_metadata(item: Item | None) -> bool:
+    """Whether a ``META`` item holds metadata (it may hold only the spend)."""
+    return item is not None and any(name in item for name in PAYLOAD_ATTRIBUTES)
 
 
 def _intent_json(intent: DispatchIntent) -> str:
@@ -197,10 +247,16 @@ class DynamoStateStore:
         response = await self._io.call(
             "GetItem", self.table, TableName=self.table, Key=item_key(root_id, META_SK), ConsistentRead=True
         )
-        item = response.get("Item")
-        if not item:
+        item: Item | None = response.get("Item")
+        if item is None or not has_metadata(item):
             return None
         return json.loads(await self._io.read_payload(item, f"metadata of {root_id}"))
+
+    async def spend(self, root_id: str) -> Spend:
+        response = await self._io.call(
+            "GetItem", self.table, TableName=self.table, Key=item_key(root_id, META_SK), ConsistentRead=True
+        )
+        return spend_from_item(response.get("Item"))
 
     async def set_metadata(self, root_id: str, metadata: Any) -> None:
         await self._io.write(await _metadata_write(self._io, self.table, root_id, metadata))

@@ -31,6 +31,7 @@ from stepagent.stores.base import (
     HistoryEntry,
     Replacement,
     Rewind,
+    Spend,
     StateCleanup,
     StoredRow,
     ThreadInfo,
@@ -78,6 +79,7 @@ class MemoryBackend:
     metadata: dict[str, Any] = field(default_factory=dict)
     cache: dict[str, tuple[str, float]] = field(default_factory=dict)  # key -> (value, expires at)
     usage: dict[str, list[UsageRecord]] = field(default_factory=dict)  # thread -> records, by version
+    spend: dict[str, Spend] = field(default_factory=dict)  # root -> the conversation's spend
 
     # History replacement: staged and retired generations by (thread, generation), each thread's current
     # generation, and pending marks (generation, began at); the visible history is always ``rows``.
@@ -206,8 +208,14 @@ class InMemoryConversationStore:
             tail=info.tail + len(encoded),
             turn_complete=commit.turn_complete,
         )
+        if commit.turn_model_calls is not None:
+            new = replace(new, turn_model_calls=commit.turn_model_calls)
         if commit.usage is not None:
             backend.usage.setdefault(thread_id, []).append(replace(commit.usage, version=new.version))
+            spent = backend.spend.get(info.root_id, Spend())
+            backend.spend[info.root_id] = Spend(
+                spent.tokens + commit.usage.tokens, spent.cost_usd + (commit.usage.cost_usd or 0.0)
+            )
         backend.threads[thread_id] = new
         return new
 
@@ -396,6 +404,9 @@ class InMemoryStateStore:
 
     async def set_metadata(self, root_id: str, metadata: Any) -> None:
         self.backend.metadata[root_id] = copy.deepcopy(metadata)
+
+    async def spend(self, root_id: str) -> Spend:
+        return self.backend.spend.get(root_id, Spend())
 
     async def active_subscriptions(self, thread_id: str) -> set[str]:
         return set(self._state(thread_id).subscriptions)

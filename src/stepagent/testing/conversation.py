@@ -17,6 +17,7 @@ inside an event loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -26,7 +27,7 @@ from typing import Any
 from stepagent.agent_config import AgentConfig
 from stepagent.core.step import StepConfig
 from stepagent.errors import StepagentError
-from stepagent.events import EventCollector
+from stepagent.events import EventCollector, LimitReached, StepFailed, TurnComplete
 from stepagent.history_items import EventItem, HistoryItem, ToolResultItem, UserItem
 from stepagent.ids import derived_id
 from stepagent.messages import InputMessage, TextContent, ToolCall
@@ -133,6 +134,14 @@ class Transcript:
     root_id: str
     items: list[dict[str, Any]]
     errors: list[str] = field(default_factory=list)
+    #: The root thread's structured output of the last turn (``turn_complete.output``; ``None`` without
+    #: an output schema, or when the last answer did not match it).
+    output: Any = None
+    #: Every limit that stopped a thread: ``{"thread_id", "limit", "value", "used"}`` (``limit_reached``).
+    limits: list[dict[str, Any]] = field(default_factory=list)
+    #: ``error`` events the agent emitted without failing a step (e.g. an answer that never matched the
+    #: output schema), as their messages.
+    error_events: list[str] = field(default_factory=list)
 
     def of(self, thread_id: str | None = None) -> list[dict[str, Any]]:
         """The items of one thread (default: the root)."""
@@ -198,29 +207,48 @@ async def arun_conversation(
     system_prompt: str | None = None,
     raise_on_error: bool = True,
     max_batches: int = 1000,
+    agent: AgentConfig | None = None,
+    output_schema: Any = None,
 ) -> Transcript:
     """Send each of ``messages`` (as user text) to ``thread_id`` in turn, letting the agent finish after
-    each, and return the transcript. ``tools`` are your tools; the built-in threading tools are added."""
+    each, and return the transcript. ``tools`` are your tools; the built-in threading tools are added.
+    ``agent`` configures the agent (limits, profiles, ...; ``system_prompt`` and ``output_schema``, a
+    JSON Schema dict or a pydantic model class, replace its fields when given)."""
     conversation, state = memory_stores()
     sender = InProcessSender()
     user_tools = list(tools)
+    config_agent = agent if agent is not None else AgentConfig()
+    if system_prompt is not None:
+        config_agent = dataclasses.replace(config_agent, system_prompt=system_prompt)
+    if output_schema is not None:
+        config_agent = dataclasses.replace(config_agent, output_schema=output_schema)
     config = StepConfig(
         provider=_provider(model),
         toolset=Toolset.of([*user_tools, *builtin_tools()]),
         sender=sender,
         runner=InProcessFunctionRunner([t for t in user_tools if isinstance(t, Invocable)]),
-        agent=AgentConfig(system_prompt=system_prompt),
+        agent=config_agent,
     )
     driver = InProcessQueueDriver(AgentSystem(conversation, state, config), sender)
     errors: list[str] = []
+    events = EventCollector()
     for index, text in enumerate([messages] if isinstance(messages, str) else messages):
         message_id = f"{thread_id}-message-{index + 1}"
         await driver.send(InputMessage.user_text(thread_id, text, id=message_id), message_id)
-        for result in await driver.run_until_idle(EventCollector(), max_batches=max_batches):
+        for result in await driver.run_until_idle(events, max_batches=max_batches):
             if result.error is not None:
                 errors.append(f"thread {result.thread_id}: {type(result.error).__name__}: {result.error}")
     items = [item async for item in tree_items(conversation, thread_id)]
     transcript = Transcript(thread_id, items, errors)
+    for source, event in events.events:
+        if isinstance(event, TurnComplete) and source == thread_id:
+            transcript.output = event.output if event.has_output else None
+        elif isinstance(event, LimitReached):
+            transcript.limits.append(
+                {"thread_id": source, "limit": event.limit, "value": event.value, "used": event.used}
+            )
+        elif isinstance(event, StepFailed) and not event.retrying:
+            transcript.error_events.append(event.message)
     if errors and raise_on_error:
         raise ConversationFailed("; ".join(errors) + "\ntranscript:\n" + "\n".join(transcript.lines()))
     return transcript
@@ -235,6 +263,8 @@ def run_conversation(
     system_prompt: str | None = None,
     raise_on_error: bool = True,
     max_batches: int = 1000,
+    agent: AgentConfig | None = None,
+    output_schema: Any = None,
 ) -> Transcript:
     """:func:`arun_conversation` for synchronous code (any test runner; no asyncio plugin needed)."""
     return asyncio.run(
@@ -246,5 +276,7 @@ def run_conversation(
             system_prompt=system_prompt,
             raise_on_error=raise_on_error,
             max_batches=max_batches,
+            agent=agent,
+            output_schema=output_schema,
         )
     )
