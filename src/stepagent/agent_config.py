@@ -16,6 +16,7 @@ field                      setting                              value
 ``compaction_threshold``   ``STEPAGENT_COMPACTION_THRESHOLD``   share of the window, 0 < x <= 1 (0.75)
 ``builtin_tools``          ``STEPAGENT_BUILTIN_TOOLS``          :func:`parse_builtin_tools` (``all``)
 ``profiles``               ``STEPAGENT_PROFILES``               JSON object, or ``@path`` to a JSON file
+``approval``               ``STEPAGENT_APPROVAL``               :func:`parse_approval` (none)
 =========================  ===================================  ===========================================
 
 Guarantees:
@@ -60,6 +61,7 @@ CONTEXT_WINDOW = "STEPAGENT_CONTEXT_WINDOW"
 COMPACTION_THRESHOLD = "STEPAGENT_COMPACTION_THRESHOLD"
 BUILTIN_TOOLS = "STEPAGENT_BUILTIN_TOOLS"
 PROFILES = "STEPAGENT_PROFILES"
+APPROVAL = "STEPAGENT_APPROVAL"
 #: The agent settings, in the order they are documented.
 AGENT_SETTING_NAMES = (
     SYSTEM_PROMPT,
@@ -69,6 +71,7 @@ AGENT_SETTING_NAMES = (
     COMPACTION_THRESHOLD,
     BUILTIN_TOOLS,
     PROFILES,
+    APPROVAL,
 )
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PROFILE_KEYS = (
@@ -79,7 +82,26 @@ _PROFILE_KEYS = (
     "max_tokens",
     "temperature",
     "context_window",
+    "approval",
 )
+
+
+# ---- approval -------------------------------------------------------------------------------------------
+
+
+def parse_approval(spec: str | Iterable[str], *, setting: str = APPROVAL) -> tuple[str, ...]:
+    """The tools whose calls wait for a person's decision: a comma-separated list (or an iterable) of tool
+    names and ``fnmatch`` patterns (``send_email,crm_*``; ``*`` is every tool of the deployment's own).
+    A built-in tool needs approval only when named exactly (a pattern never selects one)."""
+    entries = spec.split(",") if isinstance(spec, str) else list(spec)
+    names: list[str] = []
+    for entry in entries:
+        if not isinstance(entry, str):
+            raise ConfigurationError(f"{setting}: {entry!r} is not a tool name or pattern")
+        name = entry.strip()
+        if name and name not in names:
+            names.append(name)
+    return tuple(names)
 
 
 # ---- built-in tool selection ------------------------------------------------------------------------------
@@ -149,6 +171,8 @@ class AgentProfile:
     max_tokens: int | None = None
     temperature: float | None = None
     context_window: int | None = None
+    #: Replaces :attr:`AgentConfig.approval` for this profile's conversations (``None``: inherit it).
+    approval: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         where = f"{PROFILES}: profile {self.name!r}"
@@ -174,6 +198,13 @@ class AgentProfile:
                 )
             except ConfigurationError as error:
                 problems.append(str(error))
+        if self.approval is not None:
+            try:
+                object.__setattr__(
+                    self, "approval", parse_approval(self.approval, setting=f"{where}: approval")
+                )
+            except ConfigurationError as error:
+                problems.append(str(error))
         problems += _check_numbers(self.max_tokens, self.temperature, self.context_window, where=f"{where}: ")
         if problems:
             raise ConfigurationError("\n".join(problems))
@@ -190,9 +221,15 @@ class AgentConfig:
     compaction_threshold: float = DEFAULT_COMPACTION_THRESHOLD
     builtin_tools: frozenset[str] = ALL_BUILTINS
     profiles: Mapping[str, AgentProfile] = field(default_factory=dict)
+    #: Tools whose calls wait for a person's decision (names or patterns; :func:`parse_approval`).
+    approval: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems: list[str] = []
+        try:
+            object.__setattr__(self, "approval", parse_approval(self.approval))
+        except ConfigurationError as error:
+            problems.append(str(error))
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             problems.append(f"{SYSTEM_PROMPT} must be text")
         problems += _check_numbers(self.max_tokens, self.temperature, self.context_window)
@@ -329,6 +366,7 @@ def agent_config_from_env(environ: Mapping[str, str], *, roots: Sequence[Path] |
     attempt("compaction_threshold", lambda raw: _float(raw, COMPACTION_THRESHOLD), get(COMPACTION_THRESHOLD))
     attempt("builtin_tools", parse_builtin_tools, get(BUILTIN_TOOLS))
     attempt("profiles", lambda raw: load_profiles(raw, search), get(PROFILES))
+    attempt("approval", parse_approval, get(APPROVAL))
     try:
         config = AgentConfig(**values)  # range checks of what parsed, so every bad value is reported
     except ConfigurationError as error:
@@ -368,7 +406,7 @@ def load_profiles(raw: str, roots: Sequence[Path]) -> dict[str, AgentProfile]:
     """Profiles from ``STEPAGENT_PROFILES``: a JSON object (or ``@path`` to a JSON file) mapping each
     profile name to an object with any of ``system_prompt`` (text or ``@path``, looked for next to the
     profiles file first), ``model``, ``tools``, ``builtin_tools`` (a string or a list),
-    ``max_tokens``, ``temperature``, ``context_window``."""
+    ``max_tokens``, ``temperature``, ``context_window``, ``approval`` (a string or a list)."""
     text, where = raw, [*roots]
     if raw.startswith("@"):
         text, path = read_at_file(raw, PROFILES, roots)
@@ -414,6 +452,9 @@ def _profile(name: str, entry: Any, roots: Sequence[Path]) -> AgentProfile:
         if not isinstance(tools, list):
             raise ConfigurationError(f"{where}: tools must be a list of tool names or patterns")
         values["tools"] = tuple(tools)
+    approval = values.get("approval")
+    if approval is not None and not isinstance(approval, str | list):
+        raise ConfigurationError(f"{where}: approval must be a list of tool names or patterns (or a string)")
     return AgentProfile(name=name, **values)
 
 
@@ -434,6 +475,7 @@ __all__ = [
     "AgentProfile",
     "agent_config_from_env",
     "load_profiles",
+    "parse_approval",
     "parse_builtin_tools",
     "profile_name",
     "read_at_file",

@@ -101,6 +101,16 @@ class ToolCallStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class ApprovalRequested:
+    """The step committed a call that waits for a person's decision and dispatched nothing (the
+    ``approval_required`` output event comes from the committed call row itself)."""
+
+    name: str
+    arguments: dict[str, Any]
+    tool_call_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class TurnCommitted:
     """Rows made durable by this step's commit(s), in order."""
 
@@ -183,6 +193,7 @@ AgentEvent = (
     | ThinkingChunk
     | ThinkingEnded
     | ToolCallStarted
+    | ApprovalRequested
     | TurnCommitted
     | CompletionFinished
     | UserChoiceRequiredEvent

@@ -17,6 +17,9 @@ Guarantees:
 - **System prompt** (:func:`system_prompt`): the configured prompt (else the built-in intro and "be
   concise"), then the runtime's guidance for the tools actually offered, then the thread-id line. With no
   prompt configured and every built-in offered it is exactly ``texts.DEFAULT_SYSTEM_PROMPT`` + suffix.
+- **Approval.** A call waits for a person's decision when its tool says so (``@tool(approval=True)``) or
+  the agent's ``approval`` list (the profile's, else ``STEPAGENT_APPROVAL``) selects it: an own tool by
+  name or ``fnmatch`` pattern, a built-in only by its exact name (:meth:`ThreadAgent.needs_approval`).
 - **Model limits.** ``context_window`` (profile, else the config's for the default model) replaces the
   provider's window; ``max_tokens``/``temperature`` travel in every request of the thread.
 """
@@ -33,7 +36,7 @@ from stepagent import texts
 from stepagent.agent_config import CHILD_TOOLS, AgentConfig, AgentProfile, profile_name
 from stepagent.errors import ConfigurationError, UnknownProfileError
 from stepagent.providers.base import ModelInfo, ModelProvider
-from stepagent.tools.base import Toolset
+from stepagent.tools.base import Tool, Toolset
 
 _SPAWN = "spawn_thread"
 
@@ -50,6 +53,15 @@ class ThreadAgent:
     max_tokens: int | None
     temperature: float | None
     compaction_threshold: float
+    approval: tuple[str, ...] = ()
+
+    def needs_approval(self, tool: Tool) -> bool:
+        """Whether a call of ``tool`` waits for a person's decision before it runs."""
+        if tool.approval:
+            return True
+        if tool.builtin:
+            return tool.name in self.approval
+        return any(fnmatchcase(tool.name, pattern) for pattern in self.approval)
 
     @property
     def model(self) -> str:
@@ -98,6 +110,7 @@ def resolve_agent(
         max_tokens=_pick(profile and profile.max_tokens, agent.max_tokens),
         temperature=_pick(profile and profile.temperature, agent.temperature),
         compaction_threshold=agent.compaction_threshold,
+        approval=agent.approval if profile is None or profile.approval is None else profile.approval,
     )
 
 
