@@ -61,6 +61,7 @@ from stepagent.events import (
 from stepagent.history_items import EventItem, ToolResultItem, UserItem
 from stepagent.ids import derived_id
 from stepagent.messages import (
+    ApprovalDecision,
     Compaction,
     InputMessage,
     SubscriptionEvent,
@@ -173,7 +174,12 @@ class ThreadStep:
     # ---- the step -----------------------------------------------------------------------------------------
 
     async def run(self, inputs: Sequence[StepInput]) -> StepOutcome:
-        tool_result_ids = [i.message.content.id for i in inputs if isinstance(i.message.content, ToolResult)]
+        # Calls the batch answers or decides: whether each is answered comes with the thread's first read.
+        tool_result_ids = [
+            content.id if isinstance(content, ToolResult) else content.tool_call_id
+            for i in inputs
+            if isinstance(content := i.message.content, ToolResult | ApprovalDecision)
+        ]
         history = self.history = await HistoryManager.load(
             self.conversation,
             self.state,
@@ -238,10 +244,7 @@ class ThreadStep:
                 last_ready_id = item.message_id
         await self._effects.cancel_interrupted(history.take_interrupted_tool_calls())
         if preparer.approved:
-            # The decision and the call's intent are durable before the call runs.
-            await self._effects.commit()
-            for intent in preparer.approved:
-                owes_completion = await self._drive_intent(history, intent, redrive=False) or owes_completion
+            owes_completion = await self._run_approved(history, preparer.approved) or owes_completion
 
         if not ready and (owes_completion or (saw_duplicate and self._awaits_model(history))):
             ready = True
@@ -393,6 +396,16 @@ class ThreadStep:
         owes_completion = False
         for intent in intents:
             owes_completion = await self._drive_intent(history, intent, redrive=True) or owes_completion
+        return owes_completion
+
+    async def _run_approved(self, history: HistoryManager, approved: Sequence[DispatchIntent]) -> bool:
+        """Run the calls people approved in this step: first commit the decisions and the calls' intents
+        (so the call never runs before its decision is durable, and a crash from here on re-drives the
+        intent instead of losing the decision), then drive each intent like a re-driven one."""
+        await self._effects.commit()
+        owes_completion = False
+        for intent in approved:
+            owes_completion = await self._drive_intent(history, intent, redrive=False) or owes_completion
         return owes_completion
 
     async def _drive_intent(self, history: HistoryManager, intent: DispatchIntent, *, redrive: bool) -> bool:
