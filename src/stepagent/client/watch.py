@@ -122,9 +122,13 @@ class TreeWatch:
         awaited: set[str] | None = None,
         partial: bool = False,
         notice_seq: dict[str, int] | None = None,
+        awaited_in: set[tuple[str, str]] | None = None,
     ) -> None:
         self.reader = reader
         self.root = root
+        #: ``(thread, message id)`` awaited in a descendant (a person's decision on a child's call).
+        self.awaited_in = awaited_in if awaited_in is not None else set()
+        self._awaited_in_checked: dict[str, int] = {}
         #: Per thread, the last order reported; threads not in it are reported from their first row.
         self.cursor = cursor
         self.awaited = awaited if awaited is not None else set()
@@ -164,7 +168,18 @@ class TreeWatch:
             done = await self.reader.state.filter_processed(self.root, sorted(self.awaited))
             self.awaited -= done
             self._awaited_checked_at = root_version
-        idle = not self.awaited and all(view.settled for view in self.threads.values())
+        for waiting_thread in sorted({t for t, _ in self.awaited_in}):
+            view = self.threads.get(waiting_thread)
+            version = view.info.version if view is not None and view.info is not None else 0
+            if self._awaited_in_checked.get(waiting_thread) == version:
+                continue
+            ids = sorted(m for t, m in self.awaited_in if t == waiting_thread)
+            done = await self.reader.state.filter_processed(waiting_thread, ids)
+            self.awaited_in -= {(waiting_thread, m) for m in done}
+            self._awaited_in_checked[waiting_thread] = version
+        idle = (
+            not self.awaited and not self.awaited_in and all(view.settled for view in self.threads.values())
+        )
         signature = tuple(
             (t, v.info.version if v.info else 0, v.info.closed if v.info else False)
             for t, v in sorted(self.threads.items())
