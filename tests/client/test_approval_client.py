@@ -12,11 +12,14 @@ import io
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from stepagent.cli import main
 from stepagent.client import Client
 from stepagent.client.terminal import chat
+from stepagent.console.app import ConsoleState, build_app
+from stepagent.console.dead_letters import DeadLetters
 from stepagent.providers.base import ModelRequest
 from tests.client.deployment import Deployment, FunctionModel, Step, call, deployment, say
 from tests.conftest import aws_client
@@ -166,6 +169,37 @@ async def test_approvals_through_the_client_the_terminal_and_the_cli(monkeypatch
         listed = {i["tool_call_id"]: i["approval"] for i in json.loads(printed) if "approval" in i}
         assert listed[cli_call["tool_call_id"]] == "rejected" and listed["call-time"] == "edited"
         assert not any(i["kind"] == "approval" for i in json.loads(printed))  # decisions are not items
+
+        # The console shows a form on the waiting call; its POST decides it.
+        await client.send(T, "what time is it?")
+        [web_call] = [i for i in kinds(await replies(client), "tool_call") if i.get("approval") == "pending"]
+        async with aws_client("sqs") as sqs:
+            state = ConsoleState(client, DeadLetters(sqs, d.settings))
+            transport = httpx.ASGITransport(app=build_app(state))
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as http:
+                page = (await http.get(f"/c/{T}")).text
+                assert 'class="approval"' in page and "waits for your approval" in page
+                assert "waiting for approval" in page  # the status badge
+                posted = await http.post(
+                    f"/c/{T}/approval",
+                    data={
+                        "csrf": state.csrf,
+                        "thread": T,
+                        "tool_call_id": web_call["tool_call_id"],
+                        "decision": "edit",
+                        "args": '{"timezone": "Europe/Paris"}',
+                    },
+                    headers={"X-Requested-With": "fetch"},
+                )
+                assert posted.status_code == 200 and posted.json()["ok"], posted.text
+                by_web = await replies(client)
+                assert kinds(by_web, "assistant")[-1]["text"] == "Got the Paris time."
+                refused = await http.post(
+                    f"/c/{T}/approval",
+                    data={"csrf": state.csrf, "tool_call_id": web_call["tool_call_id"], "decision": "maybe"},
+                    headers={"X-Requested-With": "fetch"},
+                )
+                assert refused.status_code == 400 and "invalid approval" in refused.json()["error"]
 
 
 async def run_cli(argv: list[str]) -> tuple[int, str]:
