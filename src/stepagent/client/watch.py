@@ -169,8 +169,8 @@ class TreeWatch:
             self.awaited -= done
             self._awaited_checked_at = root_version
         for waiting_thread in sorted({t for t, _ in self.awaited_in}):
-            view = self.threads.get(waiting_thread)
-            version = view.info.version if view is not None and view.info is not None else 0
+            known = self.threads.get(waiting_thread)
+            version = known.info.version if known is not None and known.info is not None else 0
             if self._awaited_in_checked.get(waiting_thread) == version:
                 continue
             ids = sorted(m for t, m in self.awaited_in if t == waiting_thread)

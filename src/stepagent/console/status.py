@@ -62,7 +62,15 @@ class Status(StrEnum):
         return _URGENCY.index(self)
 
 
-_URGENCY = (Status.FAILED, Status.CHOICE, Status.APPROVAL, Status.WORKING, Status.TOOL, Status.TIMER, Status.IDLE)
+_URGENCY = (
+    Status.FAILED,
+    Status.CHOICE,
+    Status.APPROVAL,
+    Status.WORKING,
+    Status.TOOL,
+    Status.TIMER,
+    Status.IDLE,
+)
 _LABELS = {
     Status.FAILED: "failed",
     Status.CHOICE: "waiting on a choice",
