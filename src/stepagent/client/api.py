@@ -67,6 +67,7 @@ class Client:
         self._notice_seqs: dict[str, dict[str, int]] = {}
         self._awaited: dict[str, set[str]] = {}
         self._awaited_in: dict[str, set[tuple[str, str]]] = {}
+        self._announced: dict[str, set[tuple[str, str]]] = {}
 
     @classmethod
     def from_stack(cls, name: str, **options: Any) -> Client:
@@ -210,6 +211,7 @@ class Client:
             partial=partial,
             notice_seq=seqs,
             awaited_in=awaited_in,
+            announced=self._announced.setdefault(thread, set()),
         )
         try:
             async for item in watch.replies(interval=self.poll_interval, follow=follow, limit=timeout):

@@ -123,12 +123,15 @@ class TreeWatch:
         partial: bool = False,
         notice_seq: dict[str, int] | None = None,
         awaited_in: set[tuple[str, str]] | None = None,
+        announced: set[tuple[str, str]] | None = None,
     ) -> None:
         self.reader = reader
         self.root = root
         #: ``(thread, message id)`` awaited in a descendant (a person's decision on a child's call).
         self.awaited_in = awaited_in if awaited_in is not None else set()
         self._awaited_in_checked: dict[str, int] = {}
+        #: ``(thread, call id)`` of waiting calls already shown to this watch's caller (not shown again).
+        self.announced = announced if announced is not None else set()
         #: Per thread, the last order reported; threads not in it are reported from their first row.
         self.cursor = cursor
         self.awaited = awaited if awaited is not None else set()
@@ -204,7 +207,9 @@ class TreeWatch:
             async for row in self.reader.conversation.load_rows(thread, after=view.info.tail - 1):
                 if isinstance(row.item, ToolCallItem) and row.item.needs_approval:
                     view.waiting_approval.add(row.item.call.id)
-                    out.append(describe(thread, row.order, row.item))
+                    if (thread, row.item.call.id) not in self.announced:
+                        self.announced.add((thread, row.item.call.id))
+                        out.append(describe(thread, row.order, row.item))
         if view.info.tail > after:
             async for row in self.reader.conversation.load_rows(thread, after=after):
                 item = describe(thread, row.order, row.item)
@@ -212,6 +217,7 @@ class TreeWatch:
                     view.pending_calls[row.item.call.id] = row.item.call.name
                     if row.item.needs_approval:
                         view.waiting_approval.add(row.item.call.id)
+                        self.announced.add((thread, row.item.call.id))
                 elif isinstance(row.item, ToolResultItem):
                     view.pending_calls.pop(row.item.result.id, None)
                     view.waiting_approval.discard(row.item.result.id)
