@@ -258,3 +258,34 @@ async def test_function_tool_edit_is_validated_by_its_signature() -> None:
 
 async def _unused(context: ToolContext) -> None:  # keeps the import used by type checkers
     return None
+
+
+async def test_events_held_behind_a_waiting_call_are_released_by_a_reject_in_the_same_batch() -> None:
+    """Events that arrive while a call waits for a person are held like for any pending call; a decision
+    that answers the call (reject, respond) releases them in its own step, so nothing stays held."""
+    from stepagent.messages import SubscriptionEvent
+    from tests.engine.harness import RecordingTool
+
+    provider = ReplayProvider()
+    h = harness(provider, mail(), RecordingTool(tool_name="subscribe"))
+    provider.then(call("subscribe", "sub-1", topic="builds"), Final()).then(*text("watching"))
+    await h.say("t1", "watch builds", "m0")
+    start = InputMessage.tool_result("t1", ToolResult.text("sub-1", "subscribed"), subscription=True)
+    await h.step((start, "r0"))
+    provider.then(call("send_email", "tc-1", to="bob"), Final())
+    await h.say("t1", "mail bob", "m1")
+    assert (await waiting(h)) is not None
+    event = InputMessage.tool_result(
+        "t1",
+        ToolResult.text("sub-1", "build failed"),
+        synthetic=SubscriptionEvent(tool_call_id="sub-1", associative=True),
+    )
+    await h.step((event, "e1"))  # held: the call waits
+    assert [d.message_id for d in await h.state.deferred_inputs("t1")] == ["e1"]
+    provider.then(*text("Not sent; and the build failed."))
+    await h.step((InputMessage.approval("t1", "tc-1", "reject"), "a1"))
+    assert await h.state.deferred_inputs("t1") == []
+    history = await h.history("t1")
+    assert "build failed" in str(history[-2]) and history[-1] == AssistantText(
+        "Not sent; and the build failed."
+    )

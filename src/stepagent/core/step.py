@@ -458,16 +458,24 @@ class ThreadStep:
                     isinstance(synthetic, SubscriptionEvent) and synthetic.tool_call_id == pending_id
                 )
 
-            answer = next(
-                (
-                    n
-                    for n, i in enumerate(batch)
-                    if i.message.synthetic is None
-                    and isinstance(i.message.content, ToolResult)
-                    and i.message.content.id == pending.call.id
-                ),
-                None,
-            )
+            waiting = history.waiting_for_approval()
+            answers_waiting = waiting is not None and waiting.call.id == pending_id
+
+            def answers(item: StepInput) -> bool:
+                content = item.message.content
+                if item.message.synthetic is not None:
+                    return False
+                if isinstance(content, ToolResult):
+                    return content.id == pending_id
+                # A person's reject/respond answers a call that waits for them (approve/edit run it).
+                return (
+                    answers_waiting
+                    and isinstance(content, ApprovalDecision)
+                    and content.tool_call_id == pending_id
+                    and content.decision in ("reject", "respond")
+                )
+
+            answer = next((n for n, i in enumerate(batch) if answers(i)), None)
             settled = answer is not None or any(i.message.is_user_text for i in batch)
             if answer is not None:
                 # Events that reached this batch before the call's result still wait for it.
