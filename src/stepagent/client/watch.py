@@ -204,7 +204,8 @@ class TreeWatch:
         after = self.cursor.get(thread, 0)
         if view.listed_at < 0 and 0 < view.info.tail <= after:
             # Watching from the tail: a call already waiting for a person must still be shown to them.
-            async for row in self.reader.conversation.load_rows(thread, after=view.info.tail - 1):
+            tail = view.info.tail  # only the last row this head covers (later ones are read below)
+            async for row in self.reader.conversation.load_rows(thread, after=tail - 1, up_to=tail):
                 if isinstance(row.item, ToolCallItem) and row.item.needs_approval:
                     view.waiting_approval.add(row.item.call.id)
                     if (thread, row.item.call.id) not in self.announced:
