@@ -458,8 +458,8 @@ class ThreadStep:
                     isinstance(synthetic, SubscriptionEvent) and synthetic.tool_call_id == pending_id
                 )
 
-            waiting = history.waiting_for_approval()
-            answers_waiting = waiting is not None and waiting.call.id == pending_id
+            asked = history.waiting_for_approval()
+            answers_waiting = asked is not None and asked.call.id == pending_id
 
             def answers(item: StepInput) -> bool:
                 content = item.message.content
