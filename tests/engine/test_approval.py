@@ -256,10 +256,6 @@ async def test_function_tool_edit_is_validated_by_its_signature() -> None:
     assert problem is not None and "amount" in problem
 
 
-async def _unused(context: ToolContext) -> None:  # keeps the import used by type checkers
-    return None
-
-
 async def test_events_held_behind_a_waiting_call_are_released_by_a_reject_in_the_same_batch() -> None:
     """Events that arrive while a call waits for a person are held like for any pending call; a decision
     that answers the call (reject, respond) releases them in its own step, so nothing stays held."""
@@ -289,3 +285,31 @@ async def test_events_held_behind_a_waiting_call_are_released_by_a_reject_in_the
     assert "build failed" in str(history[-2]) and history[-1] == AssistantText(
         "Not sent; and the build failed."
     )
+
+
+async def test_an_mcp_tool_selected_by_pattern_waits_and_an_edit_is_checked_against_its_schema() -> None:
+    """MCP tools are named ``<server>__<tool>``; ``STEPAGENT_APPROVAL=crm__*`` selects them. The edit is
+    validated with the server's JSON Schema, and the approved call goes to the function runner once."""
+    from stepagent.tools.mcp import McpConnection, McpServer, McpTool
+
+    submitted: list[tuple[str, dict[str, Any], str]] = []
+
+    class Runner:
+        async def submit(self, tool_name: str, arguments: dict[str, Any], context: ToolContext) -> None:
+            submitted.append((tool_name, arguments, context.tool_call_id))
+
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}
+    update = McpTool(
+        McpConnection(McpServer(name="crm", command="/nonexistent")), "update", "Update.", schema
+    )
+    provider = ReplayProvider().then(call("crm__update", "tc-1", id=1), Final())
+    h = harness(provider, update, approval=("crm__*",))
+    h.config.runner = Runner()
+    await h.say("t1", "update the crm", "m1")
+    assert (await waiting(h)) is not None and submitted == []
+    taken(h)
+    await decide(h, "edit", "a1", args={"id": "seven"})
+    [refused] = [e for e in taken(h) if isinstance(e, InputRejected)]
+    assert "'seven' is not of type 'integer'" in refused.reason and submitted == []
+    await decide(h, "edit", "a2", args={"id": 7})
+    assert submitted == [("crm__update", {"id": 7}, "tc-1")]
