@@ -2,8 +2,9 @@
 
 Ordering contract (per step): input echoes and choice/OAuth/compaction events in input order →
 ``UserChoiceDismissed`` for interrupted calls → ``CompletionStarted`` → stream events → ``TurnCommitted``
-(the rows this step made durable, with their orders) → ``CompletionFinished`` → dispatch errors as
-``Info`` → ``TurnComplete`` (last, only when the step left the thread with nothing pending).
+(the rows this step made durable, with their orders) → ``CompletionFinished`` → ``ApprovalRequested`` (a
+call left waiting for a person) → dispatch errors as ``Info`` → ``TurnComplete`` (last, only when the step
+left the thread with nothing pending).
 ``TurnCommitted``, ``CompletionFinished`` and ``TurnComplete`` are emitted only after the commit
 succeeded; ``TurnComplete`` carries exactly the usage record that commit stored.
 """
