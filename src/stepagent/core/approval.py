@@ -35,6 +35,7 @@ from stepagent.history_items import ApprovalItem, ToolResultItem
 from stepagent.messages import ApprovalDecision, ToolResult
 from stepagent.stores.base import DispatchIntent
 from stepagent.tools.base import Tool, Toolset
+from stepagent.tools.functions import FunctionTool
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,10 +91,9 @@ def edit_problem(tool: Tool | None, arguments: dict[str, Any]) -> str | None:
     with the same pydantic validation its run uses."""
     if tool is None:
         return "the tool is no longer available"
-    validate = getattr(tool, "validate", None)
-    if callable(validate):
+    if isinstance(tool, FunctionTool):
         try:
-            validate(arguments)
+            tool.validate(arguments)
         except ToolError as error:
             return str(error)
         return None
