@@ -87,7 +87,7 @@ REQUEST_PEAKS = (
 
 
 async def peer_step_costs(quick: bool) -> dict[str, Any]:
-    from bench.step_costs import dynamo_row_writer, judge, peer_costs
+    from bench.step_costs import approval_costs, dynamo_row_writer, judge, peer_costs
     from stepagent.stores.dynamodb import dynamo_stores
     from stepagent.stores.metrics import StoreMetrics
 
@@ -111,7 +111,29 @@ async def peer_step_costs(quick: bool) -> dict[str, Any]:
                     result.update(await peer_costs(stores, turn, True, f"peer{turn}", writer, modes=(mode,)))
             figures.append(result)
             print(f"  turn {turn}: cold {[s['requests'] for s in result['cold']]} requests", flush=True)
-    return {"turns": figures, "targets": judge(figures[0], figures[1])}
+        async with moto.fresh_tables() as tables:
+
+            def approval_stores(metrics: StoreMetrics, tables: Any = tables) -> Any:
+                return dynamo_stores(
+                    tables.client,
+                    conversation_table=tables.conversation_table,
+                    state_table=tables.state_table,
+                    metrics=metrics,
+                    page_size=None,
+                )
+
+            approval = await approval_costs(approval_stores, "approval")
+            print(
+                f"  approval: the deciding step +{approval['decision_extra_requests']} request(s)", flush=True
+            )
+    targets = judge(figures[0], figures[1])
+    # An approval adds at most one DynamoDB request to the deciding step (vs. an ordinary tool result).
+    targets["approval_decision_extra_requests"] = {
+        "value": approval["decision_extra_requests"],
+        "target": 1,
+        "within_target": approval["decision_extra_requests"] <= 1,
+    }
+    return {"turns": figures, "approval": approval, "targets": targets}
 
 
 async def overheads(quick: bool, skip_moto: bool) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bench.workload import Workload
+from stepagent.agent_config import AgentConfig
 from stepagent.core.thread_cache import ThreadCache
 from stepagent.history_items import (
     AssistantText,
@@ -32,6 +33,7 @@ from stepagent.history_items import (
     UserItem,
     encode_item,
     hidden_call_ids,
+    waiting_for_approval,
 )
 from stepagent.messages import InputMessage, TextContent, ToolCall, ToolResult
 from stepagent.providers.scripted import ScriptedProvider
@@ -167,7 +169,7 @@ def _cost(metrics: StoreMetrics) -> StepCost:
     )
 
 
-def build(stores: StoreFactory, metrics: StoreMetrics) -> Workload:
+def build(stores: StoreFactory, metrics: StoreMetrics, agent: AgentConfig | None = None) -> Workload:
     conversation, state = stores(metrics)
     # Each worker has its own cache, as each Lambda container does.
     return Workload.build(
@@ -176,6 +178,7 @@ def build(stores: StoreFactory, metrics: StoreMetrics) -> Workload:
         provider=ScriptedProvider(peer_script()),
         result_chars=MESSAGE_CHARS,
         thread_cache=ThreadCache(),
+        agent=agent,
     )
 
 
@@ -191,19 +194,54 @@ async def run_turn(workload: Workload, thread: str, turn: int, metrics: StoreMet
     return costs
 
 
-async def cold_turn(stores: StoreFactory, thread: str, turn: int) -> list[StepCost]:
+async def cold_turn(
+    stores: StoreFactory, thread: str, turn: int, agent: AgentConfig | None = None
+) -> list[StepCost]:
     """Each step of turn ``turn`` on a fresh store pair and worker (what is queued carries over)."""
     message = InputMessage.user_text(thread, user_text(turn), id=f"ask-{turn}")
-    pending = [(message, f"ask-{turn}")]
+    return await cold_steps(stores, [(message, f"ask-{turn}")], agent)
+
+
+async def cold_steps(
+    stores: StoreFactory, pending: list[tuple[InputMessage, str]], agent: AgentConfig | None = None
+) -> list[StepCost]:
+    """Each step until nothing is queued, on a fresh store pair and worker (what is queued carries over)."""
     costs = []
     while pending:
         metrics = StoreMetrics()
-        workload = build(stores, metrics)
+        workload = build(stores, metrics, agent)
         workload.queue.pending.extend(pending)
         await workload.step()
         costs.append(_cost(metrics))
         pending = list(workload.queue.pending)
     return costs
+
+
+async def approval_costs(stores: StoreFactory, thread: str) -> dict[str, Any]:
+    """A first turn whose ``lookup`` call waits for a person's approval, cold steps: ``user`` (the call is
+    committed and waits), ``decision`` (the approval: commit the decision with the call's intent, dispatch,
+    mark the intent done), ``result``; next to the same turn without approval (``user``, ``result``).
+    What it shows: the deciding step makes at most one DynamoDB request more than an ordinary tool-result
+    step (the outbox's done mark), and waiting costs nothing."""
+    plain = await cold_turn(stores, f"{thread}-plain", 1)
+    agent = AgentConfig(approval=("lookup",))
+    asked = await cold_turn(stores, f"{thread}-approval", 1, agent)
+    conversation, _ = stores(StoreMetrics())
+    rows = [row.item async for row in conversation.load_rows(f"{thread}-approval")]
+    waiting = waiting_for_approval(rows)
+    if waiting is None:
+        raise AssertionError("the lookup call is not waiting for approval")
+    decision = InputMessage.approval(f"{thread}-approval", waiting.call.id, "approve", id="decision-1")
+    decided = await cold_steps(stores, [(decision, "decision-1")], agent)
+    return {
+        "plain": {"user": asdict(plain[0]), "result": asdict(plain[1])},
+        "approval": {
+            "user": asdict(asked[0]),
+            "decision": asdict(decided[0]),
+            "result": asdict(decided[1]),
+        },
+        "decision_extra_requests": decided[0].requests - plain[1].requests,
+    }
 
 
 async def warm_turn(stores: StoreFactory, thread: str, turn: int) -> list[StepCost]:

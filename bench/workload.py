@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent import texts
+from stepagent.agent_config import AgentConfig
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.aws.worker import CountingMetrics, Worker
 from stepagent.core.completion import RetryPolicy
@@ -188,6 +189,7 @@ class Workload:
         provider: ModelProvider | None = None,
         result_chars: int = 4000,
         thread_cache: ThreadCache | None = None,
+        agent: AgentConfig | None = None,
     ) -> Workload:
         """A worker over the given stores. ``compact_after_tokens``: how much conversation (beyond the fixed
         system prompt and tool specs) a thread holds before it compacts."""
@@ -203,6 +205,7 @@ class Workload:
             retry=RetryPolicy(max_attempts=1),
             clock=lambda: 1_000_000.0,  # compaction leases: a fixed clock keeps runs deterministic
             thread_cache=thread_cache,
+            agent=agent if agent is not None else AgentConfig(),
         )
         system = AgentSystem(conversation, state, config)
         outputs = NullQueues()

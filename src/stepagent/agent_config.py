@@ -22,6 +22,7 @@ field                      setting                              value
 ``output_schema``          ``STEPAGENT_OUTPUT_SCHEMA``          JSON Schema text, or ``@path`` (in Python:
                                                                 a dict or a pydantic model class)
 ``output_retries``         ``STEPAGENT_OUTPUT_RETRIES``         whole number >= 0 (2)
+``approval``               ``STEPAGENT_APPROVAL``               :func:`parse_approval` (none)
 =========================  ===================================  ===========================================
 
 Guarantees:
@@ -74,6 +75,7 @@ OUTPUT_SCHEMA = "STEPAGENT_OUTPUT_SCHEMA"
 OUTPUT_RETRIES = "STEPAGENT_OUTPUT_RETRIES"
 DEFAULT_MAX_MODEL_CALLS_PER_TURN = 50
 DEFAULT_OUTPUT_RETRIES = 2
+APPROVAL = "STEPAGENT_APPROVAL"
 #: The agent settings, in the order they are documented.
 AGENT_SETTING_NAMES = (
     SYSTEM_PROMPT,
@@ -88,6 +90,7 @@ AGENT_SETTING_NAMES = (
     MAX_CONVERSATION_COST_USD,
     OUTPUT_SCHEMA,
     OUTPUT_RETRIES,
+    APPROVAL,
 )
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PROFILE_KEYS = (
@@ -102,7 +105,26 @@ _PROFILE_KEYS = (
     "max_conversation_tokens",
     "max_conversation_cost_usd",
     "output_schema",
+    "approval",
 )
+
+
+# ---- approval -------------------------------------------------------------------------------------------
+
+
+def parse_approval(spec: str | Iterable[str], *, setting: str = APPROVAL) -> tuple[str, ...]:
+    """The tools whose calls wait for a person's decision: a comma-separated list (or an iterable) of tool
+    names and ``fnmatch`` patterns (``send_email,crm_*``; ``*`` is every tool of the deployment's own).
+    A built-in tool needs approval only when named exactly (a pattern never selects one)."""
+    entries = spec.split(",") if isinstance(spec, str) else list(spec)
+    names: list[str] = []
+    for entry in entries:
+        if not isinstance(entry, str):
+            raise ConfigurationError(f"{setting}: {entry!r} is not a tool name or pattern")
+        name = entry.strip()
+        if name and name not in names:
+            names.append(name)
+    return tuple(names)
 
 
 # ---- built-in tool selection ------------------------------------------------------------------------------
@@ -177,6 +199,8 @@ class AgentProfile:
     max_conversation_cost_usd: float | None = None
     #: A JSON Schema dict, a pydantic model class or an :class:`OutputSchema` (normalised to the latter).
     output_schema: Any = None
+    #: Replaces :attr:`AgentConfig.approval` for this profile's conversations (``None``: inherit it).
+    approval: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         where = f"{PROFILES}: profile {self.name!r}"
@@ -199,6 +223,13 @@ class AgentProfile:
                     self,
                     "builtin_tools",
                     parse_builtin_tools(self.builtin_tools, setting=f"{where}: builtin_tools"),
+                )
+            except ConfigurationError as error:
+                problems.append(str(error))
+        if self.approval is not None:
+            try:
+                object.__setattr__(
+                    self, "approval", parse_approval(self.approval, setting=f"{where}: approval")
                 )
             except ConfigurationError as error:
                 problems.append(str(error))
@@ -239,9 +270,15 @@ class AgentConfig:
     #: A JSON Schema dict, a pydantic model class or an :class:`OutputSchema` (normalised to the latter).
     output_schema: Any = None
     output_retries: int = DEFAULT_OUTPUT_RETRIES
+    #: Tools whose calls wait for a person's decision (names or patterns; :func:`parse_approval`).
+    approval: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         problems: list[str] = []
+        try:
+            object.__setattr__(self, "approval", parse_approval(self.approval))
+        except ConfigurationError as error:
+            problems.append(str(error))
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             problems.append(f"{SYSTEM_PROMPT} must be text")
         problems += _check_numbers(self.max_tokens, self.temperature, self.context_window)
@@ -431,6 +468,7 @@ def agent_config_from_env(environ: Mapping[str, str], *, roots: Sequence[Path] |
         lambda raw: _integer(raw, OUTPUT_RETRIES, "retries (0 or more)"),
         get(OUTPUT_RETRIES),
     )
+    attempt("approval", parse_approval, get(APPROVAL))
     try:
         config = AgentConfig(**values)  # range checks of what parsed, so every bad value is reported
     except ConfigurationError as error:
@@ -477,7 +515,7 @@ def load_profiles(raw: str, roots: Sequence[Path]) -> dict[str, AgentProfile]:
     """Profiles from ``STEPAGENT_PROFILES``: a JSON object (or ``@path`` to a JSON file) mapping each
     profile name to an object with any of ``system_prompt`` (text or ``@path``, looked for next to the
     profiles file first), ``model``, ``tools``, ``builtin_tools`` (a string or a list),
-    ``max_tokens``, ``temperature``, ``context_window``."""
+    ``max_tokens``, ``temperature``, ``context_window``, ``approval`` (a string or a list)."""
     text, where = raw, [*roots]
     if raw.startswith("@"):
         text, path = read_at_file(raw, PROFILES, roots)
@@ -526,6 +564,9 @@ def _profile(name: str, entry: Any, roots: Sequence[Path]) -> AgentProfile:
         if not isinstance(tools, list):
             raise ConfigurationError(f"{where}: tools must be a list of tool names or patterns")
         values["tools"] = tuple(tools)
+    approval = values.get("approval")
+    if approval is not None and not isinstance(approval, str | list):
+        raise ConfigurationError(f"{where}: approval must be a list of tool names or patterns (or a string)")
     return AgentProfile(name=name, **values)
 
 
@@ -546,6 +587,7 @@ __all__ = [
     "AgentProfile",
     "agent_config_from_env",
     "load_profiles",
+    "parse_approval",
     "parse_builtin_tools",
     "profile_name",
     "read_at_file",

@@ -104,6 +104,33 @@ def _parser() -> argparse.ArgumentParser:
     send.add_argument("text", help="the message")
     send.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
 
+    approve = commands.add_parser(
+        "approve",
+        help="decide a tool call that waits for a person's approval",
+        description=(
+            "Decide a tool call that waits for approval (STEPAGENT_APPROVAL, a profile's approval list, "
+            "@tool(approval=True)). Without an option the call runs as the model made it. THREAD is the "
+            "conversation (or the thread that made the call); the decision goes to the thread waiting on "
+            "CALL_ID. A call that is not waiting gets an error event, and nothing changes."
+        ),
+    )
+    approve.add_argument("thread", help="the conversation (root thread) id, or the thread that made the call")
+    approve.add_argument("call_id", metavar="CALL_ID", help="the waiting tool call's id")
+    verdict = approve.add_mutually_exclusive_group()
+    verdict.add_argument(
+        "--reject",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="MSG",
+        help="decline the call; the model is told a person declined it (and MSG)",
+    )
+    verdict.add_argument("--edit", metavar="JSON", help="run the call with these arguments instead")
+    verdict.add_argument(
+        "--respond", metavar="TEXT", help="do not run the tool; the model gets TEXT as the call's result"
+    )
+    approve.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+
     history = commands.add_parser(
         "history", help="print the stored transcript of a thread and its descendants"
     )
@@ -248,6 +275,8 @@ def _command(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
         return _chat_or_tail(args)
     if args.command == "send":
         return _send(args.thread, args.text, args.stack)
+    if args.command == "approve":
+        return _approve(args)
     if args.command == "history":
         if args.state_dir:
             return _on_local_state(args.state_dir, False, _history(args.thread, as_json=args.json))
@@ -347,6 +376,41 @@ async def _send(thread_id: str, text: str, stack: str | None = None) -> int:
         message_id = str(uuid.uuid4())
         await sender.send(InputMessage.user_text(thread_id, text, id=message_id), message_id)
     print(f"sent to thread {thread_id} (message {message_id})")
+    return 0
+
+
+async def _approve(args: argparse.Namespace) -> int:
+    from stepagent.client import Client
+
+    decision, arguments, message = "approve", None, None
+    if args.reject is not None:
+        decision, message = "reject", args.reject or None
+    elif args.edit is not None:
+        try:
+            arguments = json.loads(args.edit)
+        except json.JSONDecodeError as error:
+            raise ConfigurationError(
+                f"--edit: not JSON ({error}); give the new arguments as an object"
+            ) from None
+        if not isinstance(arguments, dict):
+            raise ConfigurationError('--edit: give the new arguments as a JSON object, e.g. {"to": "x"}')
+        decision = "edit"
+    elif args.respond is not None:
+        decision, message = "respond", args.respond
+    async with Client(stack=args.stack) as client:
+        waiting = {item["tool_call_id"]: item for item in await client.pending_approvals(args.thread)}
+        message_id = await client.approve(args.thread, args.call_id, decision, arguments, message)
+    call = waiting.get(args.call_id)
+    if call is None:
+        print(
+            f"stepagent: no call {args.call_id} is waiting for approval in {args.thread} now; sent anyway "
+            f"(message {message_id}): the thread answers with an error event if it is not waiting",
+            file=sys.stderr,
+        )
+        return 0
+    print(
+        f"sent {decision} for {call['name']} ({args.call_id}) to thread {call['thread_id']} (message {message_id})"
+    )
     return 0
 
 
@@ -482,7 +546,10 @@ def format_transcript(
         kind = item["kind"]
         prefix = f"{item['order']:>4} "
         if kind == "tool_call":
-            lines.append(f"{prefix}→ {item['name']}({json.dumps(item['args'], ensure_ascii=False)})")
+            approval = f"  [approval: {item['approval']}]" if "approval" in item else ""
+            lines.append(
+                f"{prefix}→ {item['name']}({json.dumps(item['args'], ensure_ascii=False)}){approval}"
+            )
         elif kind in ("tool_result", "event"):
             lines.append(f"{prefix}← {item.get('text', '')}")
         else:

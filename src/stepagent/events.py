@@ -2,8 +2,9 @@
 
 Ordering contract (per step): input echoes and choice/OAuth/compaction events in input order →
 ``UserChoiceDismissed`` for interrupted calls → ``CompletionStarted`` → stream events → ``TurnCommitted``
-(the rows this step made durable, with their orders) → ``CompletionFinished`` → dispatch errors as
-``Info`` → ``TurnComplete`` (last, only when the step left the thread with nothing pending).
+(the rows this step made durable, with their orders) → ``CompletionFinished`` → ``ApprovalRequested`` (a
+call left waiting for a person) → dispatch errors as ``Info`` → ``TurnComplete`` (last, only when the step
+left the thread with nothing pending).
 ``TurnCommitted``, ``CompletionFinished`` and ``TurnComplete`` are emitted only after the commit
 succeeded; ``TurnComplete`` carries exactly the usage record that commit stored.
 """
@@ -98,6 +99,16 @@ class ToolCallStarted:
     arguments: dict[str, Any]
     tool_call_id: str
     display_as: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequested:
+    """The step committed a call that waits for a person's decision and dispatched nothing (the
+    ``approval_required`` output event comes from the committed call row itself)."""
+
+    name: str
+    arguments: dict[str, Any]
+    tool_call_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +211,7 @@ AgentEvent = (
     | ThinkingChunk
     | ThinkingEnded
     | ToolCallStarted
+    | ApprovalRequested
     | TurnCommitted
     | CompletionFinished
     | UserChoiceRequiredEvent

@@ -8,6 +8,9 @@ A model turn "text + tool call" is two items. Kinds (the reference's ``kind`` ta
 - ``tool_result``        one tool result, with optional display segments
 - ``subscription_event`` an inline synthetic event: the ``receive_event__injected`` call and its result,
                          attributed to the original call ``tool_call_id``
+- ``approval``           a person's decision on a tool call that waited for approval (:class:`ApprovalItem`);
+                         never shown to the model: it settles the call (``edit`` replaces its arguments in
+                         every later view) and is what makes the decision durable
 
 :class:`Summary` is never stored as a row: the loader materialises a compaction summary as the first item.
 It carries a :class:`~stepagent.call_id_filter.CallIdFilter` of the call ids it hides
@@ -20,7 +23,7 @@ Codec: :func:`encode_item` writes ``{"v": 1, "kind": ..., ...}`` in the referenc
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +43,7 @@ from stepagent.messages import (
 CODEC_VERSION = 1
 SUMMARY_PREFIX = "[Compacted conversation summary]\n"
 INJECTED_TOOL_NAME = "receive_event__injected"
+APPROVAL_DECISIONS = ("approve", "edit", "reject", "respond")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +76,23 @@ class Reasoning:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallItem:
-    """One tool call of the model, with how to display it."""
+    """One tool call of the model, with how to display it. ``needs_approval``: the call was committed to
+    wait for a person's decision (an :class:`ApprovalItem`) instead of being dispatched."""
 
     call: ToolCall
     display_as: str | None = None
+    needs_approval: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalItem:
+    """A person's decision on the waiting call ``tool_call_id``: ``approve``, ``edit`` (with ``args``),
+    ``reject`` or ``respond`` (with ``message``)."""
+
+    tool_call_id: str
+    decision: str
+    args: dict[str, Any] | None = None
+    message: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +132,9 @@ class Summary:
         return SUMMARY_PREFIX + self.text
 
 
-HistoryItem = UserItem | AssistantText | Reasoning | ToolCallItem | ToolResultItem | EventItem | Summary
+HistoryItem = (
+    UserItem | AssistantText | Reasoning | ToolCallItem | ToolResultItem | EventItem | ApprovalItem | Summary
+)
 
 
 def answered_call_id(item: HistoryItem) -> str | None:
@@ -123,6 +142,66 @@ def answered_call_id(item: HistoryItem) -> str | None:
     if isinstance(item, ToolResultItem | EventItem):
         return item.result.id
     return None
+
+
+#: A call's ``approval`` state as readers show it (``history --json``, the console, the HTTP API):
+#: waiting for a person, or the decision that settled it.
+APPROVAL_STATES = {
+    "approve": "approved",
+    "edit": "edited",
+    "reject": "rejected",
+    "respond": "responded",
+}
+
+
+def approval_states(items: Iterable[HistoryItem]) -> dict[str, str]:
+    """The approval state of every call in ``items`` that waited for a person: ``pending`` while it
+    waits, else ``approved``, ``edited``, ``rejected`` or ``responded``. A waiting call answered without a
+    decision (user text interrupted it) has no state: no person decided it."""
+    states: dict[str, str] = {}
+    undecided: set[str] = set()
+    for item in items:
+        if isinstance(item, ToolCallItem) and item.needs_approval:
+            states[item.call.id] = "pending"
+            undecided.add(item.call.id)
+        elif isinstance(item, ApprovalItem) and item.tool_call_id in undecided:
+            states[item.tool_call_id] = APPROVAL_STATES.get(item.decision, item.decision)
+            undecided.discard(item.tool_call_id)
+        elif (answered := answered_call_id(item)) is not None and answered in undecided:
+            del states[answered]
+            undecided.discard(answered)
+    return states
+
+
+def waiting_for_approval(items: Sequence[HistoryItem]) -> ToolCallItem | None:
+    """The call a thread whose history is ``items`` waits on a person for, if any: its trailing call was
+    committed to wait for approval and no decision or result followed it. (A step that leaves a thread
+    so ends waiting on something slow.)"""
+    last = items[-1] if items else None
+    if isinstance(last, ToolCallItem) and last.needs_approval:
+        return last
+    return None
+
+
+def with_decisions_applied(items: Sequence[HistoryItem]) -> list[HistoryItem]:
+    """``items`` as the model (and any reader of the conversation) sees them: decision rows removed, and a
+    call a person edited shown with the edited arguments."""
+    if not any(isinstance(item, ApprovalItem) for item in items):
+        return list(items)
+    edits = {
+        item.tool_call_id: item.args
+        for item in items
+        if isinstance(item, ApprovalItem) and item.decision == "edit" and item.args is not None
+    }
+    view: list[HistoryItem] = []
+    for item in items:
+        if isinstance(item, ApprovalItem):
+            continue
+        if isinstance(item, ToolCallItem) and item.call.id in edits:
+            call = item.call.model_copy(update={"arguments": edits[item.call.id]})
+            item = ToolCallItem(call=call, display_as=item.display_as, needs_approval=item.needs_approval)
+        view.append(item)
+    return view
 
 
 def item_call_ids(item: HistoryItem) -> tuple[str, ...]:
@@ -176,10 +255,14 @@ def item_to_dict(item: HistoryItem) -> dict[str, Any]:
             if redacted is not None:
                 block["redacted"] = redacted
             out.update(kind="assistant", content=block)
-        case ToolCallItem(call=call, display_as=display_as):
+        case ToolCallItem(call=call, display_as=display_as, needs_approval=needs_approval):
             out.update(kind="tool_call", call=call.model_dump())
             if display_as is not None:
                 out["display_as"] = display_as
+            if needs_approval:
+                out["needs_approval"] = True
+        case ApprovalItem():
+            out.update(_approval_to_dict(item))
         case ToolResultItem(result=result, display_segments=segments):
             out.update(kind="tool_result", result=result.model_dump())
             if segments is not None:
@@ -192,6 +275,15 @@ def item_to_dict(item: HistoryItem) -> dict[str, Any]:
                 out["invocation"] = invocation.model_dump()
         case Summary():
             raise InvariantViolation("a compaction summary is stored as a summary, never as a history row")
+    return out
+
+
+def _approval_to_dict(item: ApprovalItem) -> dict[str, Any]:
+    out: dict[str, Any] = {"kind": "approval", "tool_call_id": item.tool_call_id, "decision": item.decision}
+    if item.args is not None:
+        out["args"] = item.args
+    if item.message is not None:
+        out["message"] = item.message
     return out
 
 
@@ -228,7 +320,20 @@ def item_from_dict(raw: dict[str, Any]) -> HistoryItem:
             raise CorruptRowError(f"assistant row with unknown content keys {sorted(content)}")
         if kind == "tool_call":
             return ToolCallItem(
-                call=_TOOL_CALL.validate_python(raw["call"]), display_as=raw.get("display_as")
+                call=_TOOL_CALL.validate_python(raw["call"]),
+                display_as=raw.get("display_as"),
+                needs_approval=raw.get("needs_approval") is True,
+            )
+        if kind == "approval":
+            args = raw.get("args")
+            message = raw.get("message")
+            if raw["decision"] not in APPROVAL_DECISIONS or not (args is None or isinstance(args, dict)):
+                raise TypeError(f"decision {raw['decision']!r} with args {args!r}")
+            return ApprovalItem(
+                tool_call_id=str(raw["tool_call_id"]),
+                decision=str(raw["decision"]),
+                args=args,
+                message=None if message is None else str(message),
             )
         if kind == "tool_result":
             return ToolResultItem(

@@ -190,9 +190,39 @@ class UserChoiceRequired(_Model):
         return self
 
 
+ApprovalDecisionKind = Literal["approve", "edit", "reject", "respond"]
+
+
+class ApprovalDecision(_Model):
+    """A person's answer to a tool call waiting for approval (wire ``type`` ``approval``): ``approve`` runs
+    the call as made, ``edit`` runs it with ``args``, ``reject`` answers it with a refusal (plus
+    ``message``), ``respond`` answers it with ``message`` and the tool never runs. Never enters history
+    as user content."""
+
+    type: Literal["approval"] = "approval"
+    tool_call_id: str = Field(min_length=1)
+    decision: ApprovalDecisionKind
+    args: dict[str, Any] | None = None
+    message: str | None = None
+
+    @model_validator(mode="after")
+    def _fields_fit_the_decision(self) -> ApprovalDecision:
+        if self.decision == "edit" and self.args is None:
+            raise ValueError("an 'edit' decision needs 'args' (the call's new arguments, a JSON object)")
+        if self.decision == "respond" and not (self.message or "").strip():
+            raise ValueError("a 'respond' decision needs 'message' (the answer the model gets instead)")
+        return self
+
+
 UserContent = Annotated[TextContent | ImageContent | MediaContent, Field(discriminator="type")]
 Content = Annotated[
-    TextContent | ImageContent | MediaContent | ToolResult | OAuthRequired | UserChoiceRequired,
+    TextContent
+    | ImageContent
+    | MediaContent
+    | ToolResult
+    | OAuthRequired
+    | UserChoiceRequired
+    | ApprovalDecision,
     Field(discriminator="type"),
 ]
 
@@ -342,6 +372,22 @@ class InputMessage(_Model):
     def is_user_text(self) -> bool:
         return self.synthetic is None and isinstance(self.content, TextContent)
 
+    @classmethod
+    def approval(
+        cls,
+        group_id: str,
+        tool_call_id: str,
+        decision: str = "approve",
+        *,
+        args: dict[str, Any] | None = None,
+        message: str | None = None,
+        id: str | None = None,
+    ) -> InputMessage:
+        content = ApprovalDecision.model_validate(
+            {"tool_call_id": tool_call_id, "decision": decision, "args": args, "message": message}
+        )
+        return cls(content=content, group_id=group_id, id=id)
+
     def to_json(self) -> str:
         return json.dumps(self.model_dump(), ensure_ascii=False, separators=(",", ":"))
 
@@ -359,6 +405,7 @@ _UNION_TAGS = frozenset(
         "toolresult",
         "oauth_required",
         "user_choice_required",
+        "approval",
         "subscription_event",
         "thread_report",
         "parent_message",
@@ -389,6 +436,13 @@ def check_input_fields(message: InputMessage) -> None:
     if isinstance(content, ToolResult | OAuthRequired | UserChoiceRequired):
         check_id(content.id, "content.id")
         check_id(content.call_id, "content.call_id")
+    if isinstance(content, ApprovalDecision):
+        check_id(content.tool_call_id, "content.tool_call_id")
+        if message.synthetic is not None:
+            raise MalformedMessageError(
+                "invalid input message: synthetic: an approval is a person's answer, never synthetic",
+                field="synthetic",
+            )
     synthetic = message.synthetic
     if isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage):
         check_id(synthetic.tool_call_id, "synthetic.tool_call_id")

@@ -82,6 +82,8 @@ EVENT_CHILD_CLOSED = (
 PARENT_MESSAGE = "Message from parent thread: {message}"
 PARENT_MESSAGE_ACK = "Message sent to child thread."
 SUBSCRIPTION_CANCELLED = "Subscription '{id}' cancelled successfully."
+APPROVAL_REJECTED = "A person declined this tool call; it did not run."
+APPROVAL_REJECTED_WITH_MESSAGE = "A person declined this tool call; it did not run. Their message: {message}"
 
 
 def rust_debug_list(values: list[str]) -> str:

@@ -3,7 +3,12 @@
 Each item has ``thread_id``, ``kind`` (``user``, ``assistant``, ``reasoning``, ``tool_call``,
 ``tool_result``, ``event``, ``summary``), ``order`` (its position in the thread's own log — the number
 ``rewind --to`` takes; a summary carries the order it covers) and ``text`` where it has text. A child lists
-its own items only, never the prefix it inherited. Rows are streamed; memory stays bounded by one row.
+its own items only, never the prefix it inherited. Rows are streamed; memory stays bounded by two rows.
+
+A call that waited for a person's decision carries ``approval``: ``pending`` while it waits, else
+``approved``, ``edited`` (its ``args`` are then the edited ones), ``rejected`` or ``responded``; the
+decision rows themselves are not listed (their orders are skipped). A waiting call that user text
+interrupted was never decided and carries no ``approval``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from stepagent.history_items import (
+    APPROVAL_STATES,
+    ApprovalItem,
     AssistantText,
     EventItem,
     HistoryItem,
@@ -40,17 +47,54 @@ def describe(thread_id: str, order: int, item: HistoryItem) -> dict[str, Any]:
             out.update(kind="tool_result", tool_call_id=result.id, text=result.joined_text())
         case EventItem(result=result, tool_call_id=original):
             out.update(kind="event", tool_call_id=original, text=result.joined_text())
+        case ApprovalItem(tool_call_id=call_id, decision=decision):
+            out.update(kind="approval", tool_call_id=call_id, decision=decision)
+            out["approval"] = APPROVAL_STATES.get(decision, decision)
+            if item.args is not None:
+                out["args"] = item.args
+            if item.message is not None:
+                out["text"] = item.message
+    if isinstance(item, ToolCallItem) and item.needs_approval:
+        out["approval"] = "pending"
     return out
+
+
+def settle(call: dict[str, Any], following: HistoryItem) -> None:
+    """Give the described waiting ``call`` the state the row after it decides: a decision on it, or (any
+    other row, e.g. an interruption) no state at all."""
+    if isinstance(following, ApprovalItem) and following.tool_call_id == call.get("tool_call_id"):
+        call["approval"] = APPROVAL_STATES.get(following.decision, following.decision)
+        if following.decision == "edit" and following.args is not None:
+            call["args"] = following.args
+    else:
+        call.pop("approval", None)
 
 
 async def thread_items(store: ConversationStore, thread_id: str) -> AsyncIterator[dict[str, Any]]:
     """The thread's own rows, with each compaction summary after the last row it covers."""
     summaries = await _summaries(store, thread_id)
+    held: list[dict[str, Any]] = []  # a waiting call (first) and what follows it until the next row
     async for row in store.load_rows(thread_id):
-        yield describe(thread_id, row.order, row.item)
+        if held:
+            settle(held[0], row.item)
+            for out in held:
+                yield out
+            held = []
+        if not isinstance(row.item, ApprovalItem):
+            described = describe(thread_id, row.order, row.item)
+            if "approval" in described:
+                held.append(described)
+            else:
+                yield described
         while summaries and summaries[0][0] == row.order:
             order, text = summaries.pop(0)
-            yield {"thread_id": thread_id, "kind": "summary", "order": order, "text": text}
+            summary = {"thread_id": thread_id, "kind": "summary", "order": order, "text": text}
+            if held:
+                held.append(summary)
+            else:
+                yield summary
+    for out in held:
+        yield out
 
 
 async def _summaries(store: ConversationStore, thread_id: str) -> list[tuple[int, str]]:

@@ -35,6 +35,7 @@ from stepagent.core.completion import RetryPolicy
 from stepagent.core.history import INTERRUPTED_TEXT
 from stepagent.core.step import StepConfig, StepInput
 from stepagent.history_items import (
+    ApprovalItem,
     AssistantText,
     EventItem,
     HistoryItem,
@@ -42,8 +43,9 @@ from stepagent.history_items import (
     ToolResultItem,
     UserItem,
     encode_item,
+    waiting_for_approval,
 )
-from stepagent.messages import InputMessage, SubscriptionEvent, ToolResult
+from stepagent.messages import InputMessage, SubscriptionEvent, TextContent, ToolResult
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelInfo, ModelRequest, ToolCallComplete
 from stepagent.providers.scripted import ScriptedProvider, request_chars
@@ -174,6 +176,13 @@ RULES: list[dict[str, Any]] = [
         "reply": [{"tool_call": {"name": "sleep", "arguments": {"seconds": 60}}}],
     },
     {"when": "^Slept for", "on": ["tool_result"], "reply": [{"text": "Awake."}]},
+    # approval: send_email waits for a person, who edits the recipient; the edited call runs once
+    {
+        "when": "send the report",
+        "on": ["user"],
+        "reply": [{"text": "Drafted."}, {"tool_call": {"name": "send_email", "arguments": {"to": "ops"}}}],
+    },
+    {"when": "^mailed ", "on": ["tool_result"], "reply": [{"text": "Mailed."}]},
 ]
 
 
@@ -274,8 +283,32 @@ def make_get_time(runs: list[str]) -> Tool:
     return get_time
 
 
+def make_send_email(runs: list[str]) -> Tool:
+    @tool(approval=True)
+    async def send_email(to: str) -> str:
+        """Send the report by email (a person approves each call)."""
+        runs.append(f"mail:{to}")
+        return f"mailed {to}"
+
+    return send_email
+
+
+#: The scenario's stand-in for a person's decision: sent, once the thread waits, as an ``edit`` of the
+#: waiting call (:func:`wave_messages` looks the call up).
+DECISION = "<decision: edit to=ops-team>"
+EDITED_ARGS = {"to": "ops-team"}
+
+
 def base_tools(runs: list[str]) -> list[Tool]:
-    return [make_get_time(runs), Subscribe(), Ticker(), Lookup(), Sleep(), *builtin_tools()]
+    return [
+        make_get_time(runs),
+        make_send_email(runs),
+        Subscribe(),
+        Ticker(),
+        Lookup(),
+        Sleep(),
+        *builtin_tools(),
+    ]
 
 
 def context_window(tools: Sequence[Tool]) -> int:
@@ -327,12 +360,34 @@ _BASIC: dict[str, tuple[tuple[str, str, int], ...]] = {
     "timer": (("timer", "take a nap", 0),),
     "storm": (("storm", "watch the ticker", 0),),
     "reused": (("reused", "look it up", 0), ("reused", "look it up again", 1)),
+    "approval": (("approval", "please send the report", 0), ("approval", DECISION, 1)),
 }
 SCENARIOS: dict[str, Scenario] = {name: Scenario(name, inputs) for name, inputs in _BASIC.items()}
-# The storm stays out of "mixed": its 40 held events would multiply the I/O points of every mixed run.
+# The storm stays out of "mixed": its 40 held events would multiply the I/O points of every mixed run;
+# so does the approval (it would add a wave to every mixed run, and has its own matrix rows).
 SCENARIOS["mixed"] = Scenario(
-    "mixed", tuple(i for name, inputs in _BASIC.items() if name != "storm" for i in inputs)
+    "mixed",
+    tuple(i for name, inputs in _BASIC.items() if name not in ("storm", "approval") for i in inputs),
 )
+
+
+async def wave_messages(
+    scenario: Scenario, wave: int, conversation: ConversationStore, prefix: str = ""
+) -> list[tuple[InputMessage, str]]:
+    """``scenario.messages``, with each :data:`DECISION` turned into an ``edit`` of the call its thread
+    waits on (read from the store, unwrapped: the person looks at the thread before deciding)."""
+    out = []
+    for message, dedup_id in scenario.messages(wave, prefix):
+        content = message.content
+        if isinstance(content, TextContent) and content.text == DECISION:
+            rows = [row async for row in conversation.load_rows(message.group_id)]
+            waiting = waiting_for_approval([row.item for row in rows])
+            assert waiting is not None, f"{message.group_id} is not waiting for approval"
+            message = InputMessage.approval(
+                message.group_id, waiting.call.id, "edit", args=EDITED_ARGS, id=dedup_id
+            )
+        out.append((message, dedup_id))
+    return out
 
 
 # ---- recorders ------------------------------------------------------------------------------------------
@@ -354,7 +409,9 @@ class DispatchLog:
         if self.signatures.setdefault(key, signature) != signature:
             self.conflicts.append(f"{key}: dispatched as {signature} and {self.signatures[key]}")
         if not durable:
-            self.not_durable.append(f"{thread_id}/{key} ({name}) dispatched before it was committed")
+            self.not_durable.append(
+                f"{thread_id}/{key} ({name}) dispatched before it (and a decision it waits for) was committed"
+            )
 
 
 IsCommitted = Callable[[str, str], Awaitable[bool]]
@@ -372,6 +429,7 @@ class ProbedTool(Tool):
         self.inline = inner.inline  # type: ignore[misc]
         self.passive = inner.passive  # type: ignore[misc]
         self.referenced_later = inner.referenced_later  # type: ignore[misc]
+        self.approval = inner.approval  # type: ignore[misc]
 
     def spec(self) -> Any:
         return self.inner.spec()
@@ -393,11 +451,16 @@ def probed(tools: Sequence[Tool], plan: FaultPlan, log: DispatchLog, is_committe
 
 
 async def committed_in(conversation: ConversationStore, thread_id: str, tool_call_id: str) -> bool:
-    """Whether ``tool_call_id`` is a committed tool call of ``thread_id`` (read past any fault wrapper)."""
+    """Whether ``tool_call_id`` is a committed tool call of ``thread_id`` (read past any fault wrapper) —
+    and, for a call that waits for a person, whether the person's decision is committed too (a call is
+    never run before its decision)."""
+    found = decided = False
     async for row in conversation.load_rows(thread_id):
         if isinstance(row.item, ToolCallItem) and row.item.call.id == tool_call_id:
-            return True
-    return False
+            found, decided = True, not row.item.needs_approval
+        if isinstance(row.item, ApprovalItem) and row.item.tool_call_id == tool_call_id:
+            decided = True
+    return found and decided
 
 
 # ---- the in-memory world ------------------------------------------------------------------------------
@@ -475,7 +538,7 @@ async def run_memory(
                 continue  # time passes only while nothing else is queued
             if wave == scenario.waves:
                 return world
-            for message, dedup_id in scenario.messages(wave):
+            for message, dedup_id in await wave_messages(scenario, wave, world.conversation):
                 await world.queue.send(message, dedup_id)
             wave += 1
             continue
@@ -595,6 +658,7 @@ def check_thread(thread: str, view: ThreadView) -> list[str]:
         "events": _duplicates(
             [(i.tool_call_id, i.result.joined_text()) for i in items if isinstance(i, EventItem)]
         ),
+        "decisions": _duplicates([i.tool_call_id for i in items if isinstance(i, ApprovalItem)]),
     }
     problems += [f"{thread}: duplicated {what}: {found}" for what, found in duplicates.items() if found]
     if view.intents:
@@ -635,7 +699,7 @@ def _expect_basic(name: str, snap: Snapshot, prefix: str) -> list[str]:
         return [f"{name}: thread {root} does not exist"]
     view = snap[root]
     items = view.items
-    want_users = [text for _, text, _ in _BASIC[name]]
+    want_users = [text for _, text, _ in _BASIC[name] if text != DECISION]
     facts: dict[str, bool] = {
         "every input once, in order": [i.text for i in items if isinstance(i, UserItem)] == want_users,
         "ends with an answer": isinstance(items[-1], AssistantText) if items else False,
@@ -695,6 +759,13 @@ def _expect_basic(name: str, snap: Snapshot, prefix: str) -> list[str]:
         facts["both answered"] = [i for i in items if i == AssistantText("Found it.")] == [
             AssistantText("Found it.")
         ] * 2
+    elif name == "approval":
+        mails = _calls(items, "send_email")
+        decisions = [i for i in items if isinstance(i, ApprovalItem)]
+        facts["one send_email call, waiting first"] = len(mails) == 1 and mails[0].needs_approval
+        facts["one decision, the edit"] = [(d.decision, d.args) for d in decisions] == [("edit", EDITED_ARGS)]
+        facts["the edited call answered once"] = _count(items, ToolResultItem, "mailed ops-team") == 1
+        facts["the final answer"] = bool(items) and items[-1] == AssistantText("Mailed.")
     elif name == "timer":
         facts["one sleep"] = len(_calls(items, "sleep")) == 1
         facts["one wake-up"] = _count(items, ToolResultItem, "Slept for 60 seconds") == 1
@@ -786,7 +857,7 @@ class RecordingSender:
 
 def aws_tools(runs: list[str]) -> list[Tool]:
     """The scenario tools the AWS runtime does not already have (it adds the built-ins and sleep tools)."""
-    return [make_get_time(runs), Subscribe(), Ticker(), Lookup()]
+    return [make_get_time(runs), make_send_email(runs), Subscribe(), Ticker(), Lookup()]
 
 
 def aws_context_window(runs: list[str]) -> int:

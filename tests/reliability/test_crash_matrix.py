@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import random
 import uuid
+from typing import Any
 
 import pytest
 
@@ -195,3 +196,41 @@ async def test_mutation_not_absorbing_answers_to_answered_calls_is_caught(
     world = await run_memory(SCENARIOS["reused"])
     _, problems = await check_memory_world(world)
     assert any("never recorded as processed" in p for p in problems), problems
+
+
+# ---- approval: the checks catch a call run before its decision is durable --------------------------------
+
+
+async def test_mutation_running_an_approved_call_before_committing_the_decision_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the commit that makes the decision (and the call's intent) durable before the call runs,
+    the approval scenario's dispatch check fails even without a crash: the tool ran while the decision
+    existed only in memory."""
+    from stepagent.core.step import ThreadStep
+
+    async def run_before_commit(self: ThreadStep, history: Any, approved: Any) -> bool:
+        owes = False
+        for intent in approved:
+            owes = await self._drive_intent(history, intent, redrive=False) or owes
+        return owes
+
+    clean = await run_memory(SCENARIOS["approval"])
+    assert not (await check_memory_world(clean))[1]
+    monkeypatch.setattr(ThreadStep, "_run_approved", run_before_commit)
+    world = await run_memory(SCENARIOS["approval"])
+    _, problems = await check_memory_world(world)
+    assert any("dispatched before it (and a decision it waits for) was committed" in p for p in problems), (
+        problems
+    )
+
+
+async def test_mutation_an_approval_that_ignores_the_policy_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runtime that dispatches the call at once (no waiting) fails the approval scenario."""
+    from stepagent.core.agents import ThreadAgent
+
+    monkeypatch.setattr(ThreadAgent, "needs_approval", lambda self, tool: False)
+    with pytest.raises(AssertionError, match="is not waiting for approval"):
+        await run_memory(SCENARIOS["approval"])

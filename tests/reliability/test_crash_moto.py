@@ -37,6 +37,7 @@ from tests.reliability.scenarios import (
     script,
     snapshot,
     unprocessed_inputs,
+    wave_messages,
 )
 
 SEED = int(os.environ.get("STEPAGENT_CRASH_SEED", "20260427"))
@@ -67,6 +68,10 @@ class MotoRun:
     #: below): a crash between a step's commit and its output sends loses the events of the rows the
     #: redelivery cannot attribute to a redelivered record.
     lost_output_events: list[tuple[str, int, str]]
+    #: ``plan.calls`` when each wave of user inputs was sent (the I/O calls after it are the wave's).
+    wave_starts: list[int]
+    #: Every ``approval_required`` event on the output queue.
+    approval_events: list[dict[str, Any]]
 
 
 async def _settle(before: set[asyncio.Task[Any]]) -> None:
@@ -96,6 +101,7 @@ async def run_moto(
             (stack.resources.tool_queue_url, runtime.handle_tool_batch),
         ]
         wave = invocations = 0
+        wave_starts: list[int] = []
         for _ in range(300):
             busy = False
             for url, handler in handlers:
@@ -118,7 +124,8 @@ async def run_moto(
             if not busy:
                 if wave == scenario.waves:
                     break
-                for message, dedup_id in scenario.messages(wave, prefix):
+                wave_starts.append(plan.calls)
+                for message, dedup_id in await wave_messages(scenario, wave, runtime.conversation, prefix):
                     await sender.send(message, dedup_id)  # the user's sends: no fault injection
                 wave += 1
         else:
@@ -134,11 +141,13 @@ async def run_moto(
             prefix=prefix,
         )
         problems += await unprocessed_inputs(runtime.state, snap, sender.sent.delivered)
-        published = {e["event_id"] for e in await stack.outputs()}
+        outputs = await stack.outputs()
+        published = {e["event_id"] for e in outputs}
         lost = sorted(where for i, where in expected_output_ids(snap).items() if i not in published)
         if plan.crashes == 0:  # without a crash every committed row's event must be on the output queue
             problems += [f"no output event for row {where}" for where in lost]
-        return MotoRun(plan, snap, problems, invocations, lost)
+        approvals = [e for e in outputs if e["type"] == "approval_required"]
+        return MotoRun(plan, snap, problems, invocations, lost, wave_starts, approvals)
     finally:
         await runtime.aclose()
 
@@ -204,6 +213,48 @@ async def test_a_crash_between_commit_and_publish_loses_no_output_event() -> Non
         )
         assert crashed.plan.crashes == 1 and not crashed.problems
         assert crashed.lost_output_events == []
+
+
+# ---- approval: a crash at every I/O point of the step that takes a person's decision ------------------
+
+
+async def test_a_crash_anywhere_in_the_deciding_step_neither_loses_the_decision_nor_runs_the_call_early() -> (
+    None
+):
+    """The approval scenario on moto through the worker: the model's ``send_email`` call waits
+    (``approval_required`` published, nothing dispatched), then a person's ``edit`` arrives. A crash before
+    each I/O call of the step that takes the decision — load, the commit of the decision and the call's
+    intent, the tool-queue send, marking the intent done, the output publish — must converge: one decision
+    row, the edited call dispatched under one idempotency key only after the decision was durable,
+    answered once, and the model's final answer (``check_snapshot``, via the scenario's expectations)."""
+    scenario = MOTO_SCENARIOS["approval"]
+    async with aws_stack() as stack:
+        clean = await run_moto(stack, scenario, frozenset(), batch_size=1, dedupe=True, prefix="clean-")
+        assert not clean.problems, clean.problems
+        [asked] = clean.approval_events
+        assert asked["name"] == "send_email" and asked["args"] == {"to": "ops"}
+        assert asked["thread_id"] == "clean-approval"
+        decision_at = clean.wave_starts[1]
+        # The deciding step: from the decision's delivery to the tool runner's first I/O.
+        log = clean.plan.log
+        ends = next(n for n in range(decision_at, len(log)) if log[n] == "dispatch:after:send_email")
+        # One crash before each distinct I/O call of the step (a claim-check resolve before the load is a
+        # crash before the load again), then one in the tool runner's run after it.
+        wanted = ("conversation.", "state.", "dispatch:", "runner.", "queue.")
+        points = [n for n in range(decision_at + 1, ends + 4) if log[n - 1].startswith(wanted)]
+        assert {
+            "conversation.open_thread",
+            "conversation.commit",
+            "runner.submit",
+            "state.mark_intent_done",
+        } <= {log[n - 1] for n in points}
+        for n, crash_at in enumerate(points):
+            run = await run_moto(
+                stack, scenario, frozenset({crash_at}), batch_size=1, dedupe=n % 2 == 0, prefix=f"d{n}-"
+            )
+            where = f"crash before I/O #{crash_at} ({log[crash_at - 1]})"
+            assert run.plan.crashes == 1, where
+            assert not run.problems, f"{where}: {run.problems}"
 
 
 # ---- the checks catch what they guard (issue 13): each mechanism removed, a check fails ----------------

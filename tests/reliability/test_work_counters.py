@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench import step_costs
-from bench.step_costs import dynamo_row_writer, peer_costs
+from bench.step_costs import approval_costs, dynamo_row_writer, peer_costs
 from bench.workload import Workload
 from stepagent.agent_config import AgentConfig
 from stepagent.history_items import AssistantText, HistoryItem, Summary, UserItem, encode_item
@@ -299,3 +299,27 @@ async def test_the_limit_checks_add_no_request(dynamo: DynamoEnv, monkeypatch: A
         assert on["requests"] == off["requests"]
     spend = await dynamo.stores(metrics=StoreMetrics())[1].spend("limits-on-cold")
     assert spend.tokens > 0 and spend.cost_usd > 0  # the limits had something to check
+
+
+# ---- approval: the deciding step costs at most one request more than an ordinary tool result -------------
+
+
+async def test_an_approval_adds_at_most_one_request_to_the_deciding_step(dynamo: DynamoEnv) -> None:
+    """Cold steps on DynamoDB (moto) through the real worker: the step that takes a person's approval reads
+    the thread like a tool-result step (one BatchGetItem — which also says whether the decided call is
+    answered — and one Query), commits the decision with the call's intent in the one transaction, and adds
+    only the outbox's done mark after dispatching. The step that leaves the call waiting dispatches
+    nothing, so it has no done mark."""
+
+    def stores(metrics: StoreMetrics) -> tuple[ConversationStore, StateStore]:
+        return dynamo.stores(metrics=metrics, page_size=None)
+
+    costs = await approval_costs(stores, "approve")
+    plain, approval = costs["plain"], costs["approval"]
+    assert costs["decision_extra_requests"] <= 1, costs
+    result_calls = plain["result"]["calls"]
+    # The one extra request: the outbox's done mark (a transaction of the state table).
+    extra = {"TransactWriteItems": result_calls.get("TransactWriteItems", 0) + 1}
+    assert approval["decision"]["calls"] == {**result_calls, **extra}, costs
+    assert approval["user"]["requests"] == plain["user"]["requests"] - 1, costs  # no intent done mark
+    assert approval["result"]["calls"] == plain["result"]["calls"], costs

@@ -7,7 +7,8 @@ Guarantees (DESIGN §1 "Output queue"):
   (``SendMessageBatch``, :meth:`~stepagent.senders.sqs.SqsQueues.send_batch`). Every event has ``type``, ``event_id``,
   ``thread_id``, ``root_thread_id`` and ``metadata`` (the root's stored metadata, ``{}`` when none).
 - Only *committed* content is reported: ``text`` (one per assistant text row), ``tool_call`` (one per
-  tool-call row), ``tool_result`` and ``event`` (results and folded-in reports/events, with ``text``)
+  tool-call row, followed by ``approval_required`` — ``tool_call_id``, ``name``, ``args`` — when the call
+  waits for a person's decision), ``tool_result`` and ``event`` (results and folded-in reports/events, with ``text``)
   come from :class:`~stepagent.events.TurnCommitted`, never from stream chunks, so a step
   that fails after streaming shows nothing it did not keep.
 - ``limit_reached`` (``limit``, ``value``, ``used``: a spending limit stopped the thread before a model
@@ -117,6 +118,18 @@ def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[dict[str, Any]
                     "tool_call_id": item.call.id,
                 }
             )
+            if item.needs_approval:
+                # Committed to wait for a person: the event comes from the row, so a redelivered step
+                # re-publishes it with the same id, like the call's own event.
+                out.append(
+                    {
+                        "type": "approval_required",
+                        "event_id": row_event_id(thread_id, row, "approval_required"),
+                        "name": item.call.name,
+                        "args": item.call.arguments,
+                        "tool_call_id": item.call.id,
+                    }
+                )
         elif isinstance(item, ToolResultItem | EventItem):
             kind = "tool_result" if isinstance(item, ToolResultItem) else "event"
             original = item.result.id if isinstance(item, ToolResultItem) else item.tool_call_id

@@ -23,12 +23,17 @@ Guarantees:
   any number of clients can follow any conversation without taking events from each other.
 - **Knows when the turn is over.** :meth:`Client.replies` ends, and :meth:`Client.wait` returns, when the
   thread tree is idle: the messages sent are processed, no thread has an open call, held input, compaction
-  or a message from another thread on its way (see :mod:`stepagent.client.watch` for the exact rule).
+  or a message from another thread on its way — a call waiting for a person's decision counts as idle
+  (see :mod:`stepagent.client.watch` for the exact rule).
 - **Live, never mistaken for committed.** With ``partial=True`` the replies include ``partial`` items: the
   text a completion has streamed so far (written by the worker at most once a second, unless
   ``STEPAGENT_LIVE_TEXT=off``), shown only until the commit that makes it history.
 - **Questions and links.** A tool's pending user choice is a ``choice`` item, answered with
   :meth:`Client.answer_choice`; OAuth links (``oauth``) and errors (``error``) are items too.
+- **Approvals.** A tool call waiting for a person is a ``tool_call`` item with ``approval: "pending"``
+  (shown once per client, also when the watch starts after it), decided with :meth:`Client.approve`, which
+  sends the decision to whichever thread of the tree waits on the call; :meth:`Client.pending_approvals`
+  lists them.
 """
 
 from stepagent.client.api import Client, ClientError, Item

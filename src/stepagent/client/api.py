@@ -10,11 +10,14 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.settings import Settings
 from stepagent.client.watch import Cursor, StoreReader, TreeWatch
 from stepagent.errors import ChoiceAnswerError, ConfigurationError, StepagentError
-from stepagent.messages import InputMessage, UserChoiceRequired
+from stepagent.history_items import ToolCallItem, waiting_for_approval
+from stepagent.messages import ApprovalDecision, InputMessage, UserChoiceRequired
 from stepagent.rap.choices import answer_user_choice
 from stepagent.senders.sqs import SqsSender
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
@@ -64,6 +67,8 @@ class Client:
         self._cursors: dict[str, Cursor] = {}
         self._notice_seqs: dict[str, dict[str, int]] = {}
         self._awaited: dict[str, set[str]] = {}
+        self._awaited_in: dict[str, set[tuple[str, str]]] = {}
+        self._announced: dict[str, set[tuple[str, str]]] = {}
 
     @classmethod
     def from_stack(cls, name: str, **options: Any) -> Client:
@@ -198,7 +203,17 @@ class Client:
             cursor, seqs = await self._snapshot(thread)
         self._cursors[thread] = cursor
         awaited = self._awaited.setdefault(thread, set())
-        watch = TreeWatch(self._reader, thread, cursor, awaited=awaited, partial=partial, notice_seq=seqs)
+        awaited_in = self._awaited_in.setdefault(thread, set())
+        watch = TreeWatch(
+            self._reader,
+            thread,
+            cursor,
+            awaited=awaited,
+            partial=partial,
+            notice_seq=seqs,
+            awaited_in=awaited_in,
+            announced=self._announced.setdefault(thread, set()),
+        )
         try:
             async for item in watch.replies(interval=self.poll_interval, follow=follow, limit=timeout):
                 yield item
@@ -249,6 +264,81 @@ class Client:
         """The stored transcript of the thread and its descendants (``stepagent history --json``)."""
         self._require_open()
         return [item async for item in tree_items(self.conversation, thread)]
+
+    # ---- approvals --------------------------------------------------------------------------------------
+
+    async def approve(
+        self,
+        thread: str,
+        tool_call_id: str,
+        decision: str = "approve",
+        args: dict[str, Any] | None = None,
+        message: str | None = None,
+    ) -> str:
+        """Decide a tool call that waits for approval: ``approve`` (run it as made), ``edit`` (run it with
+        ``args``, checked against the tool's schema by the runtime), ``reject`` (the model is told a person
+        declined it, plus ``message``) or ``respond`` (the model gets ``message`` as the call's result).
+        ``thread`` is the conversation (its root) or the thread that made the call; the decision goes to
+        whichever thread of the tree is waiting on ``tool_call_id``. Returns the decision's message id; the
+        next :meth:`replies` of ``thread`` waits until the decision is processed. A call that is not waiting
+        gets an ``error`` reply from the runtime, and nothing changes."""
+        self._require_open()
+        try:
+            body = ApprovalDecision.model_validate(
+                {"tool_call_id": tool_call_id, "decision": decision, "args": args, "message": message}
+            )
+        except ValidationError as error:
+            reason = error.errors()[0]["msg"]
+            raise ClientError(f"invalid approval for {tool_call_id}: {reason}") from None
+        target = await self._waiting_thread(thread, tool_call_id) or thread
+        if thread not in self._cursors:
+            self._cursors[thread], self._notice_seqs[thread] = await self._snapshot(thread)
+        message_id = str(uuid.uuid4())
+        await self._sender.send(InputMessage(content=body, group_id=target, id=message_id), message_id)
+        if target == thread:
+            self._awaited.setdefault(thread, set()).add(message_id)
+        else:
+            self._awaited_in.setdefault(thread, set()).add((target, message_id))
+        return message_id
+
+    async def pending_approvals(self, thread: str) -> list[Item]:
+        """The tool calls of the thread tree that wait for a person's decision: ``thread_id``,
+        ``tool_call_id``, ``name``, ``args`` (``approval`` is ``pending``)."""
+        self._require_open()
+        found = []
+        async for thread_id, call in self._waiting_calls(thread):
+            found.append(
+                {
+                    "thread_id": thread_id,
+                    "kind": "tool_call",
+                    "tool_call_id": call.call.id,
+                    "name": call.call.name,
+                    "args": call.call.arguments,
+                    "approval": "pending",
+                }
+            )
+        return found
+
+    async def _waiting_thread(self, thread: str, tool_call_id: str) -> str | None:
+        async for thread_id, call in self._waiting_calls(thread):
+            if call.call.id == tool_call_id:
+                return thread_id
+        return None
+
+    async def _waiting_calls(self, thread: str) -> AsyncIterator[tuple[str, ToolCallItem]]:
+        """Each thread of the tree whose last row is a call waiting for approval (one row read each)."""
+        pending = [thread]
+        while pending:
+            current = pending.pop(0)
+            info = await self.conversation.get_thread(current)
+            if info is None:
+                continue
+            if info.tail > 0 and not info.closed:
+                rows = [row.item async for row in self.conversation.load_rows(current, after=info.tail - 1)]
+                waiting = waiting_for_approval(rows)
+                if waiting is not None:
+                    yield current, waiting
+            pending.extend(child.thread_id for child in await self.conversation.children(current))
 
     # ---- choices ----------------------------------------------------------------------------------------
 

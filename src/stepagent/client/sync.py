@@ -118,3 +118,16 @@ class SyncClient:
         self, thread: str, choice_id: str | None = None, selected: int | str | None = None
     ) -> int:
         return self._run(self._client.answer_choice(thread, choice_id, selected))
+
+    def approve(
+        self,
+        thread: str,
+        tool_call_id: str,
+        decision: str = "approve",
+        args: dict[str, Any] | None = None,
+        message: str | None = None,
+    ) -> str:
+        return self._run(self._client.approve(thread, tool_call_id, decision, args, message))
+
+    def pending_approvals(self, thread: str) -> list[Item]:
+        return self._run(self._client.pending_approvals(thread))

@@ -14,6 +14,10 @@ What a person gets:
   writing (the live partial text), the tool that is running, a question waiting for you.
 - **Questions answered here**: when a tool asks you to choose, the next line you type is the answer (the
   number or the text of a choice; an empty line takes the default) and is delivered to the tool.
+- **Approvals asked here**: a tool call that waits for a person shows
+  ``⏸ send_email({...})  approve? [y]es [n]o [e]dit [r]espond``; the next line you type decides it —
+  ``y``, ``n [why]``, ``e {"new": "arguments"}``, ``r <the answer the model gets instead>`` (with
+  ``--say``, the line is read from standard input; at its end the call keeps waiting).
 
 Without a terminal (pipes, ``--say``) the same lines are printed with no prompt, status or escapes.
 """
@@ -29,7 +33,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
 
 from stepagent.client.api import Client, ClientError, Item
 
@@ -57,6 +61,12 @@ def item_line(item: Item, root: str) -> str | None:
     if kind == "tool_call":
         args = json.dumps(item.get("args") or {}, ensure_ascii=False)
         return f"{who} ⚙ {item.get('name')}({'' if args == '{}' else args})"
+    if kind == "approval":
+        verdict = {"approved": "✔ approved", "edited": "✎ edited", "rejected": "✗ rejected"}
+        line = f"{who} {verdict.get(str(item.get('approval')), '↩ answered')} {item.get('tool_call_id')}"
+        if item.get("approval") == "edited":
+            line += " → " + json.dumps(item.get("args") or {}, ensure_ascii=False)
+        return line + (f": {_clip(text)}" if text else "")
     if kind == "tool_result":
         return f"{who} ← {_clip(text)}"
     if kind == "event":
@@ -71,6 +81,43 @@ def item_line(item: Item, root: str) -> str | None:
         choices = ", ".join(f"{i}: {c}" for i, c in enumerate(item.get("choices", [])))
         return f"{who} ? {item.get('prompt')} [{choices}]"
     return None  # reasoning, summaries, partial text and idle markers are not lines
+
+
+APPROVAL_QUESTION = "approve? [y]es [n]o [e]dit [r]espond"
+APPROVAL_HELP = 'answer y, n [why], e {"the": "new arguments"} or r <the answer the model gets instead>'
+
+
+def approval_line(item: Item, root: str) -> str:
+    """The question shown for a call waiting for a person's decision."""
+    thread = str(item.get("thread_id", ""))
+    who = "" if thread == root else f"[child {thread[:8]}] "
+    args = json.dumps(item.get("args") or {}, ensure_ascii=False, separators=(",", ":"))
+    return f"{who}⏸ {item.get('name')}({_clip(args, 200)})  {APPROVAL_QUESTION}"
+
+
+def parse_decision(line: str) -> tuple[str, dict[str, Any] | None, str | None]:
+    """``(decision, args, message)`` for a typed answer to an approval question; ``ValueError`` (with what
+    to type) for anything else."""
+    text = line.strip()
+    word, _, rest = text.partition(" ")
+    word, rest = word.lower(), rest.strip()
+    if word in ("y", "yes", "approve"):
+        return "approve", None, None
+    if word in ("n", "no", "reject"):
+        return "reject", None, rest or None
+    if word in ("e", "edit"):
+        try:
+            args = json.loads(rest)
+        except json.JSONDecodeError:
+            raise ValueError('edit needs the new arguments as JSON: e {"to": "..."}') from None
+        if not isinstance(args, dict):
+            raise ValueError('edit needs a JSON object of arguments: e {"to": "..."}')
+        return "edit", args, None
+    if word in ("r", "respond"):
+        if not rest:
+            raise ValueError("respond needs the answer the model gets instead: r <text>")
+        return "respond", None, rest
+    raise ValueError(APPROVAL_HELP)
 
 
 @dataclass
@@ -247,6 +294,7 @@ class Activity:
     running: dict[str, tuple[str, str]] = field(default_factory=dict)  # call id -> (thread, tool)
     partial: dict[str, Item] = field(default_factory=dict)  # thread -> its partial item
     choice: Item | None = None
+    approval: Item | None = None  # a tool call waiting for a person's decision
     tick: int = 0
 
     def see(self, item: Item) -> None:
@@ -267,8 +315,18 @@ class Activity:
         if "order" in item:
             self.partial.pop(thread, None)  # committed rows replace the partial text
         if kind == "tool_call":
-            self.running[str(item.get("tool_call_id"))] = (thread, str(item.get("name")))
+            if item.get("approval") == "pending":
+                self.approval = item
+            else:
+                self.running[str(item.get("tool_call_id"))] = (thread, str(item.get("name")))
+        elif kind == "approval":
+            if self.approval is not None and self.approval.get("tool_call_id") == item.get("tool_call_id"):
+                self.approval = None
+            if item.get("approval") in ("approved", "edited"):
+                self.running[str(item.get("tool_call_id"))] = (thread, str(item.get("tool_call_id")))
         elif kind in ("tool_result", "event"):
+            if self.approval is not None and self.approval.get("tool_call_id") == item.get("tool_call_id"):
+                self.approval = None  # interrupted
             self.running.pop(str(item.get("tool_call_id")), None)
             if self.choice is not None and self.choice.get("choice_id") == item.get("tool_call_id"):
                 self.choice = None  # answered (here or elsewhere) or interrupted
@@ -278,6 +336,8 @@ class Activity:
     def status(self, width: int) -> str | None:
         if self.choice is not None:
             return "? waiting for your answer (a number or a choice; empty line: the default)"
+        if self.approval is not None:
+            return f"⏸ waiting for your decision on {self.approval.get('name')}: {APPROVAL_QUESTION}"
         if not self.busy:
             return None
         self.tick += 1
@@ -309,6 +369,8 @@ class Chat:
     activity: Activity
     errors: int = 0
     quiet: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Whether approvals are answered here (``chat``, ``run``) or only shown (``tail``).
+    decides: bool = True
     _sent: list[str] = field(default_factory=list)
 
     def show(self, item: Item) -> None:
@@ -326,6 +388,36 @@ class Chat:
         line = item_line(item, self.thread)
         if line is not None:
             self.screen.line(line)
+        if kind == "tool_call" and item.get("approval") == "pending":
+            if self.decides:
+                self.screen.line(approval_line(item, self.thread))
+            else:
+                self.screen.line(
+                    f"⏸ {item.get('name')} waits for a person: stepagent approve {item.get('thread_id')} "
+                    f"{item.get('tool_call_id')} [--reject [MSG] | --edit JSON | --respond TEXT]"
+                )
+        self.refresh()
+
+    async def decide(self, text: str) -> None:
+        """Answer the waiting approval with a typed line (see :func:`parse_decision`)."""
+        waiting = self.activity.approval
+        assert waiting is not None
+        try:
+            decision, args, message = parse_decision(text)
+        except ValueError as error:
+            self.screen.line(f"! {error} (to send a message instead, start the line with >)")
+            return
+        try:
+            await self.client.approve(
+                str(waiting["thread_id"]), str(waiting["tool_call_id"]), decision, args, message
+            )
+        except ClientError as error:
+            self.screen.line(f"! {error}")
+            return
+        self.activity.approval = None
+        self.activity.busy = True
+        self.quiet.clear()
+        self.screen.line(f"{PROMPT}{text.strip()}")
         self.refresh()
 
     def refresh(self) -> None:
@@ -381,26 +473,38 @@ async def chat(
     screen = Screen(out, interactive)
     session = Chat(client, thread, screen, Activity(thread))
     if say:
-        return await _say(session, say, timeout)
+        return await _say(session, say, timeout, stdin)
     return await _interactive(session, stdin)
 
 
-async def _say(session: Chat, say: Sequence[str], limit: float) -> int:
+async def _say(session: Chat, say: Sequence[str], limit: float, stdin: TextIO) -> int:
     for text in say:
         if not text.strip():
             continue
         await session.send(text, echo=True)
-        try:
-            async for item in session.client.replies(session.thread, timeout=limit):
-                session.show(item)
-                if item.get("kind") == "choice":
-                    session.screen.line(
-                        "  (stepagent cannot answer with --say; answer in `stepagent chat "
-                        f"{session.thread}`, or it times out)"
-                    )
-        except TimeoutError as error:
-            print(f"stepagent: {error}", file=sys.stderr)
-            return 1
+        while True:
+            try:
+                async for item in session.client.replies(session.thread, timeout=limit):
+                    session.show(item)
+                    if item.get("kind") == "choice":
+                        session.screen.line(
+                            "  (stepagent cannot answer with --say; answer in `stepagent chat "
+                            f"{session.thread}`, or it times out)"
+                        )
+            except TimeoutError as error:
+                print(f"stepagent: {error}", file=sys.stderr)
+                return 1
+            waiting = session.activity.approval
+            if waiting is None:
+                break
+            answer = await asyncio.to_thread(stdin.readline)
+            if not answer:
+                session.screen.line(
+                    f"  (no answer on standard input: the call keeps waiting; decide it with `stepagent "
+                    f"approve {waiting['thread_id']} {waiting['tool_call_id']}`)"
+                )
+                break
+            await session.decide(answer)
     return 1 if session.errors else 0
 
 
@@ -419,6 +523,8 @@ async def _interactive(session: Chat, stdin: TextIO) -> int:
         async for line in reader:
             if session.activity.choice is not None and not line.startswith(">"):
                 await session.answer(line)
+            elif session.activity.approval is not None and not line.startswith(">"):
+                await session.decide(line)
             elif line.strip().lstrip(">").strip():
                 await session.send(
                     line.strip().lstrip(">").strip() if line.startswith(">") else line, echo=True
@@ -460,7 +566,7 @@ async def tail(
     interrupted, or (``until_idle``) until the tree is idle."""
     out = out if out is not None else sys.stdout
     screen = Screen(out, interactive=out.isatty())
-    session = Chat(client, thread, screen, Activity(thread))
+    session = Chat(client, thread, screen, Activity(thread), decides=False)
     after: dict[str, int] | None = None
     if not history:
         await client.cursor(thread)  # from now on (before saying so: nothing is missed in between)

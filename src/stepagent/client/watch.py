@@ -14,6 +14,9 @@ processed, and every thread of the tree is settled —
   thread on its way or waiting);
 - a closed thread: no dispatch of its still in progress (its last call may be sending its parent a report);
 
+- an open thread whose last commit left a tool call waiting for a person's decision (it waits on nobody
+  but the person, who is told by the call's item with ``approval: "pending"``);
+
 — seen the same in two consecutive polls (same head versions), so a change that lands between the reads of
 one poll cannot make a busy tree look idle. A non-retrying ``error`` notice that names an awaited
 message id (it was rejected, or given up on) ends the wait for it.
@@ -26,7 +29,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepagent.history_items import ToolCallItem, ToolResultItem
+from stepagent.history_items import ApprovalItem, ToolCallItem, ToolResultItem
 from stepagent.stores.base import ThreadInfo
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
 from stepagent.stores.dynamodb_io import DynamoIo, Item, item_key
@@ -51,6 +54,7 @@ class ThreadView:
     partial: tuple[Any, ...] | None = None  # the last partial reported
     choices: set[str] = field(default_factory=set)
     pending_calls: dict[str, str] = field(default_factory=dict)  # unanswered tool call id -> tool name
+    waiting_approval: set[str] = field(default_factory=set)  # calls waiting for a person's decision
 
     @property
     def settled(self) -> bool:
@@ -63,7 +67,7 @@ class ThreadView:
             return False
         if info.turn_complete is None:
             return info.tail > 0  # imported or older data: nothing says it is working
-        return info.turn_complete
+        return info.turn_complete or bool(self.waiting_approval)
 
 
 class StoreReader:
@@ -118,9 +122,16 @@ class TreeWatch:
         awaited: set[str] | None = None,
         partial: bool = False,
         notice_seq: dict[str, int] | None = None,
+        awaited_in: set[tuple[str, str]] | None = None,
+        announced: set[tuple[str, str]] | None = None,
     ) -> None:
         self.reader = reader
         self.root = root
+        #: ``(thread, message id)`` awaited in a descendant (a person's decision on a child's call).
+        self.awaited_in = awaited_in if awaited_in is not None else set()
+        self._awaited_in_checked: dict[str, int] = {}
+        #: ``(thread, call id)`` of waiting calls already shown to this watch's caller (not shown again).
+        self.announced = announced if announced is not None else set()
         #: Per thread, the last order reported; threads not in it are reported from their first row.
         self.cursor = cursor
         self.awaited = awaited if awaited is not None else set()
@@ -160,7 +171,18 @@ class TreeWatch:
             done = await self.reader.state.filter_processed(self.root, sorted(self.awaited))
             self.awaited -= done
             self._awaited_checked_at = root_version
-        idle = not self.awaited and all(view.settled for view in self.threads.values())
+        for waiting_thread in sorted({t for t, _ in self.awaited_in}):
+            known = self.threads.get(waiting_thread)
+            version = known.info.version if known is not None and known.info is not None else 0
+            if self._awaited_in_checked.get(waiting_thread) == version:
+                continue
+            ids = sorted(m for t, m in self.awaited_in if t == waiting_thread)
+            done = await self.reader.state.filter_processed(waiting_thread, ids)
+            self.awaited_in -= {(waiting_thread, m) for m in done}
+            self._awaited_in_checked[waiting_thread] = version
+        idle = (
+            not self.awaited and not self.awaited_in and all(view.settled for view in self.threads.values())
+        )
         signature = tuple(
             (t, v.info.version if v.info else 0, v.info.closed if v.info else False)
             for t, v in sorted(self.threads.items())
@@ -180,13 +202,28 @@ class TreeWatch:
         version = view.info.version
         out: list[dict[str, Any]] = []
         after = self.cursor.get(thread, 0)
+        if view.listed_at < 0 and 0 < view.info.tail <= after:
+            # Watching from the tail: a call already waiting for a person must still be shown to them.
+            tail = view.info.tail  # only the last row this head covers (later ones are read below)
+            async for row in self.reader.conversation.load_rows(thread, after=tail - 1, up_to=tail):
+                if isinstance(row.item, ToolCallItem) and row.item.needs_approval:
+                    view.waiting_approval.add(row.item.call.id)
+                    if (thread, row.item.call.id) not in self.announced:
+                        self.announced.add((thread, row.item.call.id))
+                        out.append(describe(thread, row.order, row.item))
         if view.info.tail > after:
             async for row in self.reader.conversation.load_rows(thread, after=after):
                 item = describe(thread, row.order, row.item)
                 if isinstance(row.item, ToolCallItem):
                     view.pending_calls[row.item.call.id] = row.item.call.name
+                    if row.item.needs_approval:
+                        view.waiting_approval.add(row.item.call.id)
+                        self.announced.add((thread, row.item.call.id))
                 elif isinstance(row.item, ToolResultItem):
                     view.pending_calls.pop(row.item.result.id, None)
+                    view.waiting_approval.discard(row.item.result.id)
+                elif isinstance(row.item, ApprovalItem):
+                    view.waiting_approval.discard(row.item.tool_call_id)
                 out.append(item)
                 self.cursor[thread] = row.order
         for child in await self.reader.conversation.children(thread):
@@ -296,4 +333,13 @@ class TreeWatch:
 
     def running(self) -> list[tuple[str, str]]:
         """``(thread, tool name)`` of every tool call of the tree that is still waiting for its result."""
-        return [(t, name) for t, view in self.threads.items() for name in view.pending_calls.values()]
+        return [
+            (t, name)
+            for t, view in self.threads.items()
+            for call, name in view.pending_calls.items()
+            if call not in view.waiting_approval
+        ]
+
+    def waiting_for_approval(self) -> list[tuple[str, str]]:
+        """``(thread, tool call id)`` of every call of the tree waiting for a person's decision."""
+        return [(t, call) for t, view in self.threads.items() for call in sorted(view.waiting_approval)]

@@ -11,6 +11,8 @@ Routes (``{root}`` is a conversation's root thread id):
 ``GET /c/{root}/rewind``              the confirmation page of a rewind (``thread``, ``order``)
 ``POST /c/{root}/send``               send ``text`` to ``thread`` (the root or one of its descendants)
 ``POST /c/{root}/choice``             answer a pending choice (``thread``, ``choice_id``, ``selected``)
+``POST /c/{root}/approval``           decide a call waiting for approval (``thread``, ``tool_call_id``,
+                                      ``decision``; ``args`` JSON for ``edit``, ``message``)
 ``POST /c/{root}/rewind``             rewind ``thread`` to ``order`` (``confirm=yes``, ``expected_version``)
 ``GET /dlq``, ``POST /dlq/redrive``   the dead-lettered messages; redrive ``message_id`` (repeatable) or ``all``
 ``GET /api/conversations``            JSON of the list; ``/api/c/{root}`` of a conversation; ``/api/dlq``
@@ -25,6 +27,7 @@ only the console's own script and styles, so even markup that slipped through co
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -227,6 +230,26 @@ class _Routes:
         index = await self.client.answer_choice(thread, form.get("choice_id") or None, selected)
         return f"answered choice {index}", {"index": index, "thread_id": thread}
 
+    async def approval(self, request: Request, form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+        root = request.path_params["root"]
+        thread = form.get("thread") or root
+        await _thread_of(self.client, root, thread)
+        decision = form.get("decision") or "approve"
+        call_id = form.get("tool_call_id", "")
+        if not call_id:
+            raise ActionRefused("name the waiting call (tool_call_id)")
+        args = None
+        if decision == "edit":
+            try:
+                args = json.loads(form.get("args") or "")
+            except json.JSONDecodeError as error:
+                raise ActionRefused(f"the arguments are not JSON: {error}") from None
+            if not isinstance(args, dict):
+                raise ActionRefused("the arguments must be a JSON object")
+        message = (form.get("message") or "").strip() or None
+        message_id = await self.client.approve(thread, call_id, decision, args, message)
+        return f"sent {decision} for {call_id}", {"message_id": message_id, "thread_id": thread}
+
     async def rewind(self, request: Request, form: dict[str, str]) -> tuple[str, dict[str, Any]]:
         root = request.path_params["root"]
         thread = form.get("thread") or root
@@ -310,6 +333,7 @@ def build_app(console: ConsoleState) -> Starlette:
         Route("/c/{root:path}/rewind", r.action(r.rewind, r.to_conversation), methods=["POST"]),
         Route("/c/{root:path}/send", r.action(r.send, r.to_conversation), methods=["POST"]),
         Route("/c/{root:path}/choice", r.action(r.choice, r.to_conversation), methods=["POST"]),
+        Route("/c/{root:path}/approval", r.action(r.approval, r.to_conversation), methods=["POST"]),
         Route("/c/{root:path}", r.conversation),
         Route("/api/c/{root:path}/poll", r.poll_route),
         Route("/api/c/{root:path}", r.conversation),

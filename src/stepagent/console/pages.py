@@ -263,6 +263,9 @@ def _waiting(thread: ThreadPage, csrf: str, root: str) -> str:
                 + "</p>"
             )
     for call in thread.pending_calls:
+        if call.get("approval") == "pending" and not thread.info.closed:
+            out.append(_approval_form(call, thread.thread_id, csrf, root))
+            continue
         label = "timer" if thread.status.status.value == "timer" else "pending call"
         out.append(
             f'<p class="pending">{label}: <code>{e(call["name"])}</code> '
@@ -278,6 +281,26 @@ def _waiting(thread: ThreadPage, csrf: str, root: str) -> str:
             f'<code class="args">{e(json.dumps(sub.get("args"), ensure_ascii=False))}</code></p>'
         )
     return f'<div class="waiting">{"".join(out)}</div>' if out else ""
+
+
+def _approval_form(call: Item, thread_id: str, csrf: str, root: str) -> str:
+    """The decision form of a call that waits for a person: approve, edit (the arguments, as JSON),
+    reject (with an optional message) or respond (the message is the call's result)."""
+    args = json.dumps(call.get("args"), ensure_ascii=False, indent=1)
+    return (
+        f'<form class="approval" method="post" action="{e(path("c", root, "approval"))}" data-ajax>'
+        f"{csrf_field(csrf)}"
+        f'<input type="hidden" name="thread" value="{e(thread_id)}">'
+        f'<input type="hidden" name="tool_call_id" value="{e(call["tool_call_id"])}">'
+        f'<p class="prompt">⏸ <code>{e(call["name"])}</code> waits for your approval</p>'
+        f'<label>arguments <textarea name="args" rows="4">{e(args)}</textarea></label>'
+        f'<label>message <input name="message" placeholder="why (reject) or the answer (respond)"></label>'
+        '<button name="decision" value="approve" class="default">approve</button>'
+        '<button name="decision" value="edit">run with these arguments</button>'
+        '<button name="decision" value="reject">reject</button>'
+        '<button name="decision" value="respond">respond instead</button>'
+        "</form>"
+    )
 
 
 def _short(text: str, limit: int = 300) -> str:

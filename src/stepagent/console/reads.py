@@ -237,6 +237,7 @@ async def conversation_page(
             pending_call=pending_call(committed),
             last_row_kind=committed[-1]["kind"] if committed else None,
             dead_letters=letters.get(info.thread_id, 0),
+            approval=waiting_approval(committed),
         )
         page = ThreadPage(info, depth, facts, thread_status(facts))
         if not full:
@@ -283,6 +284,14 @@ async def conversation_page(
         metadata=metadata,
         signature=signature(heads),
     )
+
+
+def waiting_approval(committed: list[Item]) -> str | None:
+    """The tool name of the thread's last row when it is a call waiting for a person's decision."""
+    last = committed[-1] if committed else None
+    if last is not None and last.get("kind") == "tool_call" and last.get("approval") == "pending":
+        return str(last.get("name"))
+    return None
 
 
 def _held(message_id: str, message: Any) -> Item:

@@ -6,7 +6,8 @@ that applies:
 1. **failed** — a dead-lettered message names the thread (input DLQ: its message group; tool DLQ: the
    call's thread), or its newest notice is an ``error`` given up on (``retrying: false``) and nothing
    answered the input since (its last row is an input: user text, a tool result, an event, or it has none).
-2. **choice** — a tool asked the user to choose and waits for the answer (a pending choice).
+2. **choice** — a tool asked the user to choose and waits for the answer (a pending choice);
+   **approval** — a tool call waits for a person's decision (its thread's last row is that call).
 3. closed threads: **working** while a dispatch of theirs is still in flight (the report to the parent),
    else **idle**.
 4. **working** — a completion is streaming (for a thread without a head yet: its first one) (its ``LIVE`` partial follows the current head), a message
@@ -20,7 +21,7 @@ that applies:
 8. **idle** — otherwise (active subscriptions do not make a thread busy: events wake it when they come).
 
 A conversation (thread tree) takes the most urgent status of its threads, in the order
-failed > choice > working > tool > timer > idle, with the detail of the thread that gave it.
+failed > choice > approval > working > tool > timer > idle, with the detail of the thread that gave it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Status(StrEnum):
 
     FAILED = "failed"
     CHOICE = "choice"
+    APPROVAL = "approval"
     WORKING = "working"
     TOOL = "tool"
     TIMER = "timer"
@@ -60,10 +62,19 @@ class Status(StrEnum):
         return _URGENCY.index(self)
 
 
-_URGENCY = (Status.FAILED, Status.CHOICE, Status.WORKING, Status.TOOL, Status.TIMER, Status.IDLE)
+_URGENCY = (
+    Status.FAILED,
+    Status.CHOICE,
+    Status.APPROVAL,
+    Status.WORKING,
+    Status.TOOL,
+    Status.TIMER,
+    Status.IDLE,
+)
 _LABELS = {
     Status.FAILED: "failed",
     Status.CHOICE: "waiting on a choice",
+    Status.APPROVAL: "waiting for approval",
     Status.WORKING: "working",
     Status.TOOL: "waiting on a tool",
     Status.TIMER: "waiting on a timer",
@@ -87,6 +98,8 @@ class ThreadFacts:
     pending_call: tuple[str, str] | None = None
     last_row_kind: str | None = None
     dead_letters: int = 0
+    #: The tool name of the call that waits for a person's decision, if any.
+    approval: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +147,8 @@ def _attention(facts: ThreadFacts) -> tuple[Status, str] | None:
         return Status.FAILED, str(error.get("message", "error"))
     if facts.choices:
         return Status.CHOICE, f"{facts.choices} question(s) to answer"
+    if facts.approval is not None and facts.info is not None and not facts.info.closed:
+        return Status.APPROVAL, f"{facts.approval} waits for your decision"
     return None
 
 

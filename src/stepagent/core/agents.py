@@ -20,6 +20,9 @@ Guarantees:
 - **Limits and output.** The spending limits and the output schema come from the profile where it sets
   them, else the config. Only a root thread has an output schema: children and compaction threads answer
   their parent in free text.
+- **Approval.** A call waits for a person's decision when its tool says so (``@tool(approval=True)``) or
+  the agent's ``approval`` list (the profile's, else ``STEPAGENT_APPROVAL``) selects it: an own tool by
+  name or ``fnmatch`` pattern, a built-in only by its exact name (:meth:`ThreadAgent.needs_approval`).
 - **Model limits.** ``context_window`` (profile, else the config's for the default model) replaces the
   provider's window; ``max_tokens``/``temperature`` travel in every request of the thread.
 """
@@ -37,7 +40,7 @@ from stepagent.agent_config import CHILD_TOOLS, AgentConfig, AgentProfile, profi
 from stepagent.errors import ConfigurationError, UnknownProfileError
 from stepagent.output_schema import OutputSchema
 from stepagent.providers.base import ModelInfo, ModelProvider
-from stepagent.tools.base import Toolset
+from stepagent.tools.base import Tool, Toolset
 
 _SPAWN = "spawn_thread"
 
@@ -61,6 +64,15 @@ class ThreadAgent:
     #: The schema the root thread's final answers must match (``None``: free text), and the retries.
     output_schema: OutputSchema | None = None
     output_retries: int = 0
+    approval: tuple[str, ...] = ()
+
+    def needs_approval(self, tool: Tool) -> bool:
+        """Whether a call of ``tool`` waits for a person's decision before it runs."""
+        if tool.approval:
+            return True
+        if tool.builtin:
+            return tool.name in self.approval
+        return any(fnmatchcase(tool.name, pattern) for pattern in self.approval)
 
     @property
     def model(self) -> str:
@@ -120,6 +132,7 @@ def resolve_agent(
         ),
         output_schema=None if child else _pick(profile and profile.output_schema, agent.output_schema),
         output_retries=agent.output_retries,
+        approval=agent.approval if profile is None or profile.approval is None else profile.approval,
     )
 
 

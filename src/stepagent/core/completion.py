@@ -64,6 +64,7 @@ from stepagent.history_items import (
     ToolCallItem,
     ToolResultItem,
     UserItem,
+    with_decisions_applied,
 )
 from stepagent.ids import completion_id, fresh_tool_call_id
 from stepagent.messages import ImageBlock, TextBlock, TextContent, ToolCall, ToolResult
@@ -82,7 +83,7 @@ from stepagent.providers.base import (
     Usage,
 )
 from stepagent.stores.base import DispatchIntent, Spend
-from stepagent.tools.base import Toolset
+from stepagent.tools.base import Tool, Toolset
 from stepagent.tracing import (
     AttributeValue,
     Span,
@@ -167,6 +168,8 @@ class CompletionRunner:
     #: ``output_retries`` times with the errors.
     output_schema: OutputSchema | None = None
     output_retries: int = 0
+    #: Which tools' calls wait for a person's decision (committed, not run: the step ends there).
+    needs_approval: Callable[[Tool], bool] | None = None
     _counter: int = 0
     _thinking: bool = False
 
@@ -405,7 +408,8 @@ class CompletionRunner:
         history = self.history
         tool = self.toolset.get(call.name)
         display = tool.display(call.arguments) if tool is not None else None
-        history.handle_completion(ToolCallItem(call=call, display_as=display), chunk_id)
+        waits = tool is not None and self.needs_approval is not None and self.needs_approval(tool)
+        history.handle_completion(ToolCallItem(call=call, display_as=display, needs_approval=waits), chunk_id)
         history.flush_turn()
         if call.name == INJECTED_TOOL_NAME or tool is None:
             forbidden = call.name == INJECTED_TOOL_NAME
@@ -419,6 +423,11 @@ class CompletionRunner:
                 name=call.name, arguments=call.arguments, tool_call_id=call.id, display_as=display
             )
         )
+        if waits:
+            # Committed without an intent: nothing runs until a person's decision (core/approval.py).
+            if tool.referenced_later:
+                history.index_call(call)
+            return
         if not tool.inline:
             outcome.action = ToolCallItem(call=call, display_as=display)
             if tool.referenced_later:
@@ -464,10 +473,12 @@ class _RoundState:
 
 
 def model_view(history: Sequence[HistoryItem], supports_image_input: bool) -> list[HistoryItem]:
-    """The history as the model is shown it: for a model without image input, every image block inside a
-    tool result (or event result) is replaced by a text placeholder. Stored history is never changed."""
+    """The history as the model is shown it: people's decisions on calls applied (an edited call shows its
+    edited arguments, decision rows are not shown), and for a model without image input, every image block
+    inside a tool result (or event result) replaced by a text placeholder. Stored history is never changed."""
+    history = with_decisions_applied(history)
     if supports_image_input:
-        return list(history)
+        return history
     view: list[HistoryItem] = []
     for item in history:
         if isinstance(item, ToolResultItem | EventItem) and any(

@@ -24,6 +24,10 @@ The durability argument (DESIGN §3), all of it in this file:
 - **Outbox (3).** An intent is marked done only after its dispatch (:meth:`dispatch`) or after the
   commit that holds its synchronous result (:meth:`finish`, and the step's re-drive). A crash anywhere in
   between leaves it open; the next step re-drives it with the same idempotency key (the tool call id).
+- **Approval.** A call that waits for a person is committed with no intent, so nothing can dispatch it;
+  a person's ``approve``/``edit`` is committed (a decision row) together with the call's intent before
+  the step drives that intent (:meth:`commit`, then :meth:`dispatch` or :meth:`rerun_inline`), so the
+  outbox argument above covers it: never run before the decision is durable, one idempotency key.
 - **Redelivery is harmless (4).** Every message sent here carries a dedup id derived from the input or
   call it answers; a spawn is idempotent by its derived child id and seeds only a child that is still
   empty (a concurrent re-run's identical seed is absorbed).
@@ -37,7 +41,8 @@ The durability argument (DESIGN §3), all of it in this file:
   contract.
 
 Order of one step's writes: open intents re-driven → inputs prepared (state changes, checkpoints and
-spawns as they are decided) → interrupted calls cancelled → model rounds (checkpoint before each
+spawns as they are decided) → interrupted calls cancelled → calls approved in this step (commit, then
+each driven like a re-driven intent) → model rounds (checkpoint before each
 synchronous tool) → :meth:`finish`: commit → intents of synchronous calls done → observe → dispatch →
 intent done → compaction request.
 """

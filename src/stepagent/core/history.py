@@ -39,6 +39,7 @@ from stepagent.core.ancestors import ancestor_chain, load_history_with_ancestors
 from stepagent.core.thread_cache import CachedThread, ThreadCache, item_bytes
 from stepagent.errors import InvariantViolation
 from stepagent.history_items import (
+    ApprovalItem,
     AssistantText,
     EventItem,
     HistoryItem,
@@ -48,6 +49,7 @@ from stepagent.history_items import (
     ToolResultItem,
     answered_call_id,
     hidden_call_ids,
+    waiting_for_approval,
 )
 from stepagent.messages import ToolCall, ToolResult
 from stepagent.stores.base import (
@@ -323,11 +325,20 @@ class HistoryManager:
         self._append(item, message_id)
 
     def pending_tool_call(self) -> ToolCallItem | None:
-        """The trailing tool call if it is still unanswered."""
-        last = self.history[-1] if self.history else None
+        """The trailing tool call if it is still unanswered (a person's decision on it, which follows it
+        until its result arrives, does not count as an answer)."""
+        index = len(self.history) - 1
+        while index >= 0 and isinstance(self.history[index], ApprovalItem):
+            index -= 1
+        last = self.history[index] if index >= 0 else None
         if isinstance(last, ToolCallItem) and last.call.id not in self._answered:
             return last
         return None
+
+    def waiting_for_approval(self) -> ToolCallItem | None:
+        """The trailing call if it waits for a person's decision (committed, not dispatched)."""
+        waiting = waiting_for_approval(self.history)
+        return waiting if waiting is not None and waiting.call.id not in self._answered else None
 
     def _interrupt_pending_tool_call(self) -> None:
         pending = self.pending_tool_call()
@@ -486,6 +497,8 @@ class HistoryManager:
         for item, order in zip(reversed(self.history), reversed(self._orders), strict=True):
             if isinstance(item, ToolCallItem) and item.call.id not in self._answered:
                 continue
+            if isinstance(item, ApprovalItem) and item.tool_call_id not in self._answered:
+                continue  # the decision on a call still running belongs with the call
             return order or 0
         return 0
 

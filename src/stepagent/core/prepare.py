@@ -13,7 +13,9 @@ Rules, in order (the first that applies decides):
    :class:`~stepagent.events.InputRejected` (an ``error`` output event), never dropped silently;
    non-associative events go to a freshly spawned event child; the rest are inlined as a
    ``receive_event__injected`` call/result pair;
-6. everything else → a ``user`` or ``tool_result`` item through ``HistoryManager.handle_content``.
+6. a person's decision on a call waiting for approval → :func:`~stepagent.core.approval.fold_decision`
+   (a call to run goes to :attr:`Preparer.approved`, run by the step after its commit);
+7. everything else → a ``user`` or ``tool_result`` item through ``HistoryManager.handle_content``.
 
 The preparer decides; every write it needs — a state change, a compaction claim, a child spawned from
 committed history — is handed to :class:`~stepagent.core.effects.StepEffects` as a plain value and performed
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stepagent import texts
+from stepagent.core.approval import fold_decision
 from stepagent.core.effects import (
     AddPendingChoice,
     ChildSpawn,
@@ -59,6 +62,7 @@ from stepagent.history_items import (
 )
 from stepagent.ids import derived_id
 from stepagent.messages import (
+    ApprovalDecision,
     Compaction,
     CompactionComplete,
     InputMessage,
@@ -71,7 +75,8 @@ from stepagent.messages import (
     ToolResult,
     UserChoiceRequired,
 )
-from stepagent.stores.base import ConversationStore, StateStore, ThreadKind
+from stepagent.stores.base import ConversationStore, DispatchIntent, StateStore, ThreadKind
+from stepagent.tools.base import Toolset
 
 INTERRUPT_MARKER = "<interrupt>"
 
@@ -91,6 +96,10 @@ class Preparer:
     passive_tools: frozenset[str] = frozenset()
     clock: Callable[[], float] = time.time
     compaction_lease_seconds: float = 3600.0
+    #: Every tool of the deployment (what a person's edit is validated against).
+    toolset: Toolset = field(default_factory=Toolset)
+    #: Calls people approved in this batch: committed with their intents, run by the step after the commit.
+    approved: list[DispatchIntent] = field(default_factory=list)
     _subscriptions: set[str] | None = None
 
     @property
@@ -109,6 +118,11 @@ class Preparer:
         if message.metadata is not None:
             history.update_metadata(message.metadata)
         content = message.content
+        if isinstance(content, ApprovalDecision):
+            folded = fold_decision(history, content, message_id, self.toolset, self.emit)
+            if folded.intent is not None:
+                self.approved.append(folded.intent)
+            return folded.answered
         if isinstance(content, OAuthRequired | UserChoiceRequired):
             await self._prepare_request_to_user(content, message_id)
             return False
@@ -158,7 +172,7 @@ class Preparer:
     async def _prepare_content(self, message: InputMessage, message_id: str) -> bool:
         """User content or a tool result, appended to history."""
         content = message.content
-        assert not isinstance(content, OAuthRequired | UserChoiceRequired)  # handled by the caller
+        assert not isinstance(content, OAuthRequired | UserChoiceRequired | ApprovalDecision)  # the caller's
         item: HistoryItem
         if isinstance(content, ToolResult):
             item = ToolResultItem(result=content, display_segments=message.display_as)

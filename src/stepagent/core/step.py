@@ -32,6 +32,10 @@ docstring holds the durability argument (DESIGN §3) and the order of the writes
 - Reads: the step starts with one snapshot of the thread (``HistoryManager.load``; a warm worker's
   cache makes it read only new rows) and skips the outbox, deferral and choice reads the snapshot says
   are empty.
+- Approval: a call whose tool needs a person's decision is committed without an intent and nothing is
+  dispatched (:class:`~stepagent.events.ApprovalRequested`; no ``TurnComplete``: the thread waits). A
+  decision (``core/approval.py``) that approves the call is committed with the call's intent *before* the
+  call runs, then the call is driven exactly like a re-driven outbox intent.
 - Turn flag: the step's last commit says whether it left the thread with nothing pending
   (:mod:`stepagent.core.turn`); any earlier commit of the step says the turn is still running.
 """
@@ -55,6 +59,7 @@ from stepagent.core.thread_cache import ThreadCache
 from stepagent.core.turn import turn_is_complete
 from stepagent.events import (
     AgentEvent,
+    ApprovalRequested,
     CompletionFinished,
     CompletionStarted,
     Info,
@@ -65,6 +70,7 @@ from stepagent.events import (
 from stepagent.history_items import EventItem, ToolResultItem, UserItem
 from stepagent.ids import derived_id
 from stepagent.messages import (
+    ApprovalDecision,
     Compaction,
     InputMessage,
     SubscriptionEvent,
@@ -182,7 +188,12 @@ class ThreadStep:
     # ---- the step -----------------------------------------------------------------------------------------
 
     async def run(self, inputs: Sequence[StepInput]) -> StepOutcome:
-        tool_result_ids = [i.message.content.id for i in inputs if isinstance(i.message.content, ToolResult)]
+        # Calls the batch answers or decides: whether each is answered comes with the thread's first read.
+        tool_result_ids = [
+            content.id if isinstance(content, ToolResult) else content.tool_call_id
+            for i in inputs
+            if isinstance(content := i.message.content, ToolResult | ApprovalDecision)
+        ]
         history = self.history = await HistoryManager.load(
             self.conversation,
             self.state,
@@ -233,6 +244,7 @@ class ThreadStep:
             passive_tools=passive,
             clock=self.config.clock,
             compaction_lease_seconds=self.config.compaction_lease_seconds,
+            toolset=self.config.toolset,
         )
         preparer.pending_choices.extend(await self._choices_if_needed(batch))
         ready = False
@@ -245,6 +257,8 @@ class ThreadStep:
                 ready = True
                 last_ready_id = item.message_id
         await self._effects.cancel_interrupted(history.take_interrupted_tool_calls())
+        if preparer.approved:
+            owes_completion = await self._run_approved(history, preparer.approved) or owes_completion
 
         if not ready and (owes_completion or (saw_duplicate and self._awaits_model(history))):
             ready = True
@@ -270,6 +284,7 @@ class ThreadStep:
         model = agent.info
         self.emit(CompletionStarted())
         runner = CompletionRunner(
+            needs_approval=agent.needs_approval,
             history=history,
             provider=agent.provider,
             toolset=agent.toolset,
@@ -331,6 +346,12 @@ class ThreadStep:
             step_usage=outcome.step_usage,
             model=agent.model,
         )
+        waiting = history.waiting_for_approval()
+        asked = (
+            []
+            if waiting is None
+            else [ApprovalRequested(waiting.call.name, waiting.call.arguments, waiting.call.id)]
+        )
         error = None if outcome.error is None else f"The model failed: {outcome.error}"
         if error is None and outcome.output_errors:
             attempts = agent.output_retries + 1
@@ -348,7 +369,7 @@ class ThreadStep:
         await self._effects.finish(
             StepEnd(
                 sync_calls=outcome.executed_sync_calls,
-                observe=[finished, *failed],
+                observe=[finished, *failed, *asked],
                 dispatch=intent,
                 compaction_request=request,
                 compaction_notice=notice,
@@ -415,32 +436,48 @@ class ThreadStep:
             return False
         await history.prefetch(tool_call_ids=[i.tool_call_id for i in intents])
         owes_completion = False
-        effects = self._effects
         for intent in intents:
-            if history.is_answered(intent.tool_call_id):
-                await effects.intent_done(intent.tool_call_id)
-                continue
-            tool = self.config.toolset.get(intent.tool_name)
-            if tool is not None and tool.inline:
-                pending = history.pending_tool_call()
-                if pending is None or pending.call.id != intent.tool_call_id:
-                    await effects.intent_done(intent.tool_call_id)
-                    continue
-                call = ToolCall(
-                    id=intent.tool_call_id,
-                    name=intent.tool_name,
-                    arguments=intent.arguments,
-                    call_id=intent.call_id,
-                )
-                result = await effects.rerun_inline(tool, call)
-                history.append_generated(ToolResultItem(result=result), sync_result_id(call.id))
-                await effects.commit()
-                await effects.intent_done(intent.tool_call_id)
-                owes_completion = True
-            else:
-                self.emit(Info(f"Re-dispatching tool call {intent.tool_call_id} ({intent.tool_name})"))
-                await effects.dispatch(intent)
+            owes_completion = await self._drive_intent(history, intent, redrive=True) or owes_completion
         return owes_completion
+
+    async def _run_approved(self, history: HistoryManager, approved: Sequence[DispatchIntent]) -> bool:
+        """Run the calls people approved in this step: first commit the decisions and the calls' intents
+        (so the call never runs before its decision is durable, and a crash from here on re-drives the
+        intent instead of losing the decision), then drive each intent like a re-driven one."""
+        await self._effects.commit()
+        owes_completion = False
+        for intent in approved:
+            owes_completion = await self._drive_intent(history, intent, redrive=False) or owes_completion
+        return owes_completion
+
+    async def _drive_intent(self, history: HistoryManager, intent: DispatchIntent, *, redrive: bool) -> bool:
+        """Run or dispatch one committed intent (a re-driven one, or a call a person just approved).
+        Returns whether a synchronous tool left a result the model has not seen yet."""
+        effects = self._effects
+        if history.is_answered(intent.tool_call_id):
+            await effects.intent_done(intent.tool_call_id)
+            return False
+        tool = self.config.toolset.get(intent.tool_name)
+        if tool is not None and tool.inline:
+            pending = history.pending_tool_call()
+            if pending is None or pending.call.id != intent.tool_call_id:
+                await effects.intent_done(intent.tool_call_id)
+                return False
+            call = ToolCall(
+                id=intent.tool_call_id,
+                name=intent.tool_name,
+                arguments=intent.arguments,
+                call_id=intent.call_id,
+            )
+            result = await effects.rerun_inline(tool, call)
+            history.append_generated(ToolResultItem(result=result), sync_result_id(call.id))
+            await effects.commit()
+            await effects.intent_done(intent.tool_call_id)
+            return True
+        if redrive:
+            self.emit(Info(f"Re-dispatching tool call {intent.tool_call_id} ({intent.tool_name})"))
+        await effects.dispatch(intent)
+        return False
 
     # ---- deferral -----------------------------------------------------------------------------------------------
 
@@ -463,16 +500,24 @@ class ThreadStep:
                     isinstance(synthetic, SubscriptionEvent) and synthetic.tool_call_id == pending_id
                 )
 
-            answer = next(
-                (
-                    n
-                    for n, i in enumerate(batch)
-                    if i.message.synthetic is None
-                    and isinstance(i.message.content, ToolResult)
-                    and i.message.content.id == pending.call.id
-                ),
-                None,
-            )
+            asked = history.waiting_for_approval()
+            answers_waiting = asked is not None and asked.call.id == pending_id
+
+            def answers(item: StepInput) -> bool:
+                content = item.message.content
+                if item.message.synthetic is not None:
+                    return False
+                if isinstance(content, ToolResult):
+                    return content.id == pending_id
+                # A person's reject/respond answers a call that waits for them (approve/edit run it).
+                return (
+                    answers_waiting
+                    and isinstance(content, ApprovalDecision)
+                    and content.tool_call_id == pending_id
+                    and content.decision in ("reject", "respond")
+                )
+
+            answer = next((n for n, i in enumerate(batch) if answers(i)), None)
             settled = answer is not None or any(i.message.is_user_text for i in batch)
             if answer is not None:
                 # Events that reached this batch before the call's result still wait for it.

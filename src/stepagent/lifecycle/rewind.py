@@ -3,7 +3,7 @@
 Guarantees:
 
 - **Never inside a pair.** A cut that would keep a tool call while dropping its answer (a tool result, or
-  an event that answers it) moves back to just before that call, repeatedly, until no kept call has a
+  an event that answers it) or a person's decision on it moves back to just before that call, repeatedly, until no kept call has a
   dropped answer; the effective order is reported. A child whose first rows answer the call it inherited
   cannot be cut before them (there is no earlier start to move to): that is refused with a clear error.
 - **One atomic change.** The head's tail moves to the cut (version + 1, conditioned on the version this
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stepagent.errors import ConcurrentWriteError
-from stepagent.history_items import EventItem, ToolCallItem, ToolResultItem, answered_call_id
+from stepagent.history_items import ApprovalItem, EventItem, ToolCallItem, ToolResultItem, answered_call_id
 from stepagent.lifecycle.export import LifecycleError
 from stepagent.messages import ThreadReport
 from stepagent.stores.base import ConversationStore, Rewind, StateCleanup, StateStore, ThreadInfo, ThreadKind
@@ -151,6 +151,11 @@ async def effective_cut(conversation: ConversationStore, info: ThreadInfo, to_or
                 own_calls.add(item.call.id)
                 if row.order <= cut:
                     open_calls[item.call.id] = row.order
+            elif isinstance(item, ApprovalItem):
+                if row.order > cut and item.tool_call_id in open_calls:
+                    # A kept call without its decision would wait for a person again after it ran.
+                    start = open_calls[item.tool_call_id]
+                    earliest = start if earliest is None else min(earliest, start)
             elif answer is not None and row.order <= cut:
                 open_calls.pop(answer, None)
             elif answer in open_calls:

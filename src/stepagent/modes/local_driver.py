@@ -216,12 +216,15 @@ def interrupting(message: InputMessage) -> InputMessage:
 def awaiting_tool_result(history: HistoryManager | None, toolset: Toolset | None = None) -> bool:
     """Whether the thread waits for a tool result: its history ends with an unanswered call that is not
     ``close_thread`` and whose tool answers at all (timed sleeps count: their wake-up is a result;
-    ``sleep_until_event_or_input`` does not: only the next input ends it)."""
+    ``sleep_until_event_or_input`` does not: only the next input ends it; nor does a call waiting for a
+    person's decision)."""
     if history is None or (history.info is not None and history.info.closed):
         return False
     pending = history.pending_tool_call()
     if pending is None or pending.call.name == CLOSE_TOOL:
         return False
+    if history.waiting_for_approval() is not None:
+        return False  # nothing runs until a person decides: the decision starts a fresh driver
     tool = toolset.get(pending.call.name) if toolset is not None else None
     return tool is None or tool.answered
 

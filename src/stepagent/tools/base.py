@@ -135,6 +135,9 @@ class Tool:
     #: Whether a call of this tool is ever answered by a result. ``False`` for a call that only waits for
     #: the next input (``sleep_until_event_or_input``): nothing runs for it, so it keeps nothing resident.
     answered: ClassVar[bool] = True
+    #: Every call of this tool waits for a person's decision before it runs (``@tool(approval=True)``);
+    #: ``STEPAGENT_APPROVAL`` and a profile's ``approval`` select more tools by name.
+    approval: ClassVar[bool] = False
 
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)

@@ -56,6 +56,7 @@ class FunctionTool(Tool, Generic[P, R]):
         description: str | None = None,
         inline: bool = False,
         timeout: float | None = DEFAULT_TIMEOUT,
+        approval: bool = False,
     ) -> None:
         if isinstance(func, FunctionTool | TypedFunction) or not callable(func):
             raise ConfigurationError(f"@tool needs a plain or async function, got {func!r}")
@@ -73,6 +74,7 @@ class FunctionTool(Tool, Generic[P, R]):
         setattr(self, "description", typed.description)  # noqa: B010
         setattr(self, "parameters", typed.parameters)  # noqa: B010
         setattr(self, "inline", inline)  # noqa: B010
+        setattr(self, "approval", approval)  # noqa: B010
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self._func(*args, **kwargs)
@@ -157,6 +159,7 @@ def tool(
     description: str | None = None,
     inline: bool = False,
     timeout: float | None = DEFAULT_TIMEOUT,
+    approval: bool = False,
 ) -> Callable[[Callable[P, R]], FunctionTool[P, R]]: ...
 
 
@@ -168,16 +171,20 @@ def tool(
     description: str | None = None,
     inline: bool = False,
     timeout: float | None = DEFAULT_TIMEOUT,
+    approval: bool = False,
 ) -> FunctionTool[P, R] | Callable[[Callable[P, R]], FunctionTool[P, R]]:
     """Make a tool from a function: ``@tool``, or ``@tool(inline=..., name=..., timeout=...)`` with options.
 
     ``inline=True`` runs the tool inside the step (fast, pure functions only); otherwise the function
     runner executes it off the step. ``timeout`` (seconds, ``None`` = no limit) bounds async functions
-    and non-inline sync functions.
+    and non-inline sync functions. ``approval=True``: every call waits for a person's decision
+    (approve, edit, reject or respond) before it runs.
     """
 
     def decorate(function: Callable[P, R]) -> FunctionTool[P, R]:
-        return FunctionTool(function, name=name, description=description, inline=inline, timeout=timeout)
+        return FunctionTool(
+            function, name=name, description=description, inline=inline, timeout=timeout, approval=approval
+        )
 
     if func is not None:
         return decorate(func)
