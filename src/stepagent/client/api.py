@@ -278,6 +278,12 @@ class Client:
         return self.conversation, self.state
 
     @property
+    def sender(self) -> SqsSender:
+        """The input queue's sender (the HTTP API sends through it)."""
+        self._require_open()
+        return self._sender
+
+    @property
     def reader(self) -> StoreReader:
         """The reads a watch makes: :meth:`StoreReader.heads_and_live` reads the heads and ``LIVE`` items
         of many threads in one request (the web console's poll)."""

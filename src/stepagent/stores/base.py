@@ -122,6 +122,9 @@ class UsageRecord:
     completions: int = 0
     turn_complete: bool = False
     version: int = 0
+    #: The thread's last order after that commit (assigned by the store; ``None`` on records stored before
+    #: it was kept): where the step's ``turn_complete`` falls among the rows, for readers replaying events.
+    tail: int | None = field(default=None, compare=False)
 
 
 @dataclass(slots=True)

@@ -471,7 +471,9 @@ class DynamoConversationStore:
         ]
         others = await state_writes(self._io, self.state_table, thread_id, commit, info.version + 1)
         if commit.usage is not None:
-            others.append(put(self.table, usage_item(thread_id, commit.usage, info.version + 1)))
+            others.append(
+                put(self.table, usage_item(thread_id, commit.usage, info.version + 1, info.tail + len(rows)))
+            )
         head = self._head_update(info, info.tail + len(rows), commit, deferred)
         if fits([head, *rows, *others]):
             await self._transact(thread_id, [head, *rows, *others])

@@ -257,8 +257,8 @@ _USAGE_COUNTS = (
 )
 
 
-def usage_item(thread_id: str, record: UsageRecord, version: int) -> Item:
-    """The ``U#`` item of ``record``, stored by the commit that produces head ``version``."""
+def usage_item(thread_id: str, record: UsageRecord, version: int, tail: int | None = None) -> Item:
+    """The ``U#`` item of ``record``, stored by the commit that produces head ``version`` (and ``tail``)."""
     item: Item = {
         **item_key(thread_id, usage_sk(version)),
         "step_id": s_attr(record.step_id),
@@ -267,6 +267,8 @@ def usage_item(thread_id: str, record: UsageRecord, version: int) -> Item:
     }
     for attribute, name in _USAGE_COUNTS:
         item[attribute] = n_attr(int(getattr(record, name)))
+    if tail is not None:
+        item["tail"] = n_attr(tail)
     return item
 
 
@@ -278,6 +280,7 @@ def usage_from_item(item: Item) -> UsageRecord:
         model=str(item["model"]["S"]),
         turn_complete=bool(item.get("done", {}).get("BOOL", False)),
         version=int(str(item["sk"]["S"])[len(USAGE_PREFIX) :]),
+        tail=int(item["tail"]["N"]) if "tail" in item else None,
         **counts,
     )
 

@@ -207,7 +207,9 @@ class InMemoryConversationStore:
             turn_complete=commit.turn_complete,
         )
         if commit.usage is not None:
-            backend.usage.setdefault(thread_id, []).append(replace(commit.usage, version=new.version))
+            backend.usage.setdefault(thread_id, []).append(
+                replace(commit.usage, version=new.version, tail=new.tail)
+            )
         backend.threads[thread_id] = new
         return new
 
