@@ -13,9 +13,20 @@ import jwt
 import pytest
 
 from stepagent.api.server import auth_settings
+from stepagent.client import Client
+from stepagent.client.http import ApiRequestError
 from stepagent.errors import ConfigurationError
 from stepagent.input_rules import MAX_MESSAGE_BYTES
-from tests.api.helpers import AUDIENCE, ISSUER, api_stack, ec_key, jwks_server, jwt_settings, new_thread, rsa_key
+from tests.api.helpers import (
+    AUDIENCE,
+    ISSUER,
+    api_stack,
+    ec_key,
+    jwks_server,
+    jwt_settings,
+    new_thread,
+    rsa_key,
+)
 from tests.console.helpers import scripted_model
 
 
@@ -64,7 +75,9 @@ async def test_auth_ownership_bad_input_idempotency_history_and_approvals() -> N
             unsigned = jwt.encode(
                 {"sub": "alice", "iss": ISSUER, "aud": AUDIENCE, "exp": 4_000_000_000}, None, algorithm="none"
             )
-            assert "algorithm" in error_of(await http.get(path, headers=bearer(unsigned)), 401, "unauthorized")
+            assert "algorithm" in error_of(
+                await http.get(path, headers=bearer(unsigned)), 401, "unauthorized"
+            )
             hs = hs256_with_public_key(rs.pem())
             error_of(await http.get(path, headers=bearer(hs)), 401, "unauthorized")
             other_audience = rs.token(aud="another-app")
@@ -88,7 +101,9 @@ async def test_auth_ownership_bad_input_idempotency_history_and_approvals() -> N
                 await http.post(path + "/messages", content=b"{not json", headers=alice), 400, "bad_request"
             )
             error_of(await http.post(path + "/messages", json=["hi"], headers=alice), 400, "bad_request")
-            error_of(await http.post(path + "/messages", json={"txt": "hi"}, headers=alice), 400, "bad_request")
+            error_of(
+                await http.post(path + "/messages", json={"txt": "hi"}, headers=alice), 400, "bad_request"
+            )
             error_of(
                 await http.post(path + "/messages", content='{"text": "\\ud800"}', headers=alice),
                 400,
@@ -115,9 +130,13 @@ async def test_auth_ownership_bad_input_idempotency_history_and_approvals() -> N
 
             # ---- a send, retried with the same Idempotency-Key: one message processed
             key = {**alice, "Idempotency-Key": "hello-1"}
-            first = await http.post(path + "/messages", json={"text": "hello", "metadata": {"app": 1}}, headers=key)
+            first = await http.post(
+                path + "/messages", json={"text": "hello", "metadata": {"app": 1}}, headers=key
+            )
             assert first.status_code == 202 and first.json() == {"message_id": "hello-1"}
-            again = await http.post(path + "/messages", json={"text": "hello", "metadata": {"app": 1}}, headers=key)
+            again = await http.post(
+                path + "/messages", json={"text": "hello", "metadata": {"app": 1}}, headers=key
+            )
             assert again.status_code == 202 and again.json() == {"message_id": "hello-1"}
             await api.client.wait(thread, "hello-1", timeout=60)
             history = await http.get(path, headers=alice)
@@ -130,13 +149,13 @@ async def test_auth_ownership_bad_input_idempotency_history_and_approvals() -> N
             # ---- another subject: 404 everywhere, and cannot take the thread over
             error_of(await http.get(path, headers=bob), 404, "not_found")
             error_of(await http.get(path + "/events", headers=bob), 404, "not_found")
-            error_of(await http.post(path + "/messages", json={"text": "mine"}, headers=bob), 404, "not_found")
+            error_of(
+                await http.post(path + "/messages", json={"text": "mine"}, headers=bob), 404, "not_found"
+            )
             error_of(await http.post(path + "/approvals", json=approval, headers=bob), 404, "not_found")
             # ... while a thread made outside the API is nobody's to claim.
             await api.client.send("cli-made-" + thread, "hello")
-            error_of(
-                await http.get(f"/v1/threads/cli-made-{thread}", headers=alice), 404, "not_found"
-            )
+            error_of(await http.get(f"/v1/threads/cli-made-{thread}", headers=alice), 404, "not_found")
 
             # ---- approvals: the shape is checked, a valid one is queued for the thread
             for bad in (
@@ -152,6 +171,18 @@ async def test_auth_ownership_bad_input_idempotency_history_and_approvals() -> N
                 headers={**alice, "Idempotency-Key": "approval-1"},
             )
             assert sent.status_code == 202 and sent.json() == {"message_id": "approval-1"}
+
+            # ---- the client over HTTP: send, replies (the stream), wait, history — no AWS settings
+            async with Client(api_url=api.url, token=rs.token("carol")) as web:
+                talk = new_thread("web")
+                await web.send(talk, "hello")
+                replies = [item async for item in web.replies(talk, timeout=60)]
+                assert [(i["kind"], i.get("text")) for i in replies] == [("assistant", "Hello back, friend.")]
+                second = await web.send(talk, "hello again")
+                await web.wait(talk, second, timeout=60)
+                assert [i["kind"] for i in await web.history(talk)] == ["user", "assistant"] * 2
+                with pytest.raises(ApiRequestError, match="no thread"):
+                    await web.history(thread)  # alice's
 
             # ---- key rotation: a token signed by a key the JWKS did not have is accepted once it has it
             rotated = ec_key("es-2")

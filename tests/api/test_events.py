@@ -57,7 +57,9 @@ def per_thread(events: list[dict[str, Any]]) -> dict[str, list[str]]:
     return dict(out)
 
 
-async def test_a_turn_with_a_tool_and_a_child_cut_at_random_points_resumes_with_nothing_lost_or_repeated() -> None:
+async def test_a_turn_with_a_tool_and_a_child_cut_at_random_points_resumes_with_nothing_lost_or_repeated() -> (
+    None
+):
     async with api_stack(scripted_model(), NONE, heartbeat_s=0.05) as api:
         thread = new_thread("plan")
         path = f"/v1/threads/{thread}/events?follow=1"
@@ -119,9 +121,9 @@ async def test_a_turn_with_a_tool_and_a_child_cut_at_random_points_resumes_with_
         # The independent oracle: what the worker published on the output queue, in its order.
         published = [e for e in await output_events(api) if e["root_thread_id"] == thread]
         published = [e for e in published if e["type"] in STREAM_KINDS]
-        assert [(e["type"], e.get("text", "")[:25]) for e in committed(replay) if e["thread_id"] == thread] == [
-            (e["type"], e.get("text", "")[:25]) for e in published if e["thread_id"] == thread
-        ]
+        assert [
+            (e["type"], e.get("text", "")[:25]) for e in committed(replay) if e["thread_id"] == thread
+        ] == [(e["type"], e.get("text", "")[:25]) for e in published if e["thread_id"] == thread]
         assert [(e["type"], e["event_id"]) for e in committed(replay) if e["thread_id"] == thread] == [
             (e["type"], e["event_id"]) for e in published if e["thread_id"] == thread
         ]

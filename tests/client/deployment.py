@@ -108,8 +108,11 @@ class Deployment:
 
 
 @asynccontextmanager
-async def deployment(model: Any, *, live_text: bool = True) -> AsyncIterator[Deployment]:
-    """The stack, running until the context exits (``model``: a provider, e.g. :class:`FunctionModel`)."""
+async def deployment(
+    model: Any, *, live_text: bool = True, agent_settings: dict[str, str] | None = None
+) -> AsyncIterator[Deployment]:
+    """The stack, running until the context exits (``model``: a provider, e.g. :class:`FunctionModel`;
+    ``agent_settings``: extra ``STEPAGENT_*`` agent settings, as the environment would give them)."""
     async with AsyncExitStack() as stack:
         sqs = await stack.enter_async_context(aws_client("sqs"))
         s3 = await stack.enter_async_context(aws_client("s3"))
@@ -117,5 +120,9 @@ async def deployment(model: Any, *, live_text: bool = True) -> AsyncIterator[Dep
         resources, settings = await create_resources(sqs, s3, dynamodb, unique_name("cl"))
         stack.push_async_callback(delete_resources, sqs, dynamodb, resources, settings)
         settings = dataclasses.replace(settings, callback_secret=secrets.token_hex(16), live_text=live_text)
+        if agent_settings:
+            settings = dataclasses.replace(
+                settings, agent_settings={**settings.agent_settings, **agent_settings}
+            )
         services = await stack.enter_async_context(local_services(settings, demo=True, provider=model))
         yield Deployment(services.settings, services)

@@ -224,7 +224,12 @@ class TreeEvents:
         if live.phase is not None and live.version == version and live.text:
             delta = self._delta(pos, version, live)
             if delta:
-                event = {"type": "text_delta", "thread_id": thread, "root_thread_id": self.root, "text": delta}
+                event = {
+                    "type": "text_delta",
+                    "thread_id": thread,
+                    "root_thread_id": self.root,
+                    "text": delta,
+                }
                 yield self.token(), event
 
     @staticmethod

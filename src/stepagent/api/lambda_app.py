@@ -36,7 +36,9 @@ class LambdaApi:
             if self._app is None:
                 auth = ApiAuthSettings.from_env(os.environ)
                 if auth.mode != "jwt":
-                    raise ConfigurationError("STEPAGENT_API_AUTH must be jwt on Lambda (none is loopback only)")
+                    raise ConfigurationError(
+                        "STEPAGENT_API_AUTH must be jwt on Lambda (none is loopback only)"
+                    )
                 client = await Client().open()
                 self._client = client
                 self._app = build_app(ApiState(client, Verifier(auth)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -11,11 +12,12 @@ from typing import Any
 
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.settings import Settings
+from stepagent.client.http import HttpApi
 from stepagent.client.watch import Cursor, StoreReader, TreeWatch
 from stepagent.errors import ChoiceAnswerError, ConfigurationError, StepagentError
 from stepagent.messages import InputMessage, UserChoiceRequired
 from stepagent.rap.choices import answer_user_choice
-from stepagent.senders.sqs import SqsSender
+from stepagent.senders.sqs import SqsSender, dedup_key
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
 from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_live import decode_live
@@ -50,9 +52,15 @@ class Client:
         stack: str | None = None,
         environ: Mapping[str, str] | None = None,
         poll_interval: float = 0.25,
+        api_url: str | None = None,
+        token: str | None = None,
     ) -> None:
         if settings is not None and stack is not None:
             raise ConfigurationError("give the client settings or a stack name, not both")
+        if api_url is not None and (settings is not None or stack is not None):
+            raise ConfigurationError("give the client an api_url, or settings or a stack name, not both")
+        #: Set by ``api_url``: the client speaks HTTP to a deployment's API instead of reading AWS directly.
+        self._http: HttpApi | None = HttpApi(api_url, token) if api_url is not None else None
         self._given = settings
         self._stack_name = stack
         self._environ = dict(os.environ if environ is None else environ)
@@ -79,6 +87,10 @@ class Client:
     async def open(self) -> Client:
         """Resolve the settings and open the AWS clients (done by ``async with``)."""
         if self._exit is not None:
+            return self
+        if self._http is not None:
+            self._exit = contextlib.AsyncExitStack()
+            self._exit.push_async_callback(self._http.close)
             return self
         settings = self._given
         if settings is None:
@@ -143,6 +155,8 @@ class Client:
         """Put a user message for ``thread`` on the input queue; returns its message id. The next
         :meth:`replies` of this thread starts from just before this message."""
         self._require_open()
+        if self._http is not None:
+            return await self._http.send(thread, text, metadata)
         if thread not in self._cursors:
             self._cursors[thread], self._notice_seqs[thread] = await self._snapshot(thread)
         message_id = str(uuid.uuid4())
@@ -189,6 +203,12 @@ class Client:
         timeout: float | None,  # noqa: ASYNC109 - the public replies() signature
     ) -> AsyncIterator[Item]:
         self._require_open()
+        if self._http is not None:
+            # Over HTTP the stream's own resume token is the position (``after`` does not apply).
+            async with asyncio.timeout(timeout):
+                async for item in self._http.replies(thread, partial=partial, follow=follow):
+                    yield item
+            return
         if after is not None:
             cursor, seqs = dict(after), self._notice_seqs.get(thread, {})
         elif thread in self._cursors:
@@ -211,6 +231,9 @@ class Client:
         """Return once ``thread`` has processed ``message_id`` and its tree is idle again (the turn that
         message started is over); ``TimeoutError`` after ``timeout`` seconds."""
         self._require_open()
+        if self._http is not None:
+            await self._http.wait(thread, timeout)
+            return
         cursor, seqs = await self._snapshot(thread)
         watch = TreeWatch(self._reader, thread, cursor, awaited={message_id}, notice_seq=seqs)
         async for _ in watch.replies(interval=self.poll_interval, limit=timeout):
@@ -231,7 +254,34 @@ class Client:
     async def history(self, thread: str) -> list[Item]:
         """The stored transcript of the thread and its descendants (``stepagent history --json``)."""
         self._require_open()
+        if self._http is not None:
+            return await self._http.history(thread)
         return [item async for item in tree_items(self.conversation, thread)]
+
+    async def approve(
+        self,
+        thread: str,
+        tool_call_id: str,
+        decision: str = "approve",
+        args: dict[str, Any] | None = None,
+        message: str | None = None,
+    ) -> str:
+        """Answer a tool call of ``thread`` that waits for approval (``approve``, ``edit`` with ``args``,
+        ``reject`` or ``respond`` with ``message``); returns the message id sent."""
+        self._require_open()
+        if self._http is not None:
+            return await self._http.approve(thread, tool_call_id, decision, args, message)
+        content: dict[str, Any] = {"type": "approval", "tool_call_id": tool_call_id, "decision": decision}
+        if args is not None:
+            content["args"] = args
+        if message is not None:
+            content["message"] = message
+        message_id = f"approval-{tool_call_id}-{uuid.uuid4()}"
+        body = {"content": content, "group_id": thread, "id": message_id}
+        await self._sender.queues.send(
+            self._sender.queue_url, json.dumps(body), group_id=thread, dedup_id=dedup_key(thread, message_id)
+        )
+        return message_id
 
     # ---- choices ----------------------------------------------------------------------------------------
 
