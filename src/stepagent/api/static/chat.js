@@ -52,10 +52,29 @@
       li.textContent = itemText(item);
       return li;
     });
+    // Messages sent but not yet committed (a step commits its input with its reply) show as pending.
+    const users = items.filter((item) => item.kind === "user").map((item) => item.text);
+    const pending = loadPending().filter((text) => {
+      const at = users.indexOf(text);
+      if (at >= 0) { users.splice(at, 1); return false; }
+      return true;
+    });
+    savePending(pending);
+    for (const text of pending) {
+      const li = document.createElement("li");
+      li.className = "user pending";
+      li.dataset.kind = "user";
+      li.textContent = text;
+      list.push(li);
+    }
     $("transcript").replaceChildren(...list);
     renderApprovals(items.filter((item) => item.kind === "tool_call" && item.approval === "pending"));
     return items;
   }
+
+  function pendingKey() { return "stepagent.pending." + state.thread; }
+  function loadPending() { return JSON.parse(sessionStorage.getItem(pendingKey()) || "[]"); }
+  function savePending(list) { sessionStorage.setItem(pendingKey(), JSON.stringify(list)); }
 
   function renderApprovals(pending) {
     const boxes = pending.map((call) => {
@@ -177,6 +196,7 @@
     const text = $("text").value;
     if (!text.trim() || !state.thread) return;
     try {
+      savePending([...loadPending(), text]);
       await api("POST", path("/messages"), { text }, { "Idempotency-Key": crypto.randomUUID() });
       $("text").value = "";
       status("sent");
