@@ -14,16 +14,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
 from stepagent.api.auth import DevAuth
 from stepagent.api.server import open_api
 from stepagent.client import Client
 from tests.client.deployment import FunctionModel, Gate, call, deployment, say
 from tests.console.test_browser import WAIT, Background, browser  # noqa: F401 - the shared browser fixture
-
-from selenium.webdriver.common.by import By  # noqa: E402, I001 - after the browser check above
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 
 @dataclass

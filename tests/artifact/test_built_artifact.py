@@ -358,7 +358,13 @@ async def deployed(layer: Path, task_root: Path) -> AsyncIterator[DeployedStack]
                 start_function(name, handler, evaluator.environment(name), layer, task_root)
             )
         yield DeployedStack(
-            sqs, s3, resources.urls, resources.bucket, functions, receiver_url, evaluator.environment("ApiFunction")
+            sqs,
+            s3,
+            resources.urls,
+            resources.bucket,
+            functions,
+            receiver_url,
+            evaluator.environment("ApiFunction"),
         )
 
 

@@ -44,7 +44,6 @@ from stepagent.aws.outputs import row_events, turn_complete_event
 from stepagent.client.watch import StoreReader
 from stepagent.providers.base import Usage
 from stepagent.stores.base import ThreadInfo, UsageRecord
-from stepagent.stores.dynamodb_io import Item
 from stepagent.stores.dynamodb_layout import info_from_item
 from stepagent.stores.dynamodb_live import LiveState, decode_live
 
@@ -102,6 +101,14 @@ def decode_token(token: str, root: str) -> dict[str, Position]:
     return positions
 
 
+@dataclass(frozen=True, slots=True)
+class View:
+    """One thread as a poll read it: its head (``None``: no such thread yet) and its ``LIVE`` item."""
+
+    info: ThreadInfo | None = None
+    live: LiveState = field(default_factory=LiveState)
+
+
 class SharedReads:
     """Coalesces the polls of streams watching the same threads: a read younger than ``max_age`` (or
     still in flight) is reused, so N streams of one tree cost one read per interval, not N."""
@@ -110,9 +117,8 @@ class SharedReads:
         self.reader = reader
         self._reads: dict[tuple[str, ...], tuple[float, asyncio.Future[Any]]] = {}
 
-    async def heads_and_live(
-        self, threads: Iterable[str], max_age: float
-    ) -> dict[str, tuple[Item | None, Item | None]]:
+    async def views(self, threads: Iterable[str], max_age: float) -> dict[str, View]:
+        """Each thread's head and ``LIVE`` item, decoded once for every stream that shares the read."""
         key = tuple(sorted(threads))
         now = time.monotonic()
         cached = self._reads.get(key)
@@ -123,7 +129,11 @@ class SharedReads:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._reads[key] = (now, future)
         try:
-            result = await self.reader.heads_and_live(key)
+            raw = await self.reader.heads_and_live(key)
+            result = {
+                thread: View(info_from_item(head) if head else None, decode_live(live))
+                for thread, (head, live) in raw.items()
+            }
         except BaseException as error:
             self._reads.pop(key, None)
             future.set_exception(error)
@@ -133,10 +143,7 @@ class SharedReads:
         return dict(result)
 
 
-@dataclass(slots=True)
-class _View:
-    info: ThreadInfo | None = None
-    live: LiveState = field(default_factory=LiveState)
+_NOTHING = View()
 
 
 class TreeEvents:
@@ -173,13 +180,12 @@ class TreeEvents:
         pending = list(self.positions)
         max_age = self.interval * 0.9
         busy = False
-        root_view: _View | None = None
+        root_view: View | None = None
         while pending:
-            read = await self.reads.heads_and_live(pending, max_age=max_age)
+            read = await self.reads.views(pending, max_age=max_age)
             threads, pending = pending, []
             for thread in threads:
-                head, live_item = read.get(thread, (None, None))
-                view = _View(info_from_item(head) if head else None, decode_live(live_item))
+                view = read.get(thread, _NOTHING)
                 if thread == self.root:
                     root_view = view
                 info = view.info
@@ -202,7 +208,7 @@ class TreeEvents:
             # The root's turn is over and everything committed up to it is out.
             self.ended = True
 
-    async def _thread_events(self, thread: str, view: _View) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def _thread_events(self, thread: str, view: View) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         pos = self.positions[thread]
         info = view.info
         if info is not None and info.version != pos.version:

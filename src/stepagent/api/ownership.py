@@ -10,6 +10,7 @@ so confirmed pairs are remembered (a bounded cache) and cost no read afterwards.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 
 from stepagent.api.auth import ANONYMOUS
@@ -28,6 +29,7 @@ class Ownership:
         self.table = state_table
         self.conversation = conversation
         self._known: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._checking: dict[tuple[str, str], asyncio.Future[bool]] = {}
 
     async def owner(self, thread: str) -> str | None:
         response = await self.io.call(
@@ -37,9 +39,19 @@ class Ownership:
         return str(item["owner"]["S"]) if item else None
 
     async def may_read(self, thread: str, subject: str) -> bool:
-        """Whether ``subject`` may see ``thread`` (it exists or was claimed, and is theirs)."""
-        if (thread, subject) in self._known:
+        """Whether ``subject`` may see ``thread`` (it exists or was claimed, and is theirs). Concurrent
+        checks of one pair share their reads (a burst of reconnecting streams reads once)."""
+        key = (thread, subject)
+        if key in self._known:
             return True
+        pending = self._checking.get(key)
+        if pending is None:
+            pending = asyncio.ensure_future(self._may_read(thread, subject))
+            self._checking[key] = pending
+            pending.add_done_callback(lambda _: self._checking.pop(key, None))
+        return await asyncio.shield(pending)
+
+    async def _may_read(self, thread: str, subject: str) -> bool:
         owner = await self.owner(thread)
         if owner is None:
             allowed = subject == ANONYMOUS and await self.conversation.get_thread(thread) is not None
