@@ -24,7 +24,7 @@ from typing import Any
 from bench.overhead import MotoDynamo, moto_dynamodb
 from stepagent.api.events import IDLE_INTERVAL, SharedReads, TreeEvents
 from stepagent.client.watch import StoreReader
-from stepagent.history_items import AssistantText, UserItem
+from stepagent.history_items import AssistantText, HistoryItem, UserItem
 from stepagent.messages import TextContent
 from stepagent.stores.base import Commit, UsageRecord
 from stepagent.stores.dynamodb import dynamo_stores
@@ -51,7 +51,7 @@ async def _follow(tree: TreeEvents, until: float) -> int:
 
 
 async def _turn(conversation: Any, thread: str, version: int, text: str) -> None:
-    rows = [
+    rows: list[tuple[HistoryItem, str]] = [
         (UserItem(TextContent(text="hello")), f"{thread}-in-{version}"),
         (AssistantText(text), f"{thread}-out"),
     ]

@@ -230,13 +230,13 @@ class TreeEvents:
         if live.phase is not None and live.version == version and live.text:
             delta = self._delta(pos, version, live)
             if delta:
-                event = {
+                delta_event = {
                     "type": "text_delta",
                     "thread_id": thread,
                     "root_thread_id": self.root,
                     "text": delta,
                 }
-                yield self.token(), event
+                yield self.token(), delta_event
 
     @staticmethod
     def _delta(pos: Position, version: int, live: LiveState) -> str:
