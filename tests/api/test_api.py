@@ -203,3 +203,22 @@ def test_no_authentication_is_refused_off_loopback() -> None:
         auth_settings("0.0.0.0", {})
     with pytest.raises(ConfigurationError, match="STEPAGENT_JWT_AUDIENCE"):
         auth_settings("0.0.0.0", {"STEPAGENT_JWT_JWKS_URL": "https://x", "STEPAGENT_JWT_ISSUER": "i"})
+
+
+async def test_the_lambda_app_serves_the_page_and_names_a_missing_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import httpx
+
+    from stepagent.api.lambda_app import LambdaApi
+
+    for name in ("STEPAGENT_JWT_JWKS_URL", "STEPAGENT_JWT_PUBLIC_KEY", "STEPAGENT_API_AUTH"):
+        monkeypatch.delenv(name, raising=False)
+    transport = httpx.ASGITransport(app=LambdaApi())
+    async with httpx.AsyncClient(transport=transport, base_url="http://lambda") as http:
+        page = await http.get("/")  # the Web Adapter's readiness check
+        assert page.status_code == 200 and "stepagent chat" in page.text
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        error_of(await http.get("/v1/threads/t"), 500, "configuration")
+        monkeypatch.setenv("STEPAGENT_API_AUTH", "none")
+        assert "loopback" in error_of(await http.get("/v1/threads/t"), 500, "configuration")

@@ -294,6 +294,9 @@ _STATIC = {
 }
 
 
+STATIC_PATHS = tuple(_STATIC)
+
+
 async def static(request: Request) -> Response:
     """The chat page and its script and style."""
     name, media_type = _STATIC[request.url.path]

@@ -4,7 +4,8 @@ On Lambda the AWS Lambda Web Adapter layer runs it under uvicorn (``handlers/api
 Function URL's requests to it, streaming the responses (``AWS_LWA_INVOKE_MODE=response_stream``), so an
 event stream reaches the browser as it is written. The settings (``STEPAGENT_*``, the auth settings of
 :mod:`stepagent.api.auth`) are read and the AWS clients opened at the first request (a configuration error
-answers 500 with one clear message and is retried at the next request), then kept for the life of the
+answers 500 with one clear message and is retried at the next request; the chat page is served
+without them, so the adapter's readiness check passes), then kept for the life of the
 process. ``none`` auth is refused here: a Function URL is never a loopback address.
 """
 
@@ -14,10 +15,12 @@ import asyncio
 import os
 from typing import Any
 
+from starlette.applications import Starlette
 from starlette.responses import JSONResponse
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from stepagent.api.app import ApiState, build_app
+from stepagent.api.app import STATIC_PATHS, ApiState, build_app, static
 from stepagent.api.auth import ApiAuthSettings, Verifier
 from stepagent.client import Client
 from stepagent.errors import ConfigurationError
@@ -47,6 +50,11 @@ class LambdaApi:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             return
+        if scope["type"] == "http" and scope["path"] in STATIC_PATHS:
+            # The page (and the adapter's readiness check, GET /) needs no settings: it answers even before
+            # the API is configured.
+            await static_app(scope, receive, send)
+            return
         try:
             app = await self._build()
         except ConfigurationError as error:
@@ -58,4 +66,5 @@ class LambdaApi:
         await app(scope, receive, send)
 
 
+static_app = Starlette(routes=[Route(path, static, methods=["GET"]) for path in STATIC_PATHS])
 app = LambdaApi()
