@@ -106,8 +106,15 @@ async def test_a_turn_with_a_tool_and_a_child_cut_at_random_points_resumes_with_
 
         uncut_task = asyncio.create_task(uncut())
         cut_task = asyncio.create_task(cut())
+        # The canonical record: a stream of the finished tree from the start (it ends by itself). The turn
+        # is over when the root has answered both the child's report and its shutdown.
+        for _ in range(600):
+            replay, ended = await read_stream(api.http, f"/v1/threads/{thread}/events")
+            texts = {e["text"] for e in committed(replay) if e["thread_id"] == thread and e["type"] == "text"}
+            if {"Got the report.", "Child finished."} <= texts and ended:
+                break
+            await asyncio.sleep(0.05)
         await asyncio.wait_for(settle(api, thread), 60)
-        # The canonical record: a stream of the settled tree from the start (it ends by itself).
         replay, ended = await read_stream(api.http, f"/v1/threads/{thread}/events")
         assert ended
         target.update(e["event_id"] for e in committed(replay))
@@ -117,6 +124,13 @@ async def test_a_turn_with_a_tool_and_a_child_cut_at_random_points_resumes_with_
         union_ids = [e.data["event_id"] for e in union if e.event != "text_delta"]
         assert len(union_ids) == len(set(union_ids)), "an event was repeated after a resume"
         assert cuts >= 5
+        def shape(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+            return [(e["thread_id"][:6], e["type"], e.get("text", "")[:20]) for e in events]
+
+        for t in per_thread(committed(replay)):
+            replayed = shape([e for e in committed(replay) if e["thread_id"] == t])
+            assert shape([e for e in committed(union) if e["thread_id"] == t]) == replayed
+            assert shape([e for e in committed(whole) if e["thread_id"] == t]) == replayed
         assert per_thread(committed(union)) == per_thread(committed(whole)) == per_thread(committed(replay))
         # The independent oracle: what the worker published on the output queue, in its order.
         published = [e for e in await output_events(api) if e["root_thread_id"] == thread]
