@@ -57,7 +57,7 @@ def error_of(response: object, status: int, code: str) -> str:
 async def test_auth_ownership_bad_input_idempotency_history_and_approvals() -> None:
     rs, es = rsa_key("rs-1"), ec_key("es-1")
     with jwks_server([rs, es]) as jwks:
-        async with api_stack(scripted_model(), jwt_settings(jwks.url)) as api:
+        async with api_stack(scripted_model(), jwt_settings(jwks.url), max_streams=2) as api:
             http = api.http
             alice, bob = bearer(rs.token("alice")), bearer(es.token("bob"))
             thread = new_thread("api")
@@ -145,6 +145,20 @@ async def test_auth_ownership_bad_input_idempotency_history_and_approvals() -> N
             assert items == await api.client.history(thread)
             assert [i["kind"] for i in items] == ["user", "assistant"]
             assert items[1]["text"] == "Hello back, friend."
+
+            # ---- open streams per user are bounded: the third at once is a 429
+            async with (
+                http.stream("GET", path + "/events?follow=1", headers=alice) as one,
+                http.stream("GET", path + "/events?follow=1", headers=alice) as two,
+            ):
+                assert one.status_code == two.status_code == 200
+                async for _ in one.aiter_raw():  # the server has started both streams
+                    break
+                async for _ in two.aiter_raw():
+                    break
+                third = await http.get(path + "/events", headers=alice)
+                assert "Retry-After" in third.headers
+                error_of(third, 429, "too_many_requests")
 
             # ---- another subject: 404 everywhere, and cannot take the thread over
             error_of(await http.get(path, headers=bob), 404, "not_found")

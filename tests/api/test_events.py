@@ -124,6 +124,7 @@ async def test_a_turn_with_a_tool_and_a_child_cut_at_random_points_resumes_with_
         union_ids = [e.data["event_id"] for e in union if e.event != "text_delta"]
         assert len(union_ids) == len(set(union_ids)), "an event was repeated after a resume"
         assert cuts >= 5
+
         def shape(events: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
             return [(e["thread_id"][:6], e["type"], e.get("text", "")[:20]) for e in events]
 

@@ -53,6 +53,7 @@ async def open_api(
     host: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     heartbeat_s: float | None = None,
+    max_streams: int | None = None,
 ) -> AsyncIterator[str]:
     """Serve the API over the open ``api_client`` on ``host:port`` (0: a free port); yields its URL."""
     import uvicorn
@@ -62,6 +63,8 @@ async def open_api(
     state = ApiState(api_client, Verifier(auth))
     if heartbeat_s is not None:
         state.heartbeat_s = heartbeat_s
+    if max_streams is not None:
+        state.max_streams = max_streams
     config = uvicorn.Config(
         build_app(state), host=host, port=port, log_level="warning", lifespan="off", backlog=4096
     )
