@@ -152,13 +152,15 @@ async def test_auth_ownership_bad_input_idempotency_history_and_approvals() -> N
                 http.stream("GET", path + "/events?follow=1", headers=alice) as two,
             ):
                 assert one.status_code == two.status_code == 200
-                async for _ in one.aiter_raw():  # the server has started both streams
-                    break
-                async for _ in two.aiter_raw():
-                    break
+                # The first bytes of each: the server has started both (iterators kept open, not closed).
+                readers = [one.aiter_raw(), two.aiter_raw()]
+                for reader in readers:
+                    await anext(reader)
                 third = await http.get(path + "/events", headers=alice)
                 assert "Retry-After" in third.headers
                 error_of(third, 429, "too_many_requests")
+                for reader in readers:
+                    await reader.aclose()
 
             # ---- another subject: 404 everywhere, and cannot take the thread over
             error_of(await http.get(path, headers=bob), 404, "not_found")

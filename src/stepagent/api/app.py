@@ -221,10 +221,25 @@ async def send_approval(request: Request, state: ApiState, subject: str, thread:
 
 
 async def get_history(request: Request, state: ApiState, subject: str, thread: str) -> Response:
-    """The tree's stored items (``stepagent history --json``)."""
+    """The tree's stored items (``stepagent history --json``), streamed: memory stays bounded by a row."""
     await _readable(state, thread, subject)
-    items = [item async for item in tree_items(state.client.conversation, thread)]
-    return JSONResponse(items)
+    items = tree_items(state.client.conversation, thread)
+    first = await anext(items, None)  # a store failure answers an error, not a broken 200
+
+    async def body() -> AsyncIterator[bytes]:
+        if first is None:
+            yield b"[]"
+            return
+        yield b"[" + _json(first)
+        async for item in items:
+            yield b"," + _json(item)
+        yield b"]"
+
+    return StreamingResponse(body(), media_type="application/json")
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 async def get_events(request: Request, state: ApiState, subject: str, thread: str) -> Response:
