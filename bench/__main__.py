@@ -20,6 +20,9 @@ Sections of the JSON (each with its own method notes):
 - ``live_text``: what the live partial text costs per step (requests, bytes) with it on and off, for
   streams of 0, 2 and 5 seconds, and what one client poll of an idle thread tree costs
   (:mod:`bench.live_text`);
+- ``api_stream``: DynamoDB requests a second of a client connected to the HTTP API's event stream, idle
+  (per conversation, 1 and 10 streams) and while the model writes, against their targets
+  (:mod:`bench.api_stream`);
 - ``large_payload``: a 500 KB tool result through the worker and tool runner on moto: S3 ``PutObject``
   calls for it, ``GetObject`` calls per step (first turn, a warm and a cold later turn) and the bytes
   stored, each next to its target (:mod:`bench.large_payload`);
@@ -38,7 +41,8 @@ Sections of the JSON (each with its own method notes):
 
 Options: ``--quick`` (a smoke run with tiny counts; its numbers mean nothing), ``--skip-moto``,
 ``--skip-memory``, ``--out-dir`` (default: the repository's ``docs/``), ``--cold-start-only`` (measure only
-``cold_start`` and replace that section of the existing JSON).
+``cold_start`` and replace that section of the existing JSON), ``--api-stream-only`` (the same for
+``api_stream``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.api_stream import api_stream_costs
 from bench.charts import Series, bar_groups, line_plot
 from bench.cold_start import cold_start
 from bench.imports import cold_import, import_costs
@@ -349,6 +354,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="measure only the cold start and replace its section of an existing benchmarks.json",
     )
+    parser.add_argument(
+        "--api-stream-only",
+        action="store_true",
+        help="measure only the API event stream's costs and replace its section of an existing benchmarks.json",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("stepagent").setLevel(logging.WARNING)  # the worker logs every step at INFO
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -361,6 +371,13 @@ def main(argv: list[str] | None = None) -> None:
         existing["cold_start"] = asyncio.run(cold_start(runs=3 if args.quick else 9))
         out.write_text(json.dumps(existing, indent=2) + "\n", encoding="utf-8")
         print(f"wrote the cold_start section of {out}")
+        return
+
+    if args.api_stream_only:
+        existing = json.loads(out.read_text(encoding="utf-8"))
+        existing["api_stream"] = asyncio.run(api_stream_costs(args.quick))
+        out.write_text(json.dumps(existing, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote the api_stream section of {out}")
         return
 
     results: dict[str, Any] = {
@@ -401,6 +418,8 @@ def main(argv: list[str] | None = None) -> None:
         results["step_costs"] = asyncio.run(peer_step_costs(args.quick))
         print("live partial text ...", flush=True)
         results["live_text"] = asyncio.run(live_text_costs(args.quick))
+        print("api event stream ...", flush=True)
+        results["api_stream"] = asyncio.run(api_stream_costs(args.quick))
         print("large payload ...", flush=True)
         results["large_payload"] = asyncio.run(large_payload_costs())
         print("framework CPU per turn against LangGraph + DynamoDBSaver ...", flush=True)

@@ -1,7 +1,7 @@
 """The ``stepagent`` command line.
 
 Commands: ``run`` (chat on the embedded local stack — the main job; ``--console`` opens the web console
-instead), ``chat`` and ``tail`` (a thread of any deployment, through :mod:`stepagent.client`), ``console``
+instead, ``--api`` serves the HTTP API), ``api`` (the HTTP API, :mod:`stepagent.api`), ``chat`` and ``tail`` (a thread of any deployment, through :mod:`stepagent.client`), ``console``
 (the web console, :mod:`stepagent.console`), ``send``, ``history``, ``infra create``, ``dlq``, and the
 conversation lifecycle: ``export``, ``import``, ``rewind``. Commands that touch the stores or queues read the same settings as the handlers.
 Errors are printed for people (one line, what to do next) with exit status 2; ``--debug`` shows the
@@ -84,6 +84,31 @@ def _parser() -> argparse.ArgumentParser:
         help="open the web console on the local stack instead of the terminal chat (Ctrl-C to stop)",
     )
     _console_options(run)
+    run.add_argument(
+        "--api",
+        action="store_true",
+        help="serve the HTTP API and its chat page on the local stack instead of the terminal chat "
+        "(port --api-port; prints a dev token)",
+    )
+    run.add_argument("--api-port", type=int, default=None, help="the HTTP API's port (default 8788)")
+
+    api = commands.add_parser(
+        "api",
+        help="serve the HTTP API for applications (and a chat page at /) over a deployment",
+        description=(
+            "Serve the HTTP API (send, approvals, history, a resumable event stream) over the deployment the "
+            "settings (or --stack) name. Auth: STEPAGENT_API_AUTH=jwt with the STEPAGENT_JWT_* settings, or "
+            "none (loopback only); --dev-token makes a signing key for this process and prints a token."
+        ),
+    )
+    api.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+    api.add_argument("--host", default="127.0.0.1", help="the address (default 127.0.0.1: this machine only)")
+    api.add_argument("--port", type=int, default=None, help="the port (default 8788; 0: any free)")
+    api.add_argument(
+        "--dev-token",
+        action="store_true",
+        help="accept only tokens signed by a key made for this process, and print one (local development)",
+    )
 
     console = commands.add_parser(
         "console",
@@ -266,11 +291,13 @@ def _command(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
             debug=args.debug,
             debug_sdk=args.debug_sdk,
             state_dir=args.state_dir,
-            session=_local_console(args) if args.console else None,
+            session=_local_api(args) if args.api else _local_console(args) if args.console else None,
             trace=args.trace,
         )
     if args.command == "console":
         return _console(args)
+    if args.command == "api":
+        return _api(args)
     if args.command in ("chat", "tail"):
         return _chat_or_tail(args)
     if args.command == "send":
@@ -355,6 +382,31 @@ def _local_console(args: argparse.Namespace) -> Any:
             for text in say:
                 await client.send(thread_id, text)
             return await serve_console(client, host=args.host, port=args.port, thread=thread_id)
+
+    return session
+
+
+async def _api(args: argparse.Namespace) -> int:
+    from stepagent.api import DEFAULT_PORT
+    from stepagent.api.server import serve_api
+    from stepagent.client import Client
+
+    async with Client(stack=args.stack) as client:
+        port = DEFAULT_PORT if args.port is None else args.port
+        return await serve_api(client, host=args.host, port=port, dev_token=args.dev_token)
+
+
+def _local_api(args: argparse.Namespace) -> Any:
+    """``run --api``: the HTTP API on the local stack, with a dev token, instead of the chat."""
+
+    async def session(settings: Any, thread_id: str, say: list[str]) -> int:
+        from stepagent.api import DEFAULT_PORT
+        from stepagent.api.server import serve_api
+        from stepagent.client import Client
+
+        async with Client(settings) as client:
+            port = DEFAULT_PORT if args.api_port is None else args.api_port
+            return await serve_api(client, host=args.host, port=port, dev_token=True)
 
     return session
 

@@ -37,6 +37,7 @@ from stepagent.blobs import ContentBlobs
 from stepagent.devstack.rap_demo_server import build_server
 from stepagent.rap.server import serve_in_background
 from stepagent.senders.claim_check import unwrap_body
+from tests.api.helpers import AUDIENCE, ISSUER, ec_key, jwks_server
 from tests.artifact.template_env import Evaluator, load_template
 from tests.conftest import REGION, aws_client, moto_endpoint, unique_name
 from tests.integration.aws_helpers import lambda_record
@@ -46,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("lambda_driver.py")
 ECHO_SERVER = ROOT / "tests" / "mcp" / "fixtures" / "echo_server.py"
 TOOLS_PROJECT = ROOT / "examples" / "tools_project"
+API_KEY = ec_key("artifact-1")
 FUNCTIONS = ("WorkerFunction", "ToolRunnerFunction", "TimerRelayFunction", "RapReceiverFunction")
 
 pytestmark = pytest.mark.slow
@@ -264,6 +266,7 @@ class DeployedStack:
     bucket: str
     functions: dict[str, LambdaFunction]
     receiver_url: str
+    api_env: dict[str, str] = field(default_factory=dict)
 
     async def receive_event(self, role: str) -> dict[str, Any]:
         found = await self.sqs.receive_message(
@@ -323,6 +326,7 @@ async def deployed(layer: Path, task_root: Path, otlp_endpoint: str) -> AsyncIte
         secret = await secrets.create_secret(Name=f"{prefix}-callback", SecretString=uuid.uuid4().hex * 2)
 
         demo_url = await stack.enter_async_context(serve_in_background(build_server().app))
+        jwks = stack.enter_context(jwks_server([API_KEY]))
         functions: dict[str, LambdaFunction] = {}
         receiver_url = await stack.enter_async_context(serve_in_background(function_url_app(functions)))
 
@@ -347,6 +351,9 @@ async def deployed(layer: Path, task_root: Path, otlp_endpoint: str) -> AsyncIte
                 [{"name": "echo", "command": sys.executable, "args": [str(ECHO_SERVER)]}]
             ),
             "OtlpEndpoint": otlp_endpoint,
+            "ApiJwtJwksUrl": jwks.url,
+            "ApiJwtIssuer": ISSUER,
+            "ApiJwtAudience": AUDIENCE,
         }
         template = load_template()
         evaluator = Evaluator(template, physical, parameters, region=REGION)
@@ -355,7 +362,15 @@ async def deployed(layer: Path, task_root: Path, otlp_endpoint: str) -> AsyncIte
             functions[name] = await stack.enter_async_context(
                 start_function(name, handler, evaluator.environment(name), layer, task_root)
             )
-        yield DeployedStack(sqs, s3, resources.urls, resources.bucket, functions, receiver_url)
+        yield DeployedStack(
+            sqs,
+            s3,
+            resources.urls,
+            resources.bucket,
+            functions,
+            receiver_url,
+            evaluator.environment("ApiFunction"),
+        )
 
 
 async def test_the_built_layer_runs_every_handler(layer: Path, task_root: Path) -> None:
@@ -422,3 +437,80 @@ async def run_conversations(layer: Path, task_root: Path, otlp_endpoint: str) ->
             )
         assert 400 <= forged.status_code < 500 and "error" in forged.json()
         assert not (await stack.receive_event("input"))["Records"]
+
+        # The HTTP API from the artifact: api_run.sh as the Web Adapter starts it (the layer as /opt/python,
+        # an interpreter without site-packages), the template's environment; the adapter's part (relaying the
+        # Function URL's requests to $PORT) is played by this test's HTTP client.
+        async with api_function(stack.api_env, layer, task_root) as api_url:
+            await api_round_trip(stack, api_url)
+
+
+@asynccontextmanager
+async def api_function(env: dict[str, str], layer: Path, task_root: Path) -> AsyncIterator[str]:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    bin_dir = task_root.parent / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {base_python()} -S "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    runtime_dir = task_root.parent / "runtime"
+    runtime_dir.mkdir(exist_ok=True)
+    lambda_env = {
+        **env,
+        "PORT": str(port),
+        "LAMBDA_TASK_ROOT": str(task_root),
+        "LAMBDA_RUNTIME_DIR": str(runtime_dir),
+        "PYTHONPATH": str(layer),
+        "AWS_REGION": REGION,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ENDPOINT_URL": moto_endpoint(),
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+    }
+    assert env["AWS_LWA_INVOKE_MODE"] == "response_stream"
+    process = await asyncio.create_subprocess_exec(
+        "/bin/sh", str(task_root / "api_run.sh"), env=lambda_env, cwd=str(task_root)
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        async with httpx.AsyncClient() as http:
+            for _ in range(300):  # the adapter's readiness check: GET / until it answers
+                assert process.returncode is None, "the API exited at start"
+                try:
+                    if (await http.get(url + "/")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), 10)
+
+
+async def api_round_trip(stack: DeployedStack, url: str) -> None:
+    import httpx
+
+    auth = {"Authorization": f"Bearer {API_KEY.token('artifact-user')}"}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        assert (await http.get("/v1/threads/api-art")).status_code == 401
+        sent = await http.post("/v1/threads/api-art/messages", json={"text": "ordinal"}, headers=auth)
+        assert sent.status_code == 202, sent.text
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            await stack.pump_once()
+            history = (await http.get("/v1/threads/api-art", headers=auth)).json()
+            if any(item["kind"] == "assistant" for item in history) and history[-1]["kind"] == "assistant":
+                break
+            assert asyncio.get_running_loop().time() < deadline, history
+            await asyncio.sleep(0.1)
+        # The tree's events, streamed: the committed events, then the end after the root's turn_complete.
+        async with http.stream("GET", "/v1/threads/api-art/events", headers=auth) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            kinds = [line[6:].strip() async for line in response.aiter_lines() if line.startswith("event:")]
+        assert "tool_call" in kinds and kinds[-1] == "turn_complete"

@@ -68,6 +68,17 @@ async def test_a_usage_record_is_stored_under_its_commits_version(stores: StoreP
     assert await records(conv, uid("other")) == []
 
 
+async def test_a_usage_record_keeps_the_tail_of_its_commit(stores: StorePair) -> None:
+    # Where a turn's end falls among the rows: the HTTP API's event stream places turn_complete by it.
+    conv, _ = stores
+    thread = uid("t")
+    rows = [(UserItem(TextContent(text=str(i))), uid("m")) for i in range(3)]
+    await conv.commit(thread, Commit(expected_version=0, rows=rows[:2], usage=record("m1", 10)))
+    await conv.commit(thread, Commit(expected_version=1, usage=record("m2", 10)))
+    await conv.commit(thread, Commit(expected_version=2, rows=rows[2:], usage=record("m3", 10)))
+    assert [(r.version, r.tail) for r in await records(conv, thread)] == [(1, 2), (2, 2), (3, 3)]
+
+
 async def test_a_refused_commit_stores_no_usage(stores: StorePair) -> None:
     conv, _ = stores
     thread = uid("t")

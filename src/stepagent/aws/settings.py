@@ -67,6 +67,13 @@ KNOWN_NAMES = frozenset(
         "STEPAGENT_CRASH_RUNS",
         "STEPAGENT_MOTO_CRASH_RUNS",
         "STEPAGENT_SOAK",
+        # The HTTP API's own settings (stepagent.api.auth reads them).
+        "STEPAGENT_API_AUTH",
+        "STEPAGENT_JWT_JWKS_URL",
+        "STEPAGENT_JWT_PUBLIC_KEY",
+        "STEPAGENT_JWT_ISSUER",
+        "STEPAGENT_JWT_AUDIENCE",
+        "STEPAGENT_JWT_OWNER_CLAIM",
     }
 )
 

@@ -14,12 +14,13 @@ from pydantic import ValidationError
 
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.settings import Settings
+from stepagent.client.http import HttpApi
 from stepagent.client.watch import Cursor, StoreReader, TreeWatch
 from stepagent.errors import ChoiceAnswerError, ConfigurationError, StepagentError
 from stepagent.history_items import ToolCallItem, waiting_for_approval
 from stepagent.messages import ApprovalDecision, InputMessage, UserChoiceRequired
 from stepagent.rap.choices import answer_user_choice
-from stepagent.senders.sqs import SqsSender
+from stepagent.senders.sqs import SqsSender, dedup_key
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
 from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_live import decode_live
@@ -54,9 +55,15 @@ class Client:
         stack: str | None = None,
         environ: Mapping[str, str] | None = None,
         poll_interval: float = 0.25,
+        api_url: str | None = None,
+        token: str | None = None,
     ) -> None:
         if settings is not None and stack is not None:
             raise ConfigurationError("give the client settings or a stack name, not both")
+        if api_url is not None and (settings is not None or stack is not None):
+            raise ConfigurationError("give the client an api_url, or settings or a stack name, not both")
+        #: Set by ``api_url``: the client speaks HTTP to a deployment's API instead of reading AWS directly.
+        self._http: HttpApi | None = HttpApi(api_url, token) if api_url is not None else None
         self._given = settings
         self._stack_name = stack
         self._environ = dict(os.environ if environ is None else environ)
@@ -85,6 +92,10 @@ class Client:
     async def open(self) -> Client:
         """Resolve the settings and open the AWS clients (done by ``async with``)."""
         if self._exit is not None:
+            return self
+        if self._http is not None:
+            self._exit = contextlib.AsyncExitStack()
+            self._exit.push_async_callback(self._http.close)
             return self
         settings = self._given
         if settings is None:
@@ -149,6 +160,8 @@ class Client:
         """Put a user message for ``thread`` on the input queue; returns its message id. The next
         :meth:`replies` of this thread starts from just before this message."""
         self._require_open()
+        if self._http is not None:
+            return await self._http.send(thread, text, metadata)
         if thread not in self._cursors:
             self._cursors[thread], self._notice_seqs[thread] = await self._snapshot(thread)
         message_id = str(uuid.uuid4())
@@ -195,6 +208,12 @@ class Client:
         timeout: float | None,  # noqa: ASYNC109 - the public replies() signature
     ) -> AsyncIterator[Item]:
         self._require_open()
+        if self._http is not None:
+            # Over HTTP the stream's own resume token is the position (``after`` does not apply).
+            async with asyncio.timeout(timeout):
+                async for item in self._http.replies(thread, partial=partial, follow=follow):
+                    yield item
+            return
         if after is not None:
             cursor, seqs = dict(after), self._notice_seqs.get(thread, {})
         elif thread in self._cursors:
@@ -228,6 +247,8 @@ class Client:
         message started is over); ``TimeoutError`` after ``timeout`` seconds. Returns the turn's structured
         output (``turn_complete.output``) when an output schema is configured, else ``None``."""
         self._require_open()
+        if self._http is not None:
+            return await self._http.wait(thread, timeout)
         cursor, seqs = await self._snapshot(thread)
         watch = TreeWatch(self._reader, thread, cursor, awaited={message_id}, notice_seq=seqs)
         async for _ in watch.replies(interval=self.poll_interval, limit=timeout):
@@ -263,6 +284,8 @@ class Client:
     async def history(self, thread: str) -> list[Item]:
         """The stored transcript of the thread and its descendants (``stepagent history --json``)."""
         self._require_open()
+        if self._http is not None:
+            return await self._http.history(thread)
         return [item async for item in tree_items(self.conversation, thread)]
 
     # ---- approvals --------------------------------------------------------------------------------------
@@ -283,6 +306,8 @@ class Client:
         next :meth:`replies` of ``thread`` waits until the decision is processed. A call that is not waiting
         gets an ``error`` reply from the runtime, and nothing changes."""
         self._require_open()
+        if self._http is not None:
+            return await self._http.approve(thread, tool_call_id, decision, args, message)
         try:
             body = ApprovalDecision.model_validate(
                 {"tool_call_id": tool_call_id, "decision": decision, "args": args, "message": message}
@@ -383,6 +408,12 @@ class Client:
     def stores(self) -> tuple[DynamoConversationStore, DynamoStateStore]:
         self._require_open()
         return self.conversation, self.state
+
+    @property
+    def sender(self) -> SqsSender:
+        """The input queue's sender (the HTTP API sends through it)."""
+        self._require_open()
+        return self._sender
 
     @property
     def reader(self) -> StoreReader:

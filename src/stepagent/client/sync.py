@@ -26,8 +26,12 @@ class SyncClient:
         stack: str | None = None,
         environ: Mapping[str, str] | None = None,
         poll_interval: float = 0.25,
+        api_url: str | None = None,
+        token: str | None = None,
     ) -> None:
-        self._client = Client(settings, stack=stack, environ=environ, poll_interval=poll_interval)
+        self._client = Client(
+            settings, stack=stack, environ=environ, poll_interval=poll_interval, api_url=api_url, token=token
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="stepagent-client", daemon=True)
         self._thread.start()

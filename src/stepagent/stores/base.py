@@ -141,6 +141,10 @@ class UsageRecord:
     #: The validated structured output of the turn (JSON text), when an output schema is configured.
     output: str | None = None
 
+    #: The thread's last order after that commit (assigned by the store; ``None`` on records stored before
+    #: it was kept): where the step's ``turn_complete`` falls among the rows, for readers replaying events.
+    tail: int | None = field(default=None, compare=False)
+
     @property
     def tokens(self) -> int:
         """Every token of the step: input, output, cache reads and writes (what the token limit counts)."""

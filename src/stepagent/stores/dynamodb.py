@@ -486,7 +486,9 @@ class DynamoConversationStore:
         # by a journal roll-forward, which may repeat an entry).
         meta = await meta_writes(self._io, self.state_table, info.root_id, commit)
         if commit.usage is not None:
-            others.append(put(self.table, usage_item(thread_id, commit.usage, info.version + 1)))
+            others.append(
+                put(self.table, usage_item(thread_id, commit.usage, info.version + 1, info.tail + len(rows)))
+            )
         head = self._head_update(info, info.tail + len(rows), commit, deferred)
         if fits([head, *rows, *meta, *others]):
             await self._transact(thread_id, [head, *rows, *meta, *others])

@@ -264,8 +264,8 @@ _USAGE_COUNTS = (
 )
 
 
-def usage_item(thread_id: str, record: UsageRecord, version: int) -> Item:
-    """The ``U#`` item of ``record``, stored by the commit that produces head ``version``."""
+def usage_item(thread_id: str, record: UsageRecord, version: int, tail: int | None = None) -> Item:
+    """The ``U#`` item of ``record``, stored by the commit that produces head ``version`` (and ``tail``)."""
     item: Item = {
         **item_key(thread_id, usage_sk(version)),
         "step_id": s_attr(record.step_id),
@@ -278,6 +278,8 @@ def usage_item(thread_id: str, record: UsageRecord, version: int) -> Item:
         item["cost"] = {"N": f"{record.cost_usd:.10f}".rstrip("0").rstrip(".") or "0"}  # never 1e-07
     if record.output is not None:
         item["output"] = s_attr(record.output)
+    if tail is not None:
+        item["tail"] = n_attr(tail)
     return item
 
 
@@ -291,6 +293,7 @@ def usage_from_item(item: Item) -> UsageRecord:
         version=int(str(item["sk"]["S"])[len(USAGE_PREFIX) :]),
         cost_usd=float(item["cost"]["N"]) if "cost" in item else None,
         output=str(item["output"]["S"]) if "output" in item else None,
+        tail=int(item["tail"]["N"]) if "tail" in item else None,
         **counts,
     )
 

@@ -1,0 +1,176 @@
+"""What a client connected to the HTTP API's event stream costs in DynamoDB requests.
+
+The stream (:class:`stepagent.api.events.TreeEvents`, paced as the API paces it) follows a conversation on
+DynamoDB (moto) while this benchmark plays the worker with its own, uncounted, store clients:
+
+- **idle**: a settled conversation, followed for a while by 1 stream, by 10 streams of the same
+  conversation (one API process: their polls are shared), and by 10 streams of 10 conversations;
+- **streaming**: a step whose model writes for 5 seconds — the ``LIVE`` item updated once a second, as the
+  worker's live text does, then the commit of the reply and its ``turn_complete``.
+
+Reported per connected stream and per conversation: requests a second (every ``GetItem``, ``Query`` and
+``BatchGetItem`` the API's stores made), against the targets: an idle conversation at most one read a
+second however many streams follow it (the poll interval is the floor), a streaming one at most six (five
+polls a second for smooth text, plus the reads of each commit). Counts are the portable figures; moto's
+timings are not DynamoDB's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from bench.overhead import MotoDynamo, moto_dynamodb
+from stepagent.api.events import IDLE_INTERVAL, SharedReads, TreeEvents
+from stepagent.client.watch import StoreReader
+from stepagent.history_items import AssistantText, HistoryItem, UserItem
+from stepagent.messages import TextContent
+from stepagent.stores.base import Commit, UsageRecord
+from stepagent.stores.dynamodb import dynamo_stores
+from stepagent.stores.dynamodb_io import DynamoIo
+from stepagent.stores.dynamodb_live import LiveStore
+from stepagent.stores.metrics import StoreMetrics
+
+IDLE_TARGET = 1.0  # requests a second per idle conversation
+STREAMING_TARGET = 6.0  # requests a second per stream while the model writes
+
+
+def _requests(metrics: StoreMetrics) -> int:
+    return sum(metrics.calls.values())
+
+
+async def _follow(tree: TreeEvents, until: float) -> int:
+    """Follow like the API's stream does until ``until`` (monotonic); the events seen."""
+    seen = 0
+    while time.monotonic() < until:
+        async for _ in tree.poll():
+            seen += 1
+        await asyncio.sleep(tree.interval)
+    return seen
+
+
+async def _turn(conversation: Any, thread: str, version: int, text: str) -> None:
+    rows: list[tuple[HistoryItem, str]] = [
+        (UserItem(TextContent(text="hello")), f"{thread}-in-{version}"),
+        (AssistantText(text), f"{thread}-out"),
+    ]
+    usage = UsageRecord(step_id=f"{thread}-in-{version}", model="bench:model", turn_complete=True)
+    await conversation.commit(
+        thread, Commit(expected_version=version, rows=rows, usage=usage, turn_complete=True)
+    )
+
+
+async def _idle(tables: MotoDynamo, streams: int, conversations: int, seconds: float) -> dict[str, Any]:
+    writer, _ = dynamo_stores(
+        tables.client, conversation_table=tables.conversation_table, state_table=tables.state_table
+    )
+    threads = [f"idle-{streams}-{conversations}-{i}" for i in range(conversations)]
+    for thread in threads:
+        await _turn(writer, thread, 0, "settled")
+    metrics = StoreMetrics()
+    conversation, state = dynamo_stores(
+        tables.client,
+        conversation_table=tables.conversation_table,
+        state_table=tables.state_table,
+        metrics=metrics,
+    )
+    reads = SharedReads(StoreReader(conversation, state, DynamoIo(tables.client, None, None, metrics)))
+    trees = [TreeEvents(reads, threads[i % conversations], follow=True) for i in range(streams)]
+    # Catch up first (the replay of the settled turn), then measure the steady state.
+    for tree in trees:
+        async for _ in tree.poll():
+            pass
+    start = _requests(metrics)
+    until = time.monotonic() + seconds
+    await asyncio.gather(*(_follow(tree, until) for tree in trees))
+    spent = _requests(metrics) - start
+    per_second = spent / seconds
+    return {
+        "streams": streams,
+        "conversations": conversations,
+        "seconds": seconds,
+        "requests": spent,
+        "requests_per_second_per_conversation": round(per_second / conversations, 3),
+        "requests_per_second_per_stream": round(per_second / streams, 3),
+        "target_per_conversation": IDLE_TARGET,
+        "within_target": per_second / conversations <= IDLE_TARGET,
+    }
+
+
+async def _streaming(tables: MotoDynamo, seconds: int) -> dict[str, Any]:
+    writer_metrics = StoreMetrics()
+    writer, _ = dynamo_stores(
+        tables.client,
+        conversation_table=tables.conversation_table,
+        state_table=tables.state_table,
+        metrics=writer_metrics,
+    )
+    live = LiveStore(DynamoIo(tables.client, None, None, writer_metrics), tables.state_table)
+    thread = "streaming"
+    await _turn(writer, thread, 0, "first turn")
+    metrics = StoreMetrics()
+    conversation, state = dynamo_stores(
+        tables.client,
+        conversation_table=tables.conversation_table,
+        state_table=tables.state_table,
+        metrics=metrics,
+    )
+    reads = SharedReads(StoreReader(conversation, state, DynamoIo(tables.client, None, None, metrics)))
+    tree = TreeEvents(reads, thread, follow=True)
+    async for _ in tree.poll():
+        pass
+    deltas = 0
+
+    async def follow(until: float) -> None:
+        nonlocal deltas
+        while time.monotonic() < until:
+            async for _, event in tree.poll():
+                deltas += event["type"] == "text_delta"
+            await asyncio.sleep(tree.interval)
+
+    start = _requests(metrics)
+    began = time.monotonic()
+    follower = asyncio.create_task(follow(began + seconds + 1.5))
+    text = ""
+    for second in range(seconds):  # the worker's live writer: one write a second while the model writes
+        text += "fifteen chars. " * 20
+        await live.show(thread, 1, text, "writing", None)
+        await asyncio.sleep(max(0.0, began + second + 1 - time.monotonic()))
+    await _turn(writer, thread, 1, text)
+    await live.clear(thread)
+    await follower
+    elapsed = time.monotonic() - began
+    spent = _requests(metrics) - start
+    return {
+        "model_writes_seconds": seconds,
+        "seconds": round(elapsed, 2),
+        "requests": spent,
+        "requests_per_second_per_stream": round(spent / elapsed, 3),
+        "text_delta_events": deltas,
+        "target_per_stream": STREAMING_TARGET,
+        "within_target": spent / elapsed <= STREAMING_TARGET,
+    }
+
+
+async def api_stream_costs(quick: bool = False) -> dict[str, Any]:
+    """The ``api_stream`` section of ``docs/benchmarks.json``."""
+    seconds = 2.0 if quick else 10.0
+    results: dict[str, Any] = {"idle_interval_seconds": IDLE_INTERVAL, "idle": [], "streaming": None}
+    async with moto_dynamodb() as moto:
+        for streams, conversations in ((1, 1), (10, 1), (10, 10)):
+            async with moto.fresh_tables() as tables:
+                row = await _idle(tables, streams, conversations, seconds)
+            results["idle"].append(row)
+            print(
+                f"  api idle: {streams} streams of {conversations} conversations: "
+                f"{row['requests_per_second_per_conversation']} requests/s per conversation",
+                flush=True,
+            )
+        async with moto.fresh_tables() as tables:
+            results["streaming"] = await _streaming(tables, 2 if quick else 5)
+        print(
+            f"  api streaming: {results['streaming']['requests_per_second_per_stream']} requests/s per stream",
+            flush=True,
+        )
+    return results

@@ -1,0 +1,106 @@
+"""Serving the HTTP API with uvicorn: ``stepagent api`` and ``stepagent run --api``.
+
+:func:`open_api` serves on this event loop until the context exits and yields the URL. Without
+authentication (``STEPAGENT_API_AUTH=none``) it refuses to listen on anything but a loopback address.
+With ``dev_token`` it makes a signing key for this process only, accepts the tokens it signs (and only
+those) and prints one — for trying the API and the chat page locally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import sys
+from collections.abc import AsyncIterator, Mapping
+
+from stepagent.api import DEFAULT_PORT
+from stepagent.api.app import ApiState, build_app
+from stepagent.api.auth import ApiAuthSettings, DevAuth, Verifier
+from stepagent.client import Client
+from stepagent.errors import ConfigurationError
+
+__all__ = ["DEFAULT_PORT", "auth_settings", "is_loopback", "open_api", "serve_api"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def auth_settings(host: str, environ: Mapping[str, str] | None = None) -> ApiAuthSettings:
+    """The auth settings of the environment, refused when they leave a non-loopback bind open."""
+    settings = ApiAuthSettings.from_env(os.environ if environ is None else environ)
+    if settings.mode == "none" and not is_loopback(host):
+        raise ConfigurationError(
+            f"STEPAGENT_API_AUTH=none serves everyone's conversations to anyone: it is allowed only on a "
+            f"loopback address, not {host} (set STEPAGENT_API_AUTH=jwt and the STEPAGENT_JWT_* settings)"
+        )
+    return settings
+
+
+@contextlib.asynccontextmanager
+async def open_api(
+    api_client: Client,
+    auth: ApiAuthSettings,
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    heartbeat_s: float | None = None,
+    max_streams: int | None = None,
+) -> AsyncIterator[str]:
+    """Serve the API over the open ``api_client`` on ``host:port`` (0: a free port); yields its URL."""
+    import uvicorn
+
+    if auth.mode == "none" and not is_loopback(host):
+        raise ConfigurationError(f"STEPAGENT_API_AUTH=none is allowed only on a loopback address, not {host}")
+    state = ApiState(api_client, Verifier(auth))
+    if heartbeat_s is not None:
+        state.heartbeat_s = heartbeat_s
+    if max_streams is not None:
+        state.max_streams = max_streams
+    config = uvicorn.Config(
+        build_app(state), host=host, port=port, log_level="warning", lifespan="off", backlog=4096
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.get_running_loop().create_task(server.serve())
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("the API server stopped during startup")
+            await asyncio.sleep(0.01)
+        bound = server.servers[0].sockets[0].getsockname()[1]
+        shown = f"[{host}]" if ":" in host else host
+        yield f"http://{shown}:{bound}"
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def serve_api(
+    api_client: Client, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, dev_token: bool = False
+) -> int:
+    """``stepagent api``: serve until Ctrl-C (the client must be open)."""
+    if dev_token:
+        dev = DevAuth.generate()
+        auth = dev.settings
+    else:
+        auth = auth_settings(host)
+    async with open_api(api_client, auth, host=host, port=port) as url:
+        print(f"stepagent api: {url} (chat page: {url}/)", file=sys.stderr)
+        if dev_token:
+            print("dev token (valid 12 h, for this process only):", file=sys.stderr)
+            print(dev.token(), flush=True)
+        elif auth.mode == "none":
+            print(f"no authentication (STEPAGENT_API_AUTH=none): local only, on {host}", file=sys.stderr)
+        print("Ctrl-C to stop", file=sys.stderr)
+        await asyncio.Event().wait()
+    return 0

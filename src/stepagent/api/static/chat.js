@@ -1,0 +1,211 @@
+// The chat page of the HTTP API: history from GET /v1/threads/{t}, live progress from the event stream
+// (fetch + a small Server-Sent Events reader, because EventSource cannot send an Authorization header).
+// A dropped stream reconnects with Last-Event-ID; a reloaded page replays the stream from the start, so the
+// reply being written shows again from its first character and goes on.
+"use strict";
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const state = { token: "", thread: "", abort: null, lastId: null, refresh: null, live: new Map() };
+
+  function headers(extra) {
+    return Object.assign({ Authorization: "Bearer " + state.token }, extra || {});
+  }
+
+  function status(text) { $("status").textContent = text; }
+
+  async function api(method, path, body, extra) {
+    const response = await fetch(path, {
+      method, headers: headers(Object.assign(body ? { "Content-Type": "application/json" } : {}, extra)),
+      body: body ? JSON.stringify(body) : undefined,
+    });
+    const data = await response.json().catch(() => null);
+    if (!response.ok) {
+      const error = new Error((data && data.error && data.error.message) || response.statusText);
+      error.status = response.status;
+      throw error;
+    }
+    return data;
+  }
+
+  function path(suffix) { return "/v1/threads/" + encodeURIComponent(state.thread) + (suffix || ""); }
+
+  function itemText(item) {
+    switch (item.kind) {
+      case "tool_call": return "→ " + item.name + " " + JSON.stringify(item.args) + (item.approval ? " [" + item.approval + "]" : "");
+      case "tool_result": return "← " + (item.text || "");
+      default: return item.text || "";
+    }
+  }
+
+  async function loadHistory() {
+    let items;
+    try {
+      items = await api("GET", path());
+    } catch (error) {
+      if (error.status === 404) { $("transcript").replaceChildren(); return []; }
+      throw error;
+    }
+    const list = items.map((item) => {
+      const li = document.createElement("li");
+      li.className = item.kind + (item.thread_id !== state.thread ? " child" : "");
+      li.dataset.kind = item.kind;
+      li.textContent = itemText(item);
+      return li;
+    });
+    // Messages sent but not yet committed (a step commits its input with its reply) show as pending.
+    const users = items.filter((item) => item.kind === "user").map((item) => item.text);
+    const pending = loadPending().filter((text) => {
+      const at = users.indexOf(text);
+      if (at >= 0) { users.splice(at, 1); return false; }
+      return true;
+    });
+    savePending(pending);
+    for (const text of pending) {
+      const li = document.createElement("li");
+      li.className = "user pending";
+      li.dataset.kind = "user";
+      li.textContent = text;
+      list.push(li);
+    }
+    $("transcript").replaceChildren(...list);
+    renderApprovals(items.filter((item) => item.kind === "tool_call" && item.approval === "pending"));
+    return items;
+  }
+
+  function pendingKey() { return "stepagent.pending." + state.thread; }
+  function loadPending() { return JSON.parse(sessionStorage.getItem(pendingKey()) || "[]"); }
+  function savePending(list) { sessionStorage.setItem(pendingKey(), JSON.stringify(list)); }
+
+  function renderApprovals(pending) {
+    const boxes = pending.map((call) => {
+      const div = document.createElement("div");
+      div.className = "approval";
+      div.dataset.toolCallId = call.tool_call_id;
+      const text = document.createElement("p");
+      text.textContent = "Approve " + call.name + " " + JSON.stringify(call.args) + "?";
+      div.append(text);
+      for (const decision of ["approve", "reject"]) {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.textContent = decision === "approve" ? "Approve" : "Reject";
+        button.dataset.decision = decision;
+        button.addEventListener("click", async () => {
+          div.querySelectorAll("button").forEach((b) => { b.disabled = true; });
+          try {
+            await api("POST", path("/approvals"), { tool_call_id: call.tool_call_id, decision },
+              { "Idempotency-Key": "approval-" + call.tool_call_id });
+            status("sent: " + decision);
+            connect();
+          } catch (error) { status("could not send: " + error.message); }
+        });
+        div.append(button);
+      }
+      return div;
+    });
+    $("approvals").replaceChildren(...boxes);
+  }
+
+  function renderLive() {
+    $("live").textContent = Array.from(state.live.values()).join("\n");
+  }
+
+  function scheduleRefresh() {
+    clearTimeout(state.refresh);
+    state.refresh = setTimeout(() => loadHistory().catch((e) => status(e.message)), 50);
+  }
+
+  function onEvent(type, data) {
+    if (type === "text_delta") {
+      state.live.set(data.thread_id, (state.live.get(data.thread_id) || "") + data.text);
+      renderLive();
+      return;
+    }
+    if (type === "text" || type === "turn_complete") { state.live.delete(data.thread_id); renderLive(); }
+    if (type === "error") status("error: " + data.message);
+    if (type === "turn_complete" && data.thread_id === state.thread) status("idle");
+    scheduleRefresh();
+  }
+
+  async function stream(signal) {
+    const extra = { Accept: "text/event-stream" };
+    if (state.lastId) extra["Last-Event-ID"] = state.lastId;
+    const response = await fetch(path("/events?follow=1"), { headers: headers(extra), signal });
+    if (!response.ok) {
+      const data = await response.json().catch(() => null);
+      const error = new Error((data && data.error && data.error.message) || response.statusText);
+      error.status = response.status;
+      throw error;
+    }
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value;
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, cut);
+        buffer = buffer.slice(cut + 2);
+        let type = "message", id = null, data = "";
+        for (const line of block.split("\n")) {
+          if (line.startsWith("event:")) type = line.slice(6).trim();
+          else if (line.startsWith("id:")) id = line.slice(3).trim();
+          else if (line.startsWith("data:")) data += line.slice(5).trim();
+        }
+        if (!data) continue;
+        if (id) state.lastId = id;
+        onEvent(type, JSON.parse(data));
+      }
+    }
+  }
+
+  async function connect() {
+    if (state.abort) return;
+    const abort = new AbortController();
+    state.abort = abort;
+    while (!abort.signal.aborted) {
+      try {
+        status("connected");
+        await stream(abort.signal);
+      } catch (error) {
+        if (abort.signal.aborted) return;
+        if (error.status === 404) { status("new conversation: say something"); state.abort = null; return; }
+        if (error.status === 401) { status("the token was refused: " + error.message); state.abort = null; return; }
+        status("reconnecting…");
+      }
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+    }
+  }
+
+  function open() {
+    state.token = $("token").value.trim();
+    state.thread = $("thread").value.trim();
+    localStorage.setItem("stepagent.token", state.token);
+    localStorage.setItem("stepagent.thread", state.thread);
+    if (state.abort) state.abort.abort();
+    state.abort = null;
+    state.lastId = null;
+    state.live.clear();
+    renderLive();
+    loadHistory().then(() => connect()).catch((e) => status(e.message));
+  }
+
+  $("session").addEventListener("submit", (event) => { event.preventDefault(); open(); });
+  $("send").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const text = $("text").value;
+    if (!text.trim() || !state.thread) return;
+    try {
+      savePending([...loadPending(), text]);
+      await api("POST", path("/messages"), { text }, { "Idempotency-Key": crypto.randomUUID() });
+      $("text").value = "";
+      status("sent");
+      await loadHistory();
+      connect();
+    } catch (error) { status("could not send: " + error.message); }
+  });
+
+  $("token").value = localStorage.getItem("stepagent.token") || "";
+  $("thread").value = localStorage.getItem("stepagent.thread") || "chat-" + Math.random().toString(36).slice(2, 10);
+  if ($("token").value) open();
+})();

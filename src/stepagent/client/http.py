@@ -1,0 +1,198 @@
+"""The client over a deployment's HTTP API (``Client(api_url=..., token=...)``): no AWS credentials needed.
+
+Sends, approvals and the history are the API's JSON routes; :meth:`HttpApi.replies` reads the event stream
+and turns its events into the client's items (``assistant``, ``tool_call``, ``tool_result``, ``event``,
+``error``, and ``partial`` for live text), ending when the stream does (after the root's
+``turn_complete``). Per thread it keeps the stream's resume token, so each :meth:`replies` starts where
+the last one (or, for a first :meth:`send`, the conversation as it was just before it) left off, and a
+dropped connection is resumed with ``Last-Event-ID`` — nothing lost, nothing repeated. An error answer
+raises :class:`ApiRequestError` with the API's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from stepagent.errors import StepagentError
+
+Item = dict[str, Any]
+_KINDS = {"text": "assistant", "tool_call": "tool_call", "tool_result": "tool_result", "event": "event"}
+
+
+class ApiRequestError(StepagentError):
+    """The HTTP API refused a request (its status, code and message)."""
+
+    default_disposition = "fatal"
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{message} (HTTP {status} {code})")
+        self.status, self.code = status, code
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "http_error", response.text[:200]
+    raise ApiRequestError(response.status_code, code, message)
+
+
+def item_of(event: Mapping[str, Any]) -> Item | None:
+    """The client item for one stream event (``None`` for those it does not report)."""
+    kind = event.get("type")
+    thread = event.get("thread_id")
+    if kind in _KINDS:
+        item: Item = {"thread_id": thread, "kind": _KINDS[str(kind)]}
+        for name in ("text", "name", "args", "tool_call_id"):
+            if name in event:
+                item[name] = event[name]
+        return item
+    if kind == "error":
+        return {
+            "thread_id": thread,
+            "kind": "error",
+            "text": event.get("message", ""),
+            "retrying": event.get("retrying"),
+        }
+    if kind == "text_delta":
+        return {"thread_id": thread, "kind": "partial", "delta": event.get("text", "")}
+    return None
+
+
+class HttpApi:
+    """One API base URL and bearer token (see the module docstring)."""
+
+    def __init__(self, api_url: str, token: str | None, http: httpx.AsyncClient | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = http or httpx.AsyncClient(base_url=api_url.rstrip("/"), headers=headers, timeout=30)
+        self._owns = http is None
+        self.tokens: dict[str, str | None] = {}
+
+    async def close(self) -> None:
+        if self._owns:
+            await self.http.aclose()
+
+    @staticmethod
+    def _path(thread: str, suffix: str = "") -> str:
+        return f"/v1/threads/{quote(thread, safe='')}{suffix}"
+
+    async def send(self, thread: str, text: str, metadata: Any = None, message_id: str | None = None) -> str:
+        if thread not in self.tokens:
+            self.tokens[thread] = await self._position(thread)
+        key = message_id or str(uuid.uuid4())
+        response = await self.http.post(
+            self._path(thread, "/messages"),
+            json={"text": text, "metadata": metadata},
+            headers={"Idempotency-Key": key},
+        )
+        _raise_for(response)
+        return str(response.json()["message_id"])
+
+    async def approve(
+        self,
+        thread: str,
+        tool_call_id: str,
+        decision: str = "approve",
+        args: dict[str, Any] | None = None,
+        message: str | None = None,
+    ) -> str:
+        body: Item = {"tool_call_id": tool_call_id, "decision": decision}
+        if args is not None:
+            body["args"] = args
+        if message is not None:
+            body["message"] = message
+        response = await self.http.post(
+            self._path(thread, "/approvals"),
+            json=body,
+            headers={"Idempotency-Key": f"approval-{tool_call_id}-{uuid.uuid4()}"},
+        )
+        _raise_for(response)
+        return str(response.json()["message_id"])
+
+    async def history(self, thread: str) -> list[Item]:
+        response = await self.http.get(self._path(thread))
+        _raise_for(response)
+        return list(response.json())
+
+    async def _position(self, thread: str) -> str | None:
+        """The resume token of the conversation as it is now (``None``: it does not exist yet)."""
+        last: str | None = None
+        try:
+            async for token, _ in self._events(thread, None, follow=False):
+                last = token
+        except ApiRequestError as error:
+            if error.status == 404:
+                return None
+            raise
+        return last
+
+    async def replies(
+        self, thread: str, *, partial: bool = False, follow: bool = False
+    ) -> AsyncIterator[Item]:
+        """New items of the tree until the stream ends (see the module docstring)."""
+        async for token, event in self._events(thread, self.tokens.get(thread), follow=follow):
+            self.tokens[thread] = token
+            item = item_of(event)
+            if item is not None and (partial or item["kind"] != "partial"):
+                yield item
+
+    async def wait(self, thread: str, timeout: float) -> Any:  # noqa: ASYNC109 - the client's signature
+        """Follow the stream until it ends (the root's turn is complete); the structured output of the
+        root's last ``turn_complete`` (``None`` without an output schema)."""
+        output: Any = None
+        async with asyncio.timeout(timeout):
+            async for token, event in self._events(thread, self.tokens.get(thread), follow=False):
+                self.tokens[thread] = token
+                if event.get("type") == "turn_complete" and event.get("thread_id") == thread:
+                    output = event.get("output")
+        return output
+
+    async def _events(
+        self, thread: str, after: str | None, *, follow: bool
+    ) -> AsyncIterator[tuple[str, Item]]:
+        """``(token, event)`` of the stream; a dropped connection is resumed from the last token."""
+        params = {"follow": "1"} if follow else {}
+        failures = 0
+        while True:
+            headers = {"Last-Event-ID": after} if after else {}
+            try:
+                async with self.http.stream(
+                    "GET", self._path(thread, "/events"), params=params, headers=headers, timeout=None
+                ) as response:
+                    if response.status_code >= 400:
+                        await response.aread()
+                        _raise_for(response)
+                    async for token, event in _parse(response):
+                        after = token
+                        failures = 0
+                        yield token, event
+                return
+            except (httpx.TransportError, httpx.RemoteProtocolError):
+                failures += 1
+                if failures > 5:
+                    raise
+                await asyncio.sleep(min(5.0, 0.2 * 2**failures))
+
+
+async def _parse(response: httpx.Response) -> AsyncIterator[tuple[str, Item]]:
+    event_id: str | None = None
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if line == "":
+            if data and event_id is not None:
+                yield event_id, json.loads("\n".join(data))
+            event_id, data = None, []
+        elif line.startswith("id:"):
+            event_id = line[3:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
