@@ -28,9 +28,9 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -42,8 +42,7 @@ from stepagent.api.ownership import Ownership
 from stepagent.client import Client
 from stepagent.errors import InputError, MalformedMessageError, PayloadTooLargeError, TransientError
 from stepagent.input_rules import MAX_MESSAGE_BYTES, check_id, check_json, check_metadata, load_json
-from stepagent.messages import InputMessage
-from stepagent.senders.sqs import dedup_key
+from stepagent.messages import ApprovalDecision, InputMessage
 from stepagent.transcript import tree_items
 
 #: Seconds of silence after which an event stream sends a comment, so proxies keep it open.
@@ -68,22 +67,10 @@ class MessageBody(BaseModel):
     metadata: Any = None
 
 
-class ApprovalBody(BaseModel):
-    """``POST .../approvals``: a person's answer to a tool call that waits for approval."""
+class ApprovalBody(ApprovalDecision):
+    """``POST .../approvals``: the ``approval`` input content, with unknown fields refused."""
 
-    model_config = ConfigDict(extra="forbid")
-    tool_call_id: str
-    decision: Literal["approve", "edit", "reject", "respond"]
-    args: dict[str, Any] | None = None
-    message: str | None = None
-
-    @model_validator(mode="after")
-    def _complete(self) -> ApprovalBody:
-        if self.decision == "edit" and self.args is None:
-            raise ValueError("an 'edit' decision needs 'args' (the call's new arguments)")
-        if self.decision == "respond" and not self.message:
-            raise ValueError("a 'respond' decision needs 'message' (the answer the model gets instead)")
-        return self
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 @dataclass(slots=True)
@@ -208,14 +195,9 @@ async def send_approval(request: Request, state: ApiState, subject: str, thread:
     body = _parse(ApprovalBody, await _body(request))
     message_id = _message_id(request)
     await _readable(state, thread, subject)
-    content = body.model_dump(exclude_none=True)
-    wire = {"content": {"type": "approval", **content}, "group_id": thread, "id": message_id}
-    sender = state.client.sender
-    await sender.queues.send(
-        sender.queue_url,
-        json.dumps(wire, ensure_ascii=False, separators=(",", ":")),
-        group_id=thread,
-        dedup_id=dedup_key(thread, message_id),
+    # The client routes the decision to whichever thread of the tree waits on the call (a child's, too).
+    await state.client.approve(
+        thread, body.tool_call_id, body.decision, body.args, body.message, message_id=message_id
     )
     return JSONResponse({"message_id": message_id}, 202)
 

@@ -20,7 +20,7 @@ from stepagent.errors import ChoiceAnswerError, ConfigurationError, StepagentErr
 from stepagent.history_items import ToolCallItem, waiting_for_approval
 from stepagent.messages import ApprovalDecision, InputMessage, UserChoiceRequired
 from stepagent.rap.choices import answer_user_choice
-from stepagent.senders.sqs import SqsSender, dedup_key
+from stepagent.senders.sqs import SqsSender
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
 from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_live import decode_live
@@ -297,6 +297,8 @@ class Client:
         decision: str = "approve",
         args: dict[str, Any] | None = None,
         message: str | None = None,
+        *,
+        message_id: str | None = None,
     ) -> str:
         """Decide a tool call that waits for approval: ``approve`` (run it as made), ``edit`` (run it with
         ``args``, checked against the tool's schema by the runtime), ``reject`` (the model is told a person
@@ -304,7 +306,8 @@ class Client:
         ``thread`` is the conversation (its root) or the thread that made the call; the decision goes to
         whichever thread of the tree is waiting on ``tool_call_id``. Returns the decision's message id; the
         next :meth:`replies` of ``thread`` waits until the decision is processed. A call that is not waiting
-        gets an ``error`` reply from the runtime, and nothing changes."""
+        gets an ``error`` reply from the runtime, and nothing changes. ``message_id`` (default: a new one) makes
+        a retried call send the same message, which the runtime then absorbs."""
         self._require_open()
         if self._http is not None:
             return await self._http.approve(thread, tool_call_id, decision, args, message)
@@ -318,7 +321,7 @@ class Client:
         target = await self._waiting_thread(thread, tool_call_id) or thread
         if thread not in self._cursors:
             self._cursors[thread], self._notice_seqs[thread] = await self._snapshot(thread)
-        message_id = str(uuid.uuid4())
+        message_id = message_id or str(uuid.uuid4())
         await self._sender.send(InputMessage(content=body, group_id=target, id=message_id), message_id)
         if target == thread:
             self._awaited.setdefault(thread, set()).add(message_id)

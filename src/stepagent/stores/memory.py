@@ -211,7 +211,9 @@ class InMemoryConversationStore:
         if commit.turn_model_calls is not None:
             new = replace(new, turn_model_calls=commit.turn_model_calls)
         if commit.usage is not None:
-            backend.usage.setdefault(thread_id, []).append(replace(commit.usage, version=new.version, tail=new.tail))
+            backend.usage.setdefault(thread_id, []).append(
+                replace(commit.usage, version=new.version, tail=new.tail)
+            )
             spent = backend.spend.get(info.root_id, Spend())
             backend.spend[info.root_id] = Spend(
                 spent.tokens + commit.usage.tokens, spent.cost_usd + (commit.usage.cost_usd or 0.0)
