@@ -39,8 +39,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, overload
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from typing import Any, Literal, overload
 
 import httpx
 from pydantic import ValidationError
@@ -372,12 +372,36 @@ class RapToolServer:
         uvicorn.run(self.app, host=host, port=port, log_level="info")
 
 
+#: Seconds a stopping embedded server waits for open connections (a streaming response, a keep-alive
+#: client) before closing them.
+GRACEFUL_SHUTDOWN_SECONDS = 1
+
+
 @contextlib.asynccontextmanager
-async def serve_in_background(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
-    """Run ``app`` with uvicorn on this event loop; yields its base URL (``port=0``: a free port)."""
+async def serve_in_background(
+    app: Any, host: str = "127.0.0.1", port: int = 0, *, lifespan: Literal["on", "off"] = "on"
+) -> AsyncIterator[str]:
+    """Run ``app`` with uvicorn on this event loop; yields its base URL (``port=0``: a free port).
+
+    The server stops when the context exits, in at most about :data:`GRACEFUL_SHUTDOWN_SECONDS` plus the
+    app's own lifespan shutdown. It leaves SIGINT and SIGTERM to the program (see :mod:`stepagent.shutdown`):
+    uvicorn would otherwise take them over while it serves, and a signal would stop only this server."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+    class EmbeddedServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan=lifespan,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+    )
+    server = EmbeddedServer(config)
     task = asyncio.get_running_loop().create_task(server.serve())
     try:
         while not server.started:
@@ -386,7 +410,8 @@ async def serve_in_background(app: Any, host: str = "127.0.0.1", port: int = 0) 
                 raise RuntimeError("the server stopped during startup")
             await asyncio.sleep(0.01)
         bound = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://{host}:{bound}"
+        shown = f"[{host}]" if ":" in host else host
+        yield f"http://{shown}:{bound}"
     finally:
         server.should_exit = True
         await task
