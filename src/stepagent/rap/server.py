@@ -312,6 +312,10 @@ class RapToolServer:
         self._start((invocation.group_id, invocation.id), self._serve_call(call), call)
         return JSONResponse({"ok": True})
 
+    def is_running(self, thread_id: str, call_id: str) -> bool:
+        """Whether work of this call is still running here (its handler, or its subscription's ``run``)."""
+        return bool(self._work.get((thread_id, call_id)))
+
     def _cancel_work(self, match: Callable[[tuple[str, str]], bool]) -> None:
         for key, tasks in list(self._work.items()):
             if match(key):
