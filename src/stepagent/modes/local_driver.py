@@ -10,9 +10,10 @@ adds is scheduling. Guarantees:
 - **Batching.** Everything queued for the thread when a step starts is that step's batch, in arrival order.
 - **Interruption.** While a step runs, arriving user text cancels it (its completion stops at once, keeps
   the visible partial turn, commits, and still dispatches a tool call it already emitted); the next step
-  gets the user texts only, the first one prefixed ``<interrupt>`` (same message id), and the non-user
-  inputs that arrived with them run in the step after that. Non-user inputs never interrupt: they wait
-  for the next step.
+  gets everything that arrived meanwhile, in arrival order, the first user text prefixed ``<interrupt>``
+  (same message id). So an interrupting text never overtakes an event that arrived before it, exactly as
+  in step mode, where a thread's inputs keep their queue order. Non-user inputs never interrupt: they
+  wait for the next step.
 - **Residency.** After a step the driver stays only while the thread awaits a tool result (a trailing
   unanswered call other than ``close_thread`` — timed sleeps included, but not a call that is never
   answered, such as ``sleep_until_event_or_input``: the next event or input starts a fresh driver). Otherwise it exits, deciding
@@ -250,8 +251,7 @@ class ThreadDriver:
         self._on_dead_letter = on_dead_letter
         self._retry_delays = tuple(retry_delays)
         self._queue: deque[StepInput] = deque()  # arrived, not yet in a step
-        self._held: list[StepInput] = []  # non-user inputs set aside by an interruption: next-but-one step
-        self._interrupt: list[StepInput] = []  # user texts of an interruption: the very next step
+        self._interrupt: list[StepInput] = []  # what arrived up to an interruption: the very next step
         self._wakeup = asyncio.Event()
         self._closing = False
         self._cancel: asyncio.Event | None = None
@@ -281,9 +281,8 @@ class ThreadDriver:
         self._wakeup.set()
 
     def take_leftovers(self) -> list[StepInput]:
-        leftovers = [*self._interrupt, *self._held, *self._queue]
+        leftovers = [*self._interrupt, *self._queue]
         self._interrupt.clear()
-        self._held.clear()
         self._queue.clear()
         return leftovers
 
@@ -309,8 +308,7 @@ class ThreadDriver:
         if self._interrupt:
             batch, self._interrupt = self._interrupt, []
             return batch
-        batch = [*self._held, *self._queue]
-        self._held.clear()
+        batch = list(self._queue)
         self._queue.clear()
         self._wakeup.clear()
         return batch
@@ -340,15 +338,13 @@ class ThreadDriver:
         return step.result()
 
     def _split_interruption(self) -> None:
-        """Move arrived user texts to the next step (the first one marked ``<interrupt>``) and everything
-        else to the step after it."""
+        """Move what arrived to the next step, in arrival order, the interruption's first user text marked
+        ``<interrupt>``."""
+        marked = any(item.message.is_user_text for item in self._interrupt)
         for item in self._queue:
-            if not item.message.is_user_text:
-                self._held.append(item)
-            elif not self._interrupt:
-                self._interrupt.append(StepInput(interrupting(item.message), item.message_id))
-            else:
-                self._interrupt.append(item)
+            if item.message.is_user_text and not marked:
+                item, marked = StepInput(interrupting(item.message), item.message_id), True
+            self._interrupt.append(item)
         self._queue.clear()
 
     async def _step(self, batch: list[StepInput], cancel: asyncio.Event) -> bool:
