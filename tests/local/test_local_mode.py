@@ -563,6 +563,18 @@ async def test_step_failure_is_retried_then_dead_lettered() -> None:
         assert system.dead_letters[0].inputs[0].message.content.text == "and now?"  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("error", [UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), RecursionError("deep")])
+async def test_a_failure_the_worker_rejects_is_not_retried_locally_either(error: Exception) -> None:
+    provider = GatedProvider().then(error)
+    collector = EventCollector()
+    async with running(make(provider, collector=collector, step_retry_delays=(0.001,))) as system:
+        await system.send_user_text("t1", "hi")
+        await system.wait_idle(TIMEOUT)
+        failures = [e for e in collector.of("t1") if isinstance(e, StepFailed)]
+        assert [f.retrying for f in failures] == [False]  # errors.classify: "reject", as in the worker
+        assert len(system.dead_letters) == 1
+
+
 async def test_no_input_is_lost_or_duplicated_around_driver_exits() -> None:
     """Inputs sent at every possible moment (mid-stream, between steps, as the driver exits) are each
     folded in exactly once, and every driver's Live is followed by exactly one Idle."""

@@ -19,7 +19,8 @@ adds is scheduling. Guarantees:
   answered, such as ``sleep_until_event_or_input``: the next event or input starts a fresh driver). Otherwise it exits, deciding
   synchronously (no await between the last queue check and leaving the registry), so an input either
   lands in this driver's queue or finds it gone and gets a new one.
-- **No silent loss.** A step that raises is retried with the same batch (redelivery is harmless: message
+- **No silent loss.** A step that raises is retried with the same batch when
+  :func:`~stepagent.errors.classify` says ``retry``, as the worker decides (redelivery is harmless: message
   ids dedupe); after the last attempt the batch is reported (``StepFailed``, ``retrying=False``) and kept
   as a dead letter.
 - **Compaction** needs nothing here: the step itself asks for it (``core/step.py``) through the sender, so
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from stepagent.core.history import HistoryManager
 from stepagent.core.prepare import INTERRUPT_MARKER
 from stepagent.core.step import StepInput, ThreadStep
-from stepagent.errors import StepagentError
+from stepagent.errors import classify
 from stepagent.events import (
     AgentEvent,
     CompletionFinished,
@@ -227,10 +228,6 @@ def awaiting_tool_result(history: HistoryManager | None, toolset: Toolset | None
     return tool is None or tool.answered
 
 
-def _retryable(error: BaseException) -> bool:
-    return not isinstance(error, StepagentError) or error.retryable
-
-
 class ThreadDriver:
     """Runs one thread's steps until the thread has nothing to do."""
 
@@ -363,7 +360,7 @@ class ThreadDriver:
                 )
             except Exception as error:
                 self._observer.step_ended(self.thread_id)
-                retry = attempt < len(self._retry_delays) and not self._closing and _retryable(error)
+                retry = attempt < len(self._retry_delays) and not self._closing and classify(error) == "retry"
                 message = f"Step failed: {type(error).__name__}: {error}"
                 log.warning("thread %s: %s (retrying: %s)", self.thread_id, message, retry)
                 self._observer.on_event(self.thread_id, StepFailed(message=message, retrying=retry))
