@@ -39,7 +39,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -415,12 +415,6 @@ def _profile(name: str, entry: Any, roots: Sequence[Path]) -> AgentProfile:
             raise ConfigurationError(f"{where}: tools must be a list of tool names or patterns")
         values["tools"] = tuple(tools)
     return AgentProfile(name=name, **values)
-
-
-def agent_field_settings() -> dict[str, str]:
-    """Each :class:`AgentConfig` field's setting name (documentation and tests)."""
-    names = dict(zip((f.name for f in fields(AgentConfig)), AGENT_SETTING_NAMES, strict=True))
-    return names
 
 
 __all__ = [

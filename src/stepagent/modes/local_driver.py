@@ -258,10 +258,6 @@ class ThreadDriver:
         # Drivers are never cancelled (shutdown uses close()), so _run always reaches its finally.
         self.task = asyncio.create_task(self._run(), name=f"stepagent driver {self.thread_id}")
 
-    @property
-    def stepping(self) -> bool:
-        return self._cancel is not None
-
     def deliver(self, item: StepInput) -> bool:
         """Queue an input for this thread; ``False`` if the driver is shutting down."""
         if self._closing:
