@@ -77,6 +77,7 @@ from stepagent.tools.base import Tool, ToolContext, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import tool
 from tests.engine.harness import RecordingTool, call, no_sleep, text
+from tests.polling import eventually
 
 TIMEOUT = 5.0  # only ever reached when a test fails
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,13 +187,6 @@ async def running(system: LocalAgentSystem) -> AsyncIterator[LocalAgentSystem]:
         yield system
     finally:
         await asyncio.wait_for(system.shutdown(), TIMEOUT)
-
-
-async def eventually(condition: Callable[[], object]) -> None:
-    """Poll a condition that no event announces (a few loop turns in practice)."""
-    async with asyncio.timeout(TIMEOUT):
-        while not condition():  # noqa: ASYNC110 - there is no event to wait on
-            await asyncio.sleep(0.001)
 
 
 async def settle() -> None:
