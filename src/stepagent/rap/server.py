@@ -26,7 +26,8 @@ What it does for you (RAP §4):
   cancels all of a thread's work. Both always answer 200.
 - :meth:`RapCall.ask_user` sends a ``user_choice`` and waits for the runtime's POST to ``response_url``
   (``/choices/<unguessable key>``).
-- Callbacks are retried on 5xx and network errors with backoff, never on 4xx.
+- Callbacks are retried on 5xx and network errors with jittered backoff (a ``Retry-After`` in seconds is
+  honoured), never on 4xx.
 
 Limits: state (running subscriptions, open choices) lives in this process. A production server that must
 survive restarts stores each subscription's ``callback_url`` durably and sends events from wherever the
@@ -49,6 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from stepagent.backoff import Backoff
 from stepagent.errors import CallbackError, ToolError
 from stepagent.function_schema import TypedFunction, result_text
 from stepagent.rap.call import (
@@ -190,9 +192,12 @@ class RapToolServer:
     async def post_callback(self, url: str, body: dict[str, Any]) -> None:
         """POST a callback; retry 5xx and network errors with backoff; raise ``CallbackError`` on failure."""
         problem = ""
-        for attempt in range(self.callback_attempts):
-            if attempt:
-                await asyncio.sleep(self.callback_backoff * 2 ** (attempt - 1))
+        backoff = Backoff(attempts=self.callback_attempts, base=self.callback_backoff, cap=10.0)
+        retry_after: float | None = None
+        for attempt in range(1, backoff.attempts + 1):
+            if attempt > 1:
+                await asyncio.sleep(backoff.delay(attempt - 1, retry_after))
+            retry_after = None
             try:
                 response = await self.http.post(url, json=body)
             except httpx.HTTPError as exc:
@@ -203,6 +208,8 @@ class RapToolServer:
             problem = f"HTTP {response.status_code}: {response.text[:200]}"
             if response.status_code < 500:
                 break  # the receiver refused this callback: resending the same body cannot help
+            with contextlib.suppress(ValueError):
+                retry_after = float(response.headers.get("retry-after", ""))
         raise CallbackError(f"{body['type']} callback for {body['group_id']} failed: {problem}")
 
     # ---- running calls ------------------------------------------------------------------------------------
