@@ -61,7 +61,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from stepagent.blobs import ContentBlobs
-from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError
+from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError, TransactionConflictError
 from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.stores.base import (
     Commit,
@@ -503,7 +503,7 @@ class DynamoConversationStore:
             if any(r == "ConditionalCheckFailed" and w.is_row for w, r in zip(writes, reasons, strict=False)):
                 raise _RowConflict from None
             if "TransactionConflict" in reasons:
-                raise ConcurrentWriteError(
+                raise TransactionConflictError(
                     f"thread {thread_id}: a concurrent transaction touched it"
                 ) from None
             raise StoreError(
