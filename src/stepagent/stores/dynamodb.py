@@ -52,6 +52,7 @@ The item layout (keys and the head codec) is :mod:`~stepagent.stores.dynamodb_la
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -75,6 +76,7 @@ from stepagent.stores.base import (
     UsageRecord,
 )
 from stepagent.stores.dynamodb_io import (
+    CONFLICT_BACKOFF,
     AwsClient,
     ConditionFailed,
     DynamoIo,
@@ -539,7 +541,7 @@ class DynamoConversationStore:
                 ConditionExpression="attribute_exists(#pk)",
             ),
         ]
-        for attempt in range(3):
+        for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
             try:
                 await self._io.call(
                     "TransactWriteItems", self.table, TransactItems=[w.action() for w in writes]
@@ -547,8 +549,10 @@ class DynamoConversationStore:
             except TransactionCancelled as exc:
                 if "ConditionalCheckFailed" in exc.reasons:
                     return False
-                if "TransactionConflict" in exc.reasons and attempt < 2:
-                    continue  # the thread's own commit touched the head at the same moment
+                if "TransactionConflict" in exc.reasons and attempt < CONFLICT_BACKOFF.attempts:
+                    # the thread's own commit touched the head at the same moment
+                    await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
+                    continue
                 raise StoreError(
                     f"noting inbound message {message_id} for thread {thread_id} was cancelled: "
                     f"{', '.join(exc.reasons)}"
