@@ -11,7 +11,7 @@ SAM_STAMP := $(SAM_VENV)/.installed
 PEER_VENV := .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: setup run test lint lint-template bench coverage deploy clean
+.PHONY: setup run test test-fast lint lint-template bench coverage deploy clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,14 @@ run: setup
 ## test: lint, template checks and the whole suite (what CI runs)
 test: setup lint lint-template
 	$(PY) -m pytest
+
+## test-fast: the in-process lane while you work (a few minutes, not a substitute for make test): ruff, then
+## unit, engine, the store contract on the in-memory stores, providers, RAP, MCP and local mode; no moto
+## server, no subprocess stack, no browser, no template checks
+FAST_TESTS := tests/unit tests/engine tests/contract tests/providers tests/rap tests/mcp tests/local tests/test_public_api.py
+test-fast: setup
+	$(VENV)/bin/ruff check src tests handlers examples bench
+	$(PY) -m pytest $(FAST_TESTS) -m "not slow" -k "not dynamodb and not moto"
 
 ## lint: ruff + mypy strict on src/ and bench/ + the import layering contracts (import-linter)
 lint: setup

@@ -46,7 +46,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -568,12 +568,6 @@ def _profile(name: str, entry: Any, roots: Sequence[Path]) -> AgentProfile:
     if approval is not None and not isinstance(approval, str | list):
         raise ConfigurationError(f"{where}: approval must be a list of tool names or patterns (or a string)")
     return AgentProfile(name=name, **values)
-
-
-def agent_field_settings() -> dict[str, str]:
-    """Each :class:`AgentConfig` field's setting name (documentation and tests)."""
-    names = dict(zip((f.name for f in fields(AgentConfig)), AGENT_SETTING_NAMES, strict=True))
-    return names
 
 
 __all__ = [

@@ -11,16 +11,16 @@ traceback.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
 import uuid
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from stepagent.errors import ConfigurationError, StepagentError
+from stepagent.shutdown import exit_now, run_until_signalled
 
 
 def _version() -> str:
@@ -258,14 +258,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``stepagent`` command: run ``argv`` (default: the process's arguments) and return the exit status.
 
     A :class:`~stepagent.errors.StepagentError` is printed as one line and exits 2 (raised with ``--debug``);
-    Ctrl-C exits 130."""
+    Ctrl-C exits 130 and SIGTERM 143, within :data:`~stepagent.shutdown.SHUTDOWN_GRACE_SECONDS` whatever is
+    still in flight (:mod:`stepagent.shutdown`)."""
     args = _parser().parse_args(argv)
     # "Run from your project directory": STEPAGENT_TOOLS=myapp.tools:toolset imports from the current
     # directory, as `python -m` would (the console script's sys.path does not include it).
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return asyncio.run(_command(args))
+        return run_until_signalled(_command(args))
     except StepagentError as error:
         if args.debug:
             raise
@@ -609,5 +610,11 @@ def format_transcript(
     return lines
 
 
+def entry_point() -> NoReturn:
+    """The ``stepagent`` program: :func:`main`, then the process ends at once, without the interpreter's
+    teardown (:func:`stepagent.shutdown.exit_now`). In-process callers use :func:`main`."""
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()

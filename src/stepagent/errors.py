@@ -124,6 +124,11 @@ class ConcurrentWriteError(TransientError):
     """
 
 
+class TransactionConflictError(ConcurrentWriteError):
+    """DynamoDB cancelled a transaction because another one touched one of its items at the same moment
+    (``TransactionConflict``). Nothing of it was written; trying the same operation again is safe."""
+
+
 class QueueError(TransientError):
     """Sending a message to a queue failed."""
 

@@ -5,7 +5,8 @@ Shared by ``@tool`` (:mod:`stepagent.tools.functions`) and the RAP tool-server S
 (:mod:`stepagent.rap.server`), so both describe and validate functions exactly alike. Guarantees:
 
 - The JSON schema comes from the signature via pydantic: one property per parameter, ``required`` = the
-  parameters without defaults, per-parameter descriptions from a Google-style ``Args:`` docstring section,
+  parameters without defaults, per-parameter descriptions from the docstring (Google, NumPy, reST or Epydoc style, via
+  ``docstring_parser``),
   no ``title`` noise, ``additionalProperties: false``. The description is the docstring's first paragraph.
 - A bad definition (``*args``/``**kwargs``, a missing annotation, an invalid name or timeout) fails at
   definition time with a :class:`~stepagent.errors.ConfigurationError`.
@@ -32,56 +33,36 @@ R = TypeVar("R")
 
 DEFAULT_TIMEOUT = 60.0
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what every supported provider accepts as a tool name
-_ARG_SECTIONS = frozenset({"args", "arguments", "parameters", "params", "keyword args", "keyword arguments"})
-_SECTION = re.compile(
-    r"^(args|arguments|parameters|params|keyword args|keyword arguments|returns?|yields?|raises|"
-    r"examples?|notes?|attributes|see also|warnings?|todo|references)\s*:\s*$",
-    re.IGNORECASE,
-)
-_ARG_LINE = re.compile(r"^\*{0,2}(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+# The meta kinds docstring_parser gives parameters (Google's "Args:" and its synonyms, reST's ":param",
+# NumPy's "Parameters", Epydoc's "@param"): "Attributes:" and "Raises:" entries are not parameters.
+_PARAM_KINDS = frozenset({"param", "parameter", "arg", "argument", "key", "keyword", "other_param"})
 # Schema keys whose values are data, not sub-schemas: never strip a "title" inside them.
 _VALUE_KEYS = frozenset({"default", "const", "enum", "examples"})
 _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
 
 
 def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
-    """(first paragraph joined into one line, {parameter: description}) from a Google-style docstring."""
+    """(first paragraph joined into one line, {parameter: description}) from a docstring in any style
+    ``docstring_parser`` recognises: Google (``Args:``), NumPy (``Parameters``), reST (``:param x:``) or
+    Epydoc (``@param x:``). Wrapped lines are joined; ``*args``/``**kwargs`` are named without stars."""
     if not doc:
         return "", {}
-    lines = inspect.cleandoc(doc).splitlines()
-    summary: list[str] = []
-    for line in lines:
-        if not line.strip() or _SECTION.match(line.strip()):
-            break
-        summary.append(line.strip())
+    import docstring_parser  # only tool definitions need it: not loaded by a worker without function tools
 
-    params: dict[str, str] = {}
-    in_args = False
-    section_indent = 0
-    item_indent: int | None = None
-    current: str | None = None
-    for line in lines:
-        stripped = line.strip()
-        indent = len(line) - len(line.lstrip())
-        if _SECTION.match(stripped) and (not in_args or indent <= section_indent):
-            in_args = stripped.rstrip(": ").lower() in _ARG_SECTIONS
-            section_indent, item_indent, current = indent, None, None
-            continue
-        if not in_args or not stripped:
-            continue
-        if indent <= section_indent:  # dedent: the section is over
-            in_args = False
-            continue
-        if item_indent is None:
-            item_indent = indent
-        if indent <= item_indent:
-            match = _ARG_LINE.match(stripped)
-            current = match.group(1) if match else None
-            if match:
-                params[current] = match.group(2).strip()  # type: ignore[index]
-        elif current is not None:
-            params[current] = f"{params[current]} {stripped}".strip()
-    return " ".join(summary), params
+    parsed = docstring_parser.parse(inspect.cleandoc(doc))
+    summary = parsed.short_description or ""
+    if parsed.long_description and not parsed.blank_after_short_description:
+        summary = f"{summary} {parsed.long_description.split(chr(10) * 2)[0]}"
+    params = {
+        param.arg_name.lstrip("*"): _one_line(param.description or "")
+        for param in parsed.params
+        if param.args[0] in _PARAM_KINDS
+    }
+    return _one_line(summary), params
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _clean_schema(node: Any) -> Any:

@@ -13,6 +13,7 @@ from stepagent.client import Client
 from stepagent.messages import InputMessage
 from tests.client.deployment import FunctionModel, Gate, say
 from tests.console.helpers import ConsoleStack, console_stack
+from tests.polling import eventually
 
 
 async def settle(client: Client, thread: str) -> None:
@@ -22,14 +23,12 @@ async def settle(client: Client, thread: str) -> None:
 
 async def until(c: ConsoleStack, url: str, check: Any, within: float = 30.0) -> Any:
     """GET ``url`` (JSON) until ``check(data)`` holds."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
+
+    async def satisfied() -> Any:
         data = (await c.http.get(url)).json()
-        if check(data):
-            return data
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"{url} never satisfied the check: {json.dumps(data)[:2000]}")
-        await asyncio.sleep(0.2)
+        return data if check(data) else None
+
+    return await eventually(satisfied, f"{url} to satisfy the check", within=within, interval=0.2)
 
 
 def texts(conversation: dict[str, Any]) -> list[str]:

@@ -5,7 +5,6 @@ server, a runtime built from real settings, and a test poller that behaves like 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import tempfile
@@ -32,6 +31,7 @@ from stepagent.messages import InputMessage
 from stepagent.senders.claim_check import unwrap_body
 from stepagent.tools.functions import tool
 from tests.conftest import REGION, aws_client, moto_endpoint, unique_name
+from tests.polling import eventually
 
 # ----------------------------------------------------------------------------------------------------------
 # The agent under test: a scripted model and two function tools (loaded through STEPAGENT_TOOLS).
@@ -276,15 +276,14 @@ class Stack:
 
     async def wait_visible(self, url: str, within: float = 5.0) -> None:
         """Poll (tiny sleeps) until ``url`` has a visible message."""
-        deadline = asyncio.get_running_loop().time() + within
-        while asyncio.get_running_loop().time() < deadline:
+
+        async def visible() -> int:
             found = await self.sqs.get_queue_attributes(
                 QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"]
             )
-            if int(found["Attributes"]["ApproximateNumberOfMessages"]):
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"nothing became visible on {url}")
+            return int(found["Attributes"]["ApproximateNumberOfMessages"])
+
+        await eventually(visible, f"a visible message on {url}", within=within, interval=0.05)
 
 
 async def create_resources(sqs: Any, s3: Any, dynamodb: Any, prefix: str) -> tuple[QueueResources, Settings]:

@@ -164,7 +164,10 @@ def test_run_reports_configuration_errors_before_starting_the_stack() -> None:
 
 def test_a_conversation_survives_restarts_with_a_state_dir(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    env = clean_env()
+    # One reply per message (not the demo's tool call and child thread): the point is what is kept.
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"rules": [{"when": ".", "on": ["user"], "reply": [{"text": "noted"}]}]}))
+    env = clean_env(STEPAGENT_MODEL=f"scripted:{script}")
     first = stepagent("run", "--say", "hi", "--thread", "kept", "--state-dir", str(state), env=env)
     assert first.returncode == 0, first.stderr
     assert f"saved the local state to {state}" in first.stderr

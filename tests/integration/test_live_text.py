@@ -16,6 +16,7 @@ from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_live import NOTICES_KEPT, LiveStore, decode_live, live_key
 from stepagent.stores.metrics import StoreMetrics
 from tests.conftest import DynamoEnv
+from tests.polling import eventually
 
 
 @dataclass
@@ -51,10 +52,7 @@ def writer(store: FakeLiveStore, interval: float, first_delay: float = 0.0) -> t
 
 
 async def until(condition: Callable[[], bool]) -> None:
-    deadline = asyncio.get_running_loop().time() + 5
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.001)
+    await eventually(condition, interval=0.001)
 
 
 async def test_chunks_after_the_first_write_wait_for_the_interval() -> None:

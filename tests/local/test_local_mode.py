@@ -77,6 +77,7 @@ from stepagent.tools.base import Tool, ToolContext, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import tool
 from tests.engine.harness import RecordingTool, call, no_sleep, text
+from tests.polling import eventually
 
 TIMEOUT = 5.0  # only ever reached when a test fails
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,13 +187,6 @@ async def running(system: LocalAgentSystem) -> AsyncIterator[LocalAgentSystem]:
         yield system
     finally:
         await asyncio.wait_for(system.shutdown(), TIMEOUT)
-
-
-async def eventually(condition: Callable[[], object]) -> None:
-    """Poll a condition that no event announces (a few loop turns in practice)."""
-    async with asyncio.timeout(TIMEOUT):
-        while not condition():  # noqa: ASYNC110 - there is no event to wait on
-            await asyncio.sleep(0.001)
 
 
 async def settle() -> None:
@@ -366,24 +360,32 @@ async def test_user_text_interrupts_active_completion() -> None:  # SY04
     assert lifecycle(system) == [Live("t1"), Idle("t1")]
 
 
-async def test_interruption_runs_user_texts_first_and_other_inputs_in_the_step_after() -> None:
+async def test_an_interrupting_text_never_overtakes_an_input_that_arrived_before_it() -> None:
     gate = Gate()
     provider = GatedProvider()
     collector = EventCollector()
     async with running(make(provider, [RecordingTool(tool_name="subscribe")], collector=collector)) as system:
         await subscribed(system, provider, collector)
         provider.then(TextDelta("checking"), gate, Final())
-        provider.then(*text("answering a and b")).then(*text("noted the event"))
+        provider.then(*text("answering all of it"))
         await system.send_user_text("t1", "status?")
         await gate.wait_reached()
-        await system.send(sub_event("t1", "tc-sub", "event payload xyz"), "ev-1")
+        await system.send(sub_event("t1", "tc-sub", "early event"), "ev-1")
         await system.send_user_text("t1", "a")
+        await system.send(sub_event("t1", "tc-sub", "late event"), "ev-2")
         await system.send_user_text("t1", "b")
         await system.wait_idle(TIMEOUT)
-    interrupt, after = provider.requests[-2], provider.requests[-1]
-    assert users(interrupt.history)[-2:] == ["<interrupt> a", "b"]  # only the first is marked
-    assert "event payload xyz" not in str(interrupt.history)
-    assert "event payload xyz" in str(after.history)
+    interrupt = provider.requests[-1].history
+
+    # One step after the interruption, its inputs in arrival order (as step mode keeps a thread's queue
+    # order); only the first user text is marked.
+    def label(item: HistoryItem) -> str | None:
+        if isinstance(item, UserItem):
+            return item.text
+        return next((e for e in ("early event", "late event") if e in str(item)), repr(item))
+
+    assert [label(item) for item in interrupt[-4:]] == ["early event", "<interrupt> a", "late event", "b"]
+    assert users(interrupt)[-2:] == ["<interrupt> a", "b"]
 
 
 async def test_non_user_input_during_completion_does_not_interrupt() -> None:  # SY05
@@ -553,6 +555,18 @@ async def test_step_failure_is_retried_then_dead_lettered() -> None:
         assert [f.retrying for f in failures] == [True, True, False]
         assert len(system.dead_letters) == 1
         assert system.dead_letters[0].inputs[0].message.content.text == "and now?"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("error", [UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), RecursionError("deep")])
+async def test_a_failure_the_worker_rejects_is_not_retried_locally_either(error: Exception) -> None:
+    provider = GatedProvider().then(error)
+    collector = EventCollector()
+    async with running(make(provider, collector=collector, step_retry_delays=(0.001,))) as system:
+        await system.send_user_text("t1", "hi")
+        await system.wait_idle(TIMEOUT)
+        failures = [e for e in collector.of("t1") if isinstance(e, StepFailed)]
+        assert [f.retrying for f in failures] == [False]  # errors.classify: "reject", as in the worker
+        assert len(system.dead_letters) == 1
 
 
 async def test_no_input_is_lost_or_duplicated_around_driver_exits() -> None:

@@ -3,7 +3,6 @@ receiver app, both really listening on loopback, and a model written as a Python
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from stepagent.tools.base import Tool
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.remote import load_remote_tools
 from tests.engine.harness import Harness
+from tests.polling import eventually
 
 SECRET = "e2e-secret"
 
@@ -73,11 +73,7 @@ class RapStack:
     views: list[ViewUpdate]
 
     async def wait_for(self, predicate: Callable[[], bool], within: float = 5.0) -> None:
-        deadline = asyncio.get_running_loop().time() + within
-        while not predicate():
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError("timed out waiting for the tool server's callbacks")
-            await asyncio.sleep(0.01)
+        await eventually(predicate, "the tool server's callbacks", within=within)
 
     async def wait_queued(self, count: int = 1, within: float = 5.0) -> None:
         """Wait until at least ``count`` messages are on the harness queue."""

@@ -16,6 +16,7 @@ import pytest
 from botocore.credentials import Credentials
 
 from stepagent.aws.settings import Settings
+from stepagent.backoff import Backoff
 from stepagent.core.effects import StoreToolAccess
 from stepagent.errors import ConfigurationError, ToolError
 from stepagent.rap.protocol import RapManifestError
@@ -32,7 +33,7 @@ from stepagent.tools.rap import (
     load_rap_tools,
     owner_key,
 )
-from stepagent.tools.rap_http import RapHttp, RapServerConfig, RetryPolicy, SigV4Signer
+from stepagent.tools.rap_http import RapHttp, RapServerConfig, SigV4Signer
 from stepagent.tools.remote import load_remote
 
 SECRET = "client-secret"
@@ -102,7 +103,7 @@ def make_env(
         sleeps.append(seconds)
 
     client = httpx.AsyncClient(transport=httpx.MockTransport(routes or server.handler))
-    http = RapHttp(client, retry=RetryPolicy(attempts=3, first_delay=0.1, factor=2), sleep=sleep)
+    http = RapHttp(client, retry=Backoff(attempts=3, base=0.1, factor=2, jitter=0.0), sleep=sleep)
     _, state = memory_stores()
     return Env(server, http, sleeps, InProcessSender(), state)
 

@@ -4,7 +4,6 @@ cancellation), OAuth, a user choice answered through ``response_url``, and forge
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from stepagent.events import (
@@ -118,8 +117,8 @@ async def test_cancel_subscription_notifies_the_owning_server_which_stops_sendin
         assert s.tools_server.cancelled == [(T, "call-tick")]
         assert await s.h.state.active_subscriptions(T) == set()
 
-        await asyncio.sleep(0.3)  # six ticks' worth: the server has stopped
-        assert s.h.sender.queue == []
+        # The subscription's task on the server has ended: nothing can send another tick.
+        await s.wait_for(lambda: not s.tools_server.is_running(T, "call-tick"))
         late = {"type": "subscription_event", "group_id": T, "tool_call_id": "call-tick", "text": "x"}
         token = callback_token(SECRET, T, "call-tick")
         await s.http.post(f"{s.receiver_url}/rap/callback?token={token}", json=late)

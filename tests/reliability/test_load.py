@@ -51,6 +51,7 @@ from stepagent.history_items import AssistantText, ToolCallItem, UserItem
 from stepagent.providers.base import ModelInfo, ModelRequest, StreamEvent
 from stepagent.providers.scripted import ScriptedProvider
 from tests.integration.aws_helpers import FailsOnMessage, Stack, aws_stack, failed_ids
+from tests.polling import eventually
 from tests.reliability.scenarios import check_thread, expected_output_ids, snapshot
 
 SOAK = os.environ.get("STEPAGENT_SOAK") == "1"
@@ -172,12 +173,7 @@ async def fleet(
 
 async def wait_until(check: Callable[[], Awaitable[bool]], what: str, *, guard: float = 600.0) -> None:
     """Poll ``check``; ``guard`` only stops a hung test (no pass/fail criterion depends on time)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + guard
-    while not await check():
-        if loop.time() > deadline:
-            raise AssertionError(f"{what}: still not done after {guard:.0f} s")
-        await asyncio.sleep(0.1)
+    await eventually(check, what, within=guard, interval=0.1)
 
 
 async def drained(stack: Stack) -> bool:

@@ -286,7 +286,61 @@ def test_parse_docstring_sections() -> None:
     """
     assert parse_docstring(doc) == ("Summary line continues here.", {"a": "First.", "b": "Second, wrapped."})
     assert parse_docstring(None) == ("", {})
-    assert parse_docstring("\n    Args:\n        x: only args\n    ") == ("", {"x": "only args"})
+
+
+# The same tool documented in each style docstring_parser reads: one description, the same parameters.
+STYLES = {
+    "google": """Get weather.
+
+    Args:
+        city: The city.
+        units: Metric or
+            imperial.
+
+    Returns:
+        text
+    """,
+    "numpy": """Get weather.
+
+    Parameters
+    ----------
+    city : str
+        The city.
+    units : str, optional
+        Metric or
+        imperial.
+
+    Returns
+    -------
+    str
+    """,
+    "rest": """Get weather.
+
+    :param city: The city.
+    :param units: Metric or
+        imperial.
+    :returns: text
+    """,
+    "epydoc": """Get weather.
+
+    @param city: The city.
+    @param units: Metric or
+        imperial.
+    @return: text
+    """,
+}
+
+
+@pytest.mark.parametrize("style", sorted(STYLES))
+def test_each_docstring_style_gives_the_description_and_the_parameters(style: str) -> None:
+    def get_weather(city: str, units: str = "metric") -> str:
+        return city
+
+    get_weather.__doc__ = STYLES[style]
+    made = tool(get_weather)
+    assert made.description == "Get weather."
+    assert made.parameters["properties"]["city"]["description"] == "The city."
+    assert made.parameters["properties"]["units"]["description"] == "Metric or imperial."
 
 
 @pytest.mark.parametrize(

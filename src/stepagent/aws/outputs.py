@@ -1,6 +1,6 @@
 """Output events: what a step tells the user, as JSON on the output FIFO queue.
 
-Guarantees (DESIGN §1 "Output queue"):
+Guarantees (the output queue's wire format, which consumers rely on):
 
 - One queue message per event, ``MessageGroupId`` = the root thread id (a conversation's events stay in
   order), ``MessageDeduplicationId`` = the event's ``event_id``; a step's events are sent together

@@ -1,6 +1,6 @@
 """The worker: one SQS FIFO batch (Lambda event) → one step per thread → output events.
 
-Guarantees (DESIGN §1 "Handlers", "Bad input"; §3 invariants 5 and 6):
+Guarantees (bad input is isolated, never retried; a transient failure is retried by the queue, in order):
 
 - Routing is by each record's ``MessageGroupId`` (a record without one, e.g. a direct invocation, is
   routed by its body). The logical message id is the body's ``id``, else the record's

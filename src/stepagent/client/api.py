@@ -241,7 +241,7 @@ class Client:
                 t: view.notice_seq for t, view in watch.threads.items() if view.notice_seq is not None
             }
 
-    # The contract's signature (DESIGN §1 "Client"): one call that waits, with its own limit.
+    # One call that waits, with its own limit: the documented client signature.
     async def wait(self, thread: str, message_id: str, timeout: float = 300.0) -> Any:  # noqa: ASYNC109
         """Return once ``thread`` has processed ``message_id`` and its tree is idle again (the turn that
         message started is over); ``TimeoutError`` after ``timeout`` seconds. Returns the turn's structured

@@ -23,6 +23,7 @@ from stepagent.client import Client
 from stepagent.console import DEFAULT_PORT, pages
 from stepagent.console.app import ConsoleState, build_app
 from stepagent.console.dead_letters import DeadLetters
+from stepagent.rap.server import serve_in_background
 
 __all__ = ["DEFAULT_PORT", "describe_target", "is_loopback", "open_console", "serve_console"]
 
@@ -57,8 +58,6 @@ async def open_console(
     console_client: Client, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, stack: str | None = None
 ) -> AsyncIterator[str]:
     """Serve the console of the open ``console_client`` on ``host:port`` (0: a free port); yields its URL."""
-    import uvicorn
-
     settings = console_client.settings
     async with contextlib.AsyncExitStack() as stack_:
         session = aws_session(settings)
@@ -70,22 +69,9 @@ async def open_console(
         )
         state = ConsoleState(console_client, DeadLetters(sqs, settings), loopback_only=is_loopback(host))
         state.header = await describe_target(settings, stack, sts)
-        config = uvicorn.Config(build_app(state), host=host, port=port, log_level="warning", lifespan="off")
-        server = uvicorn.Server(config)
-        task = asyncio.get_running_loop().create_task(server.serve())
-        try:
-            while not server.started:
-                if task.done():
-                    task.result()
-                    raise RuntimeError("the console's server stopped during startup")
-                await asyncio.sleep(0.01)
-            bound = server.servers[0].sockets[0].getsockname()[1]
-            shown = f"[{host}]" if ":" in host else host
-            yield f"http://{shown}:{bound}"
-        finally:
-            server.should_exit = True
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        yield await stack_.enter_async_context(
+            serve_in_background(build_app(state), host, port, lifespan="off")
+        )
 
 
 async def serve_console(

@@ -33,13 +33,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent import texts
+from stepagent.backoff import Backoff
 from stepagent.core.effects import StepEffects
 from stepagent.core.history import HistoryManager
 from stepagent.core.limits import Limits
@@ -109,16 +109,15 @@ class RetryPolicy:
     remaining: Callable[[], float] | None = None
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
+    def _backoff(self) -> Backoff:
+        return Backoff(attempts=self.max_attempts, base=self.base_delay, cap=self.max_delay)
+
     def delay(self, attempt: int, error: ProviderError | None) -> float:
-        if error is not None and error.retry_after is not None and error.retry_after >= 0:
-            return min(error.retry_after, self.max_delay)
-        jitter = random.uniform(0.8, 1.0)  # spreads concurrent retries apart
-        return min(self.base_delay * 2.0 ** (attempt - 1), self.max_delay) * jitter
+        return self._backoff().delay(attempt, error.retry_after if error is not None else None)
 
     def allows(self, attempt: int, delay: float) -> bool:
-        if attempt >= self.max_attempts:
-            return False
-        return self.remaining is None or self.remaining() - delay > self.safety_margin
+        remaining = None if self.remaining is None else self.remaining()
+        return self._backoff().allows(attempt, delay, remaining, self.safety_margin)
 
 
 @dataclass(slots=True)

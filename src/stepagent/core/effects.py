@@ -1,5 +1,5 @@
 """The seam: every write one step makes — commits, state changes, sends, spawns, tool runs and dispatches —
-is performed here, in the order DESIGN §3 requires.
+is performed here, in the order that makes a crash at any point lose and duplicate nothing.
 
 The phases decide: preparation folds inputs (``core/prepare.py``), the completion runs model rounds
 (``core/completion.py``), the step picks what to re-drive, defer and finish (``core/step.py``). What they
@@ -12,7 +12,7 @@ history (``HistoryManager.sync`` itself is the commit's single writer and is cal
 capability without the commit, the processed ids, the intents or the choices, so a tool cannot write a
 thread's history behind the step's back.
 
-The durability argument (DESIGN §3), all of it in this file:
+The durability argument (no crash at any point loses or duplicates anything), all of it in this file:
 
 - **Atomic commit (2).** :meth:`StepEffects.commit` and :meth:`StepEffects.checkpoint` write everything
   pending as one ``Commit`` conditioned on the loaded head version; a concurrent writer makes it raise

@@ -3,7 +3,8 @@
 
 This module decides what the step does; it performs no write itself. Every commit, state change, send,
 spawn, tool run and dispatch goes through :class:`~stepagent.core.effects.StepEffects` (the seam), whose
-docstring holds the durability argument (DESIGN §3) and the order of the writes. What it relies on here:
+docstring holds the durability argument (why no crash loses or duplicates anything) and the order of the
+writes. What it relies on here:
 
 - Sync before dispatch: the asynchronous call and its dispatch intent are committed, atomically with the
   step's inputs and rows, before the tool is dispatched (:class:`~stepagent.core.effects.StepEnd`).

@@ -11,16 +11,19 @@ a one-line message; ``cli.main`` prints them.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
+from stepagent.backoff import Backoff
+from stepagent.errors import TransactionConflictError
 from stepagent.lifecycle.export import LifecycleError, export_lines
 from stepagent.lifecycle.importer import ImportLimits, import_tree
 from stepagent.lifecycle.rewind import rewind_thread
@@ -115,8 +118,39 @@ def add_lifecycle_commands(subparsers: Any) -> None:
     usage.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
 
 
+#: How the lifecycle commands retry an operation a concurrent transaction cancelled.
+CONFLICT_BACKOFF = Backoff(attempts=5, base=0.2, cap=3.0)
+
+T = TypeVar("T")
+
+
+async def retry_conflicts(
+    operation: Callable[[], Awaitable[T]],
+    *,
+    backoff: Backoff = CONFLICT_BACKOFF,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """Run ``operation``, again (after a jittered wait) each time DynamoDB cancels one of its transactions
+    because another one touched the same item (:class:`~stepagent.errors.TransactionConflictError`): nothing
+    of a cancelled transaction is written, and an import, a rewind or a replacement interrupted between two
+    transactions is completed or redone by running it again. ``backoff.attempts`` runs at most; the last
+    conflict is raised."""
+    attempt = 1
+    while True:
+        try:
+            return await operation()
+        except TransactionConflictError:
+            delay = backoff.delay(attempt)
+            if not backoff.allows(attempt, delay):
+                raise
+        await sleep(delay)
+        attempt += 1
+
+
 async def run_lifecycle_command(args: argparse.Namespace) -> int:
-    """Run the parsed ``export``/``import``/``rewind``/``usage`` command; the exit status."""
+    """Run the parsed ``export``/``import``/``rewind``/``usage`` command; the exit status. The writing ones
+    (``import``, ``rewind``) retry a transaction another writer's cancelled (:func:`retry_conflicts`);
+    ``export`` and ``usage`` only read."""
     async with _stores(getattr(args, "stack", None)) as (conversation, state):
         if args.command == "usage":
             return await _usage(conversation, args)
@@ -193,8 +227,15 @@ async def _import(conversation: ConversationStore, state: StateStore, args: argp
         if path == "-":  # two passes need a file that can be read twice
             path = str(Path(spool_dir) / "import.jsonl")
             _spool_stdin(path)
-        result = await import_tree(
-            conversation, state, path, new_root=args.new_root, replace_existing=args.replace, limits=limits
+        result = await retry_conflicts(
+            lambda: import_tree(
+                conversation,
+                state,
+                path,
+                new_root=args.new_root,
+                replace_existing=args.replace,
+                limits=limits,
+            )
         )
     print(
         f"imported {result.threads} thread(s), {result.rows} row(s) as {result.root_thread_id}"
@@ -210,8 +251,10 @@ def _spool_stdin(path: str) -> None:
 
 
 async def _rewind(conversation: ConversationStore, state: StateStore, args: argparse.Namespace) -> int:
-    result = await rewind_thread(
-        conversation, state, args.thread, args.order, expected_version=args.expected_version
+    result = await retry_conflicts(
+        lambda: rewind_thread(
+            conversation, state, args.thread, args.order, expected_version=args.expected_version
+        )
     )
     if result.dropped_rows == 0:
         print(f"thread {result.thread_id} already ends at order {result.effective}; nothing changed")

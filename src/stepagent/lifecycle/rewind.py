@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stepagent.errors import ConcurrentWriteError
+from stepagent.errors import ConcurrentWriteError, TransactionConflictError
 from stepagent.history_items import ApprovalItem, EventItem, ToolCallItem, ToolResultItem, answered_call_id
 from stepagent.lifecycle.export import LifecycleError
 from stepagent.messages import ThreadReport
@@ -74,6 +74,9 @@ async def rewind_thread(
             raise LifecycleError(f"thread {thread_id} has orders 1..{info.tail}; cannot rewind to {to_order}")
         try:
             return await _rewind_once(conversation, state, info, to_order)
+        except TransactionConflictError:
+            if attempt == attempts:
+                raise  # not a change of the thread: the caller may simply try again (retry_conflicts)
         except ConcurrentWriteError:
             if expected_version is not None or attempt == attempts:
                 raise ConcurrentWriteError(

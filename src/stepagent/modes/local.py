@@ -164,10 +164,6 @@ class ThreadHandle:
         self.system = system
         self.thread_id = thread_id
 
-    async def send_text(self, text: str) -> str:
-        """Send user text; returns its message id."""
-        return await self.system.send_user_text(self.thread_id, text)
-
     def subscribe(self) -> ThreadSubscription:
         return ThreadSubscription(self.system, self.thread_id)
 
@@ -179,10 +175,6 @@ class ThreadHandle:
         return (
             await HistoryManager.load(self.system.conversation, self.system.state, self.thread_id)
         ).history
-
-    @property
-    def is_live(self) -> bool:
-        return self.thread_id in self.system._drivers
 
 
 class LocalAgentSystem:

@@ -10,15 +10,17 @@ adds is scheduling. Guarantees:
 - **Batching.** Everything queued for the thread when a step starts is that step's batch, in arrival order.
 - **Interruption.** While a step runs, arriving user text cancels it (its completion stops at once, keeps
   the visible partial turn, commits, and still dispatches a tool call it already emitted); the next step
-  gets the user texts only, the first one prefixed ``<interrupt>`` (same message id), and the non-user
-  inputs that arrived with them run in the step after that. Non-user inputs never interrupt: they wait
-  for the next step.
+  gets everything that arrived meanwhile, in arrival order, the first user text prefixed ``<interrupt>``
+  (same message id). So an interrupting text never overtakes an event that arrived before it, exactly as
+  in step mode, where a thread's inputs keep their queue order. Non-user inputs never interrupt: they
+  wait for the next step.
 - **Residency.** After a step the driver stays only while the thread awaits a tool result (a trailing
   unanswered call other than ``close_thread`` — timed sleeps included, but not a call that is never
   answered, such as ``sleep_until_event_or_input``: the next event or input starts a fresh driver). Otherwise it exits, deciding
   synchronously (no await between the last queue check and leaving the registry), so an input either
   lands in this driver's queue or finds it gone and gets a new one.
-- **No silent loss.** A step that raises is retried with the same batch (redelivery is harmless: message
+- **No silent loss.** A step that raises is retried with the same batch when
+  :func:`~stepagent.errors.classify` says ``retry``, as the worker decides (redelivery is harmless: message
   ids dedupe); after the last attempt the batch is reported (``StepFailed``, ``retrying=False``) and kept
   as a dead letter.
 - **Compaction** needs nothing here: the step itself asks for it (``core/step.py``) through the sender, so
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from stepagent.core.history import HistoryManager
 from stepagent.core.prepare import INTERRUPT_MARKER
 from stepagent.core.step import StepInput, ThreadStep
-from stepagent.errors import StepagentError
+from stepagent.errors import classify
 from stepagent.events import (
     AgentEvent,
     CompletionFinished,
@@ -229,10 +231,6 @@ def awaiting_tool_result(history: HistoryManager | None, toolset: Toolset | None
     return tool is None or tool.answered
 
 
-def _retryable(error: BaseException) -> bool:
-    return not isinstance(error, StepagentError) or error.retryable
-
-
 class ThreadDriver:
     """Runs one thread's steps until the thread has nothing to do."""
 
@@ -253,8 +251,7 @@ class ThreadDriver:
         self._on_dead_letter = on_dead_letter
         self._retry_delays = tuple(retry_delays)
         self._queue: deque[StepInput] = deque()  # arrived, not yet in a step
-        self._held: list[StepInput] = []  # non-user inputs set aside by an interruption: next-but-one step
-        self._interrupt: list[StepInput] = []  # user texts of an interruption: the very next step
+        self._interrupt: list[StepInput] = []  # what arrived up to an interruption: the very next step
         self._wakeup = asyncio.Event()
         self._closing = False
         self._cancel: asyncio.Event | None = None
@@ -263,10 +260,6 @@ class ThreadDriver:
     def start(self) -> None:
         # Drivers are never cancelled (shutdown uses close()), so _run always reaches its finally.
         self.task = asyncio.create_task(self._run(), name=f"stepagent driver {self.thread_id}")
-
-    @property
-    def stepping(self) -> bool:
-        return self._cancel is not None
 
     def deliver(self, item: StepInput) -> bool:
         """Queue an input for this thread; ``False`` if the driver is shutting down."""
@@ -284,9 +277,8 @@ class ThreadDriver:
         self._wakeup.set()
 
     def take_leftovers(self) -> list[StepInput]:
-        leftovers = [*self._interrupt, *self._held, *self._queue]
+        leftovers = [*self._interrupt, *self._queue]
         self._interrupt.clear()
-        self._held.clear()
         self._queue.clear()
         return leftovers
 
@@ -312,8 +304,7 @@ class ThreadDriver:
         if self._interrupt:
             batch, self._interrupt = self._interrupt, []
             return batch
-        batch = [*self._held, *self._queue]
-        self._held.clear()
+        batch = list(self._queue)
         self._queue.clear()
         self._wakeup.clear()
         return batch
@@ -343,17 +334,13 @@ class ThreadDriver:
         return step.result()
 
     def _split_interruption(self) -> None:
-        """Move arrived user texts to the next step (the first one marked ``<interrupt>``) and everything
-        else to the step after it."""
+        """Move what arrived to the next step, in arrival order, the interruption's first user text marked
+        ``<interrupt>``."""
+        marked = any(item.message.is_user_text for item in self._interrupt)
         for item in self._queue:
-            if not item.message.is_user_text:
-                self._held.append(item)
-            elif not self._interrupt:
-                self._interrupt.append(
-                    StepInput(interrupting(item.message), item.message_id, item.traceparent)
-                )
-            else:
-                self._interrupt.append(item)
+            if item.message.is_user_text and not marked:
+                item, marked = StepInput(interrupting(item.message), item.message_id, item.traceparent), True
+            self._interrupt.append(item)
         self._queue.clear()
 
     async def _step(self, batch: list[StepInput], cancel: asyncio.Event) -> bool:
@@ -372,7 +359,7 @@ class ThreadDriver:
                 )
             except Exception as error:
                 self._observer.step_ended(self.thread_id)
-                retry = attempt < len(self._retry_delays) and not self._closing and _retryable(error)
+                retry = attempt < len(self._retry_delays) and not self._closing and classify(error) == "retry"
                 message = f"Step failed: {type(error).__name__}: {error}"
                 log.warning("thread %s: %s (retrying: %s)", self.thread_id, message, retry)
                 self._observer.on_event(self.thread_id, StepFailed(message=message, retrying=retry))

@@ -1,4 +1,6 @@
-"""Step mode: ``AgentSystem.step(batch)`` — the entry point the queue worker calls.
+"""Step mode: ``AgentSystem.step(batch)`` — one batch of input messages, stepped in process (the testing
+harness and embedders use it; the queue worker, :mod:`stepagent.aws.worker`, runs the same
+:class:`~stepagent.core.step.ThreadStep` per thread itself).
 
 A batch is grouped by thread (first-appearance order of threads, arrival order within a thread); the
 threads run concurrently, each as one :class:`~stepagent.core.step.ThreadStep`. A thread's failure is

@@ -11,7 +11,8 @@ Guarantees:
 - No retries happen here: the engine's RetryPolicy owns them, and because translation is deterministic a
   retry re-sends identical bytes.
 - One ``httpx.AsyncClient`` per provider and event loop (a client's connection pool is bound to the loop
-  that created it; Lambda handlers may run each invocation in a fresh loop). An injected client is used
+  that created it; the Lambda handlers keep one loop per process, a caller that runs ``asyncio.run`` per
+  request does not). An injected client is used
   as is and never closed by us.
 """
 

@@ -11,9 +11,9 @@ Guarantees:
   re-sends identical bytes.
 - :func:`http_content` is what the HTTP providers send: the body's length from a first pass (each element
   encoded, counted and dropped) and an async stream of its chunks. A step therefore holds its history rows
-  and one encoded element, never the whole body as one object beside them (``spec/bounded-history.md``:
-  the request is the only request-sized data a step may hold; issue 15's gate is peak ≤ 2x the request
-  body + 8 MiB, see ``bench/memory.py``).
+  and one encoded element, never the whole body as one object beside them: the request is the only
+  request-sized data a step may hold (``bench/memory.py`` gates a step's peak memory at 2x the request
+  body + 8 MiB).
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ answer or a network error is raised as :class:`ChoiceAnswerError` for the caller
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,8 +42,3 @@ async def answer_user_choice(
             f"{choice.response_url} refused the answer: HTTP {response.status_code} {response.text[:200]}"
         )
     return index
-
-
-def answer_user_choice_sync(event: Mapping[str, Any], selected: int | None) -> int:
-    """For the CLI: answer the choice of a ``user_choice_required`` output event from synchronous code."""
-    return asyncio.run(answer_user_choice(choice_from_event(event), selected))

@@ -26,7 +26,8 @@ What it does for you (RAP §4):
   cancels all of a thread's work. Both always answer 200.
 - :meth:`RapCall.ask_user` sends a ``user_choice`` and waits for the runtime's POST to ``response_url``
   (``/choices/<unguessable key>``).
-- Callbacks are retried on 5xx and network errors with backoff, never on 4xx.
+- Callbacks are retried on 5xx and network errors with jittered backoff (a ``Retry-After`` in seconds is
+  honoured), never on 4xx.
 - The W3C ``traceparent`` header of an invocation goes back with its callbacks, so the step that the
   result wakes joins the calling step's trace.
 
@@ -41,8 +42,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, overload
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from typing import Any, Literal, overload
 
 import httpx
 from pydantic import ValidationError
@@ -51,6 +52,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from stepagent.backoff import Backoff
 from stepagent.errors import CallbackError, ToolError
 from stepagent.function_schema import TypedFunction, result_text
 from stepagent.rap.call import (
@@ -193,9 +195,12 @@ class RapToolServer:
     async def post_callback(self, url: str, body: dict[str, Any]) -> None:
         """POST a callback; retry 5xx and network errors with backoff; raise ``CallbackError`` on failure."""
         problem = ""
-        for attempt in range(self.callback_attempts):
-            if attempt:
-                await asyncio.sleep(self.callback_backoff * 2 ** (attempt - 1))
+        backoff = Backoff(attempts=self.callback_attempts, base=self.callback_backoff, cap=10.0)
+        retry_after: float | None = None
+        for attempt in range(1, backoff.attempts + 1):
+            if attempt > 1:
+                await asyncio.sleep(backoff.delay(attempt - 1, retry_after))
+            retry_after = None
             try:
                 response = await self.http.post(url, json=body, headers=trace_attributes())
             except httpx.HTTPError as exc:
@@ -206,6 +211,8 @@ class RapToolServer:
             problem = f"HTTP {response.status_code}: {response.text[:200]}"
             if response.status_code < 500:
                 break  # the receiver refused this callback: resending the same body cannot help
+            with contextlib.suppress(ValueError):
+                retry_after = float(response.headers.get("retry-after", ""))
         raise CallbackError(f"{body['type']} callback for {body['group_id']} failed: {problem}")
 
     # ---- running calls ------------------------------------------------------------------------------------
@@ -323,6 +330,10 @@ class RapToolServer:
         self._start((invocation.group_id, invocation.id), self._serve_call(call), call, traceparent)
         return JSONResponse({"ok": True})
 
+    def is_running(self, thread_id: str, call_id: str) -> bool:
+        """Whether work of this call is still running here (its handler, or its subscription's ``run``)."""
+        return bool(self._work.get((thread_id, call_id)))
+
     def _cancel_work(self, match: Callable[[tuple[str, str]], bool]) -> None:
         for key, tasks in list(self._work.items()):
             if match(key):
@@ -383,12 +394,36 @@ class RapToolServer:
         uvicorn.run(self.app, host=host, port=port, log_level="info")
 
 
+#: Seconds a stopping embedded server waits for open connections (a streaming response, a keep-alive
+#: client) before closing them.
+GRACEFUL_SHUTDOWN_SECONDS = 1
+
+
 @contextlib.asynccontextmanager
-async def serve_in_background(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
-    """Run ``app`` with uvicorn on this event loop; yields its base URL (``port=0``: a free port)."""
+async def serve_in_background(
+    app: Any, host: str = "127.0.0.1", port: int = 0, *, lifespan: Literal["on", "off"] = "on"
+) -> AsyncIterator[str]:
+    """Run ``app`` with uvicorn on this event loop; yields its base URL (``port=0``: a free port).
+
+    The server stops when the context exits, in at most about :data:`GRACEFUL_SHUTDOWN_SECONDS` plus the
+    app's own lifespan shutdown. It leaves SIGINT and SIGTERM to the program (see :mod:`stepagent.shutdown`):
+    uvicorn would otherwise take them over while it serves, and a signal would stop only this server."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
+    class EmbeddedServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        lifespan=lifespan,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+    )
+    server = EmbeddedServer(config)
     task = asyncio.get_running_loop().create_task(server.serve())
     try:
         while not server.started:
@@ -397,7 +432,8 @@ async def serve_in_background(app: Any, host: str = "127.0.0.1", port: int = 0) 
                 raise RuntimeError("the server stopped during startup")
             await asyncio.sleep(0.01)
         bound = server.servers[0].sockets[0].getsockname()[1]
-        yield f"http://{host}:{bound}"
+        shown = f"[{host}]" if ":" in host else host
+        yield f"http://{shown}:{bound}"
     finally:
         server.should_exit = True
         await task

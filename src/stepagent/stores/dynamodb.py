@@ -62,7 +62,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from stepagent.blobs import ContentBlobs
-from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError
+from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError, TransactionConflictError
 from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.stores.base import (
     Commit,
@@ -76,6 +76,7 @@ from stepagent.stores.base import (
     UsageRecord,
 )
 from stepagent.stores.dynamodb_io import (
+    CONFLICT_BACKOFF,
     AwsClient,
     ConditionFailed,
     DynamoIo,
@@ -538,7 +539,7 @@ class DynamoConversationStore:
                     if attempt < CONFLICT_ATTEMPTS and not _conflict_on_head(reasons):
                         await asyncio.sleep(0.02 * attempt)
                         continue
-                    raise ConcurrentWriteError(
+                    raise TransactionConflictError(
                         f"thread {thread_id}: a concurrent transaction touched it"
                     ) from None
                 raise StoreError(
@@ -575,7 +576,7 @@ class DynamoConversationStore:
                 ConditionExpression="attribute_exists(#pk)",
             ),
         ]
-        for attempt in range(3):
+        for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
             try:
                 await self._io.call(
                     "TransactWriteItems", self.table, TransactItems=[w.action() for w in writes]
@@ -583,8 +584,10 @@ class DynamoConversationStore:
             except TransactionCancelled as exc:
                 if "ConditionalCheckFailed" in exc.reasons:
                     return False
-                if "TransactionConflict" in exc.reasons and attempt < 2:
-                    continue  # the thread's own commit touched the head at the same moment
+                if "TransactionConflict" in exc.reasons and attempt < CONFLICT_BACKOFF.attempts:
+                    # the thread's own commit touched the head at the same moment
+                    await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
+                    continue
                 raise StoreError(
                     f"noting inbound message {message_id} for thread {thread_id} was cancelled: "
                     f"{', '.join(exc.reasons)}"

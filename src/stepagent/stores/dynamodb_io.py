@@ -35,6 +35,7 @@ from typing import Any, Literal, TypeAlias
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
+from stepagent.backoff import Backoff
 from stepagent.blobs import (
     BlobCorrupt,
     BlobError,
@@ -165,6 +166,11 @@ def update(
 
 class ConditionFailed(Exception):
     """A single-item conditional write was refused."""
+
+
+#: A transaction DynamoDB cancelled for a conflict with another one (``TransactionConflict``: nothing was
+#: written) is tried again at once-ish, three times in all, spread apart by jitter.
+CONFLICT_BACKOFF = Backoff(attempts=3, base=0.02, cap=0.5)
 
 
 class TransactionCancelled(Exception):

@@ -28,6 +28,7 @@ the store, so the step's commit is conditioned on it without reading it again.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -37,6 +38,7 @@ from stepagent.errors import CorruptRowError, StoreError
 from stepagent.history_items import Summary
 from stepagent.stores.base import KnownRows, StoredRow, ThreadSnapshot, known_still_hold
 from stepagent.stores.dynamodb_io import (
+    CONFLICT_BACKOFF,
     DynamoIo,
     Item,
     TransactionCancelled,
@@ -211,7 +213,7 @@ async def save_summary(store: SnapshotTable, thread_id: str, summary: Summary) -
         ConditionExpression="attribute_exists(#sum) AND #sum <= :n",
     )
     writes = [pointer, canonical, put(store.table, copy)]
-    for attempt in range(3):
+    for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
         try:
             await store._io.call(
                 "TransactWriteItems", store.table, TransactItems=[w.action() for w in writes]
@@ -219,7 +221,8 @@ async def save_summary(store: SnapshotTable, thread_id: str, summary: Summary) -
         except TransactionCancelled as exc:
             if exc.reasons[:1] == ["ConditionalCheckFailed"]:
                 break
-            if "TransactionConflict" in exc.reasons and attempt < 2:
+            if "TransactionConflict" in exc.reasons and attempt < CONFLICT_BACKOFF.attempts:
+                await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
                 continue
             raise StoreError(
                 f"saving the summary of thread {thread_id} was cancelled: {', '.join(exc.reasons)}"

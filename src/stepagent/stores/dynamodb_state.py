@@ -19,6 +19,7 @@ What it guarantees (beyond the port's contract, which it meets exactly like the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Sequence
@@ -29,6 +30,7 @@ from stepagent.errors import StoreError
 from stepagent.messages import InputMessage, ToolCall, UserChoiceRequired
 from stepagent.stores.base import Commit, DeferredInput, DispatchIntent, Spend
 from stepagent.stores.dynamodb_io import (
+    CONFLICT_BACKOFF,
     MARKER_TTL_S,
     PAYLOAD_ATTRIBUTES,
     AwsClient,
@@ -204,7 +206,7 @@ class DynamoStateStore:
             ConditionExpression="attribute_exists(#pk)",
         )
         writes = [flag, write]
-        for attempt in range(3):
+        for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
             try:
                 await self._io.call(
                     "TransactWriteItems", self.table, TransactItems=[w.action() for w in writes]
@@ -212,8 +214,10 @@ class DynamoStateStore:
             except TransactionCancelled as exc:
                 if exc.reasons[:1] == ["ConditionalCheckFailed"]:
                     break  # no head: nothing to flag
-                if "TransactionConflict" in exc.reasons and attempt < 2:
-                    continue  # the thread's own commit touched the head at the same moment
+                if "TransactionConflict" in exc.reasons and attempt < CONFLICT_BACKOFF.attempts:
+                    # the thread's own commit touched the head at the same moment
+                    await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
+                    continue
                 raise StoreError(
                     f"updating {attribute} of thread {thread_id} was cancelled: {', '.join(exc.reasons)}"
                 ) from None

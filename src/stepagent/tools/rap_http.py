@@ -10,7 +10,7 @@ Guarantees of :class:`RapHttp`:
 
 - A request body is serialised once; every retry sends the same bytes (re-signed, since SigV4 signatures
   carry a timestamp), so a server sees the same invocation ``id`` each time and can deduplicate.
-- :meth:`RapHttp.request` retries connection errors, timeouts and 5xx answers (``RetryPolicy.attempts``
+- :meth:`RapHttp.request` retries connection errors, timeouts and 5xx answers (``RAP_BACKOFF.attempts``
   in all, exponential backoff through an injectable ``sleep``) and never retries a 4xx. It returns the
   last status, or raises :class:`RapTransportError` when no attempt got an answer.
 """
@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 
+from stepagent.backoff import Backoff
 from stepagent.tracing import trace_attributes
 
 _LAMBDA_URL_HOST = re.compile(r"^[a-z0-9]+\.lambda-url\.([a-z0-9-]+)\.on\.aws$")
@@ -62,18 +63,8 @@ class RapTransportError(Exception):
     """No attempt reached the server (connection refused, DNS, timeouts)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How often and how patiently a RAP request is retried: ``attempts`` in all, delays growing by ``factor``
-    from ``first_delay`` (seconds)."""
-
-    attempts: int = 3
-    first_delay: float = 0.2
-    factor: float = 4.0
-
-    def delay(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number ``attempt`` (1-based)."""
-        return self.first_delay * self.factor ** (attempt - 1)
+#: RAP requests: three attempts, waiting about 0.2 s then 0.8 s (jittered).
+RAP_BACKOFF = Backoff(attempts=3, base=0.2, factor=4.0, cap=5.0)
 
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -113,13 +104,13 @@ class RapHttp:
         self,
         client: httpx.AsyncClient,
         *,
-        retry: RetryPolicy | None = None,
+        retry: Backoff | None = None,
         sleep: Sleep = asyncio.sleep,
         signer: SigV4Signer | None = None,
         timeout: float = 10.0,
     ) -> None:
         self.client = client
-        self.retry = retry if retry is not None else RetryPolicy()
+        self.retry = retry if retry is not None else RAP_BACKOFF
         self.sleep = sleep
         self.signer = signer if signer is not None else SigV4Signer()
         self.timeout = timeout
