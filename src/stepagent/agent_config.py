@@ -15,6 +15,7 @@ field                      setting                              value
 ``context_window``         ``STEPAGENT_CONTEXT_WINDOW``         tokens, overrides the model catalog
 ``compaction_threshold``   ``STEPAGENT_COMPACTION_THRESHOLD``   share of the window, 0 < x <= 1 (0.75)
 ``builtin_tools``          ``STEPAGENT_BUILTIN_TOOLS``          :func:`parse_builtin_tools` (``all``)
+``prompt_cache_ttl``       ``STEPAGENT_PROMPT_CACHE_TTL``       ``5m``, ``1h`` or ``auto`` (``auto``)
 ``profiles``               ``STEPAGENT_PROFILES``               JSON object, or ``@path`` to a JSON file
 =========================  ===================================  ===========================================
 
@@ -60,6 +61,10 @@ CONTEXT_WINDOW = "STEPAGENT_CONTEXT_WINDOW"
 COMPACTION_THRESHOLD = "STEPAGENT_COMPACTION_THRESHOLD"
 BUILTIN_TOOLS = "STEPAGENT_BUILTIN_TOOLS"
 PROFILES = "STEPAGENT_PROFILES"
+PROMPT_CACHE_TTL = "STEPAGENT_PROMPT_CACHE_TTL"
+#: ``STEPAGENT_PROMPT_CACHE_TTL``'s values: a fixed lifetime, or ``auto`` (one hour when the thread is
+#: expected to wait on something slow, else five minutes: ``stepagent.core.cache_ttl``).
+PROMPT_CACHE_TTLS = ("5m", "1h", "auto")
 #: The agent settings, in the order they are documented.
 AGENT_SETTING_NAMES = (
     SYSTEM_PROMPT,
@@ -69,6 +74,7 @@ AGENT_SETTING_NAMES = (
     COMPACTION_THRESHOLD,
     BUILTIN_TOOLS,
     PROFILES,
+    PROMPT_CACHE_TTL,
 )
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PROFILE_KEYS = (
@@ -190,9 +196,15 @@ class AgentConfig:
     compaction_threshold: float = DEFAULT_COMPACTION_THRESHOLD
     builtin_tools: frozenset[str] = ALL_BUILTINS
     profiles: Mapping[str, AgentProfile] = field(default_factory=dict)
+    prompt_cache_ttl: str = "auto"
 
     def __post_init__(self) -> None:
         problems: list[str] = []
+        if self.prompt_cache_ttl not in PROMPT_CACHE_TTLS:
+            problems.append(
+                f"{PROMPT_CACHE_TTL}={self.prompt_cache_ttl!r} is invalid: use 5m, 1h or auto (the default: "
+                "one hour when the thread waits on something slow, else five minutes)"
+            )
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             problems.append(f"{SYSTEM_PROMPT} must be text")
         problems += _check_numbers(self.max_tokens, self.temperature, self.context_window)
@@ -329,6 +341,9 @@ def agent_config_from_env(environ: Mapping[str, str], *, roots: Sequence[Path] |
     attempt("compaction_threshold", lambda raw: _float(raw, COMPACTION_THRESHOLD), get(COMPACTION_THRESHOLD))
     attempt("builtin_tools", parse_builtin_tools, get(BUILTIN_TOOLS))
     attempt("profiles", lambda raw: load_profiles(raw, search), get(PROFILES))
+    ttl = get(PROMPT_CACHE_TTL)
+    if ttl is not None:
+        values["prompt_cache_ttl"] = ttl.lower()  # checked by the constructor, with the others
     try:
         config = AgentConfig(**values)  # range checks of what parsed, so every bad value is reported
     except ConfigurationError as error:

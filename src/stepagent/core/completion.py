@@ -17,6 +17,10 @@ Guarantees:
 - Cancellation (the ``cancel`` event, set by local mode when user text interrupts or the system shuts
   down) takes effect at once, even while the provider waits for its next chunk or a retry backs off: the
   visible partial turn is kept (trailing reasoning trimmed) and the round is never retried.
+- A request that cannot fit the model's window even with every tool output truncated is never sent:
+  the round ends with ``outcome.needs_compaction`` (the step compacts the thread and answers afterwards)
+  instead of failing. :meth:`CompletionRunner.context_estimate` is the size the compaction trigger
+  measures — the same estimate truncation uses.
 - Usage: ``outcome.usage`` is the last finished model call's (what compaction measures),
   ``outcome.step_usage`` the sum over every finished call of the step, ``outcome.completions`` their
   number. Each model call and each inline tool run is a span of ``tracer`` (if any).
@@ -56,6 +60,7 @@ from stepagent.history_items import (
 from stepagent.ids import completion_id, fresh_tool_call_id
 from stepagent.messages import ImageBlock, TextBlock, ToolCall, ToolResult
 from stepagent.providers.base import (
+    CacheTtl,
     Final,
     ModelInfo,
     ModelProvider,
@@ -68,6 +73,7 @@ from stepagent.providers.base import (
     ToolCallDelta,
     Usage,
 )
+from stepagent.providers.window import overflows, request_estimate
 from stepagent.stores.base import DispatchIntent
 from stepagent.tools.base import Toolset
 from stepagent.tracing import Tracer, traced
@@ -110,6 +116,8 @@ class CompletionOutcome:
     error: ProviderError | None = None
     executed_sync_calls: list[str] = field(default_factory=list)
     cancelled: bool = False
+    #: The next request could not fit the window even truncated: the thread must compact first.
+    needs_compaction: bool = False
 
 
 @dataclass(slots=True)
@@ -131,6 +139,11 @@ class CompletionRunner:
     max_tokens: int | None = None
     temperature: float | None = None
     tracer: Tracer | None = None
+    #: How long the provider's prompt cache should keep what this step's requests write.
+    cache_ttl: CacheTtl = "5m"
+    #: Whether a request that cannot fit is held back for compaction (``False`` in a compaction thread,
+    #: which cannot compact itself: its request goes out truncated as far as it can be).
+    compact_on_overflow: bool = True
     _counter: int = 0
     _thinking: bool = False
 
@@ -148,7 +161,15 @@ class CompletionRunner:
             thread_stack=self.history.thread_stack,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
+            cache_ttl=self.cache_ttl,
         )
+
+    def context_estimate(self) -> int:
+        """The estimated input tokens of the thread's next request (untruncated): what the compaction
+        trigger compares with its limit, measured like truncation measures it."""
+        model = self.model
+        view = model_view(self.history.history, model.supports_image_input)
+        return request_estimate(self.system_prompt, self.toolset.specs(), view)
 
     def _next_id(self) -> str:
         cid = completion_id(self.history.thread_id, self.message_id, self._counter)
@@ -174,6 +195,9 @@ class CompletionRunner:
 
     async def _round(self, outcome: CompletionOutcome) -> bool:
         """One round with retries. Returns whether another round should follow."""
+        if self.compact_on_overflow and overflows(self._request()):
+            outcome.needs_compaction = True  # never sent: it would fail; compaction makes room
+            return False
         attempt = 0
         while True:
             attempt += 1

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
 from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, system_prompt
+from stepagent.core.cache_ttl import choose_ttl, input_wait_kinds, is_slow_wait
 from stepagent.core.completion import CompletionRunner, RetryPolicy, sync_result_id
 from stepagent.core.effects import StepEffects, StepEnd, ToolServices
 from stepagent.core.history import HistoryManager
@@ -57,6 +58,7 @@ from stepagent.history_items import EventItem, ToolResultItem, UserItem
 from stepagent.ids import derived_id
 from stepagent.messages import (
     Compaction,
+    CompactionComplete,
     InputMessage,
     SubscriptionEvent,
     TextContent,
@@ -66,6 +68,7 @@ from stepagent.messages import (
     is_deferrable_synthetic,
 )
 from stepagent.providers.base import ModelProvider, Usage
+from stepagent.providers.window import compaction_limit
 from stepagent.senders.base import InputSender
 from stepagent.stores.base import (
     ConversationStore,
@@ -161,6 +164,7 @@ class ThreadStep:
         #: Performs every write of the step (``core/effects.py``); built once the thread is loaded.
         self.effects: StepEffects | None = None
         self._held = False  # whether this step deferred an input (the thread then has input pending)
+        self._slow_wait = False  # whether the step resumes the thread from a slow wait (cache TTL)
 
     def emit(self, event: AgentEvent) -> None:
         self.observer.on_event(self.thread_id, event)
@@ -208,6 +212,10 @@ class ThreadStep:
             await self._effects.commit()
             return StepOutcome(self.thread_id)
 
+        pending = history.pending_tool_call()
+        open_calls = {} if pending is None else {pending.call.id: pending.call.name}
+        kinds = input_wait_kinds((i.message for i in inputs), open_calls, self.config.toolset)
+        self._slow_wait = is_slow_wait(kinds)
         batch = await self._apply_deferral(history, list(inputs))
         passive = frozenset(t.name for t in self.config.toolset if t.passive)
         preparer = Preparer(
@@ -227,9 +235,13 @@ class ThreadStep:
         for item in batch:
             if await history.is_processed(item.message_id):
                 saw_duplicate = True
+            # A thread whose request did not fit waits for its compaction, then answers what it owes.
+            owed = isinstance(item.message.synthetic, CompactionComplete) and self._awaits_model(history)
             if await preparer.prepare(item.message, item.message_id):
                 ready = True
                 last_ready_id = item.message_id
+            elif owed and history.compacted_up_to is not None:
+                ready = True
         await self._effects.cancel_interrupted(history.take_interrupted_tool_calls())
 
         if not ready and (owes_completion or (saw_duplicate and self._awaits_model(history))):
@@ -255,6 +267,7 @@ class ThreadStep:
         agent = self._agent(history, history.metadata)
         model = agent.info
         self.emit(CompletionStarted())
+        compaction_thread = history.info is not None and history.info.kind == ThreadKind.COMPACTION
         runner = CompletionRunner(
             history=history,
             provider=agent.provider,
@@ -262,7 +275,6 @@ class ThreadStep:
             system_prompt=system_prompt(
                 agent.instructions,
                 agent.toolset,
-                thread_id=history.thread_id,
                 root_thread_id=history.root_thread_id,
             ),
             effects=self._effects,
@@ -274,6 +286,8 @@ class ThreadStep:
             max_tokens=agent.max_tokens,
             temperature=agent.temperature,
             tracer=self.config.tracer,
+            cache_ttl=choose_ttl(agent.prompt_cache_ttl, slow=self._slow_wait),
+            compact_on_overflow=not compaction_thread,
         )
         outcome = await runner.run()
         intent = None
@@ -282,11 +296,20 @@ class ThreadStep:
             intent = DispatchIntent(call.id, call.name, call.arguments, call.call_id)
             history.add_intent(intent)
         step_usage = outcome.step_usage or Usage()
-        compaction_due = self._compaction_due(
-            history, outcome.usage, model.context_window, agent.compaction_threshold
+        window, threshold = model.context_window, agent.compaction_threshold
+        # One estimate decides both compaction and truncation, and compaction comes first.
+        output_limit = agent.max_tokens if agent.max_tokens is not None else model.max_output_tokens
+        over = outcome.needs_compaction or (
+            window > 0 and runner.context_estimate() > compaction_limit(window, output_limit, threshold)
         )
+        compaction_due = self._compaction_due(history, outcome.usage, window, threshold, over=over)
         history.turn_complete = turn_is_complete(history, self.config.toolset, compaction_due=compaction_due)
-        complete = not outcome.cancelled and not self._held and history.pending_tool_call() is None
+        complete = (
+            not outcome.cancelled
+            and not outcome.needs_compaction
+            and not self._held
+            and history.pending_tool_call() is None
+        )
         history.record_usage(
             UsageRecord(
                 step_id=message_id,
@@ -307,10 +330,10 @@ class ThreadStep:
         )
         error = None if outcome.error is None else f"The model failed: {outcome.error}"
         failed = [] if error is None else [StepFailed(message=error, retrying=False)]
-        request = self._compaction_request(
-            history, outcome.usage, model.context_window, agent.compaction_threshold
-        )
+        request = self._compaction_request(history, outcome.usage, window, threshold, over=over)
         notice = Info(f"✦ Auto-compaction triggered (context > {agent.compaction_threshold:.0%})")
+        if outcome.needs_compaction and request is not None:
+            notice = Info("✦ The conversation no longer fits the model's context window: compacting it first")
         await self._effects.finish(
             StepEnd(
                 sync_calls=outcome.executed_sync_calls,
@@ -332,6 +355,8 @@ class ThreadStep:
         usage: Usage | None,
         window: int,
         threshold: float = DEFAULT_COMPACTION_THRESHOLD,
+        *,
+        over: bool = False,
     ) -> tuple[InputMessage, str] | None:
         """The input (and its dedup id) that asks this thread to compact itself, ordered like any other.
 
@@ -341,7 +366,7 @@ class ThreadStep:
         usage before the last summary landed (reference issue #64). Preparing the request takes the
         durable claim (two compactions never overlap); once a lease period has passed without a new
         summary — a compaction child that never finished — the id changes and compaction is tried again."""
-        if not self._compaction_due(history, usage, window, threshold):
+        if not self._compaction_due(history, usage, window, threshold, over=over):
             return None
         epoch = int(self.config.clock() // self.config.compaction_lease_seconds)
         covered = str(history.compacted_up_to or 0)
@@ -350,9 +375,17 @@ class ThreadStep:
         return request, request_id
 
     def _compaction_due(
-        self, history: HistoryManager, usage: Usage | None, window: int, threshold: float
+        self,
+        history: HistoryManager,
+        usage: Usage | None,
+        window: int,
+        threshold: float,
+        *,
+        over: bool = False,
     ) -> bool:
-        if not should_compact(usage, window, threshold):
+        """Whether the thread should compact: its next request's estimate is ``over`` the limit (the
+        estimate truncation uses), or the provider reported usage above the threshold."""
+        if not over and not should_compact(usage, window, threshold):
             return False
         return history.info is None or history.info.kind != ThreadKind.COMPACTION
 

@@ -135,6 +135,10 @@ class Tool:
     #: Whether a call of this tool is ever answered by a result. ``False`` for a call that only waits for
     #: the next input (``sleep_until_event_or_input``): nothing runs for it, so it keeps nothing resident.
     answered: ClassVar[bool] = True
+    #: What a thread waiting on this tool's call waits on (``stepagent.core.cache_ttl``): ``"tool"`` (a
+    #: dispatched function, usually seconds), ``"rap"`` (a remote server that may take minutes or hours),
+    #: ``"sleep"`` (a timer).
+    wait: ClassVar[str] = "tool"
 
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
