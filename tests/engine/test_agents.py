@@ -169,9 +169,7 @@ async def test_the_configured_prompt_limits_and_builtins_reach_every_request() -
     (request,) = provider.requests
     # The configured prompt replaces the intro; only the guidance for what is offered follows.
     assert request.system == (
-        "You file expense reports.\n\n"
-        + texts.GUIDE_TOOLS
-        + texts.THREAD_SUFFIX.format(root_thread_id="t1")
+        "You file expense reports.\n\n" + texts.GUIDE_TOOLS + texts.THREAD_SUFFIX.format(root_thread_id="t1")
     )
     assert names(request) == ["lookup"]  # your tools, no built-ins
     assert (request.max_tokens, request.temperature, request.output_limit) == (512, 0.3, 512)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -103,10 +104,10 @@ def test_cut_moves_in_stable_steps_so_the_prefix_rarely_changes() -> None:
     cuts = conversation_requests(40, budget)
     truncated = [c for c in cuts if c]
     assert len(truncated) > 30  # the conversation outgrew the budget halfway
-    for earlier, later in zip(truncated, truncated[1:], strict=False):
+    for earlier, later in itertools.pairwise(truncated):
         assert set(earlier) <= set(later), "a cut moved back or stubbed a different prefix"
         assert later[: len(earlier)] == earlier
-    changes = sum(1 for earlier, later in zip(truncated, truncated[1:], strict=False) if earlier != later)
+    changes = sum(1 for earlier, later in itertools.pairwise(truncated) if earlier != later)
     # Each turn adds ~1,100 estimated tokens; a step is a quarter of the budget (6,000 tokens, about nine
     # tool outputs): the cut moves about every fifth turn instead of at every request.
     assert changes <= len(truncated) // 5

@@ -19,8 +19,8 @@ Guarantees:
   visible partial turn is kept (trailing reasoning trimmed) and the round is never retried.
 - A request that cannot fit the model's window even with every tool output truncated is never sent:
   the round ends with ``outcome.needs_compaction`` (the step compacts the thread and answers afterwards)
-  instead of failing. :meth:`CompletionRunner.context_estimate` is the size the compaction trigger
-  measures — the same estimate truncation uses.
+  instead of failing; a compaction thread, which cannot compact itself, is shown the newest part of its
+  history that fits.
 - Usage: ``outcome.usage`` is the last finished model call's (what compaction measures),
   ``outcome.step_usage`` the sum over every finished call of the step, ``outcome.completions`` their
   number. Each model call and each inline tool run is a span of ``tracer`` (if any).
@@ -73,7 +73,7 @@ from stepagent.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from stepagent.providers.window import overflows, request_estimate
+from stepagent.providers.window import newest_that_fit, overflows
 from stepagent.stores.base import DispatchIntent
 from stepagent.tools.base import Toolset
 from stepagent.tracing import Tracer, traced
@@ -153,7 +153,7 @@ class CompletionRunner:
 
     def _request(self) -> ModelRequest:
         model = self.model
-        return ModelRequest(
+        request = ModelRequest(
             system=self.system_prompt,
             history=model_view(self.history.history, model.supports_image_input),
             tools=self.toolset.specs(),
@@ -163,13 +163,10 @@ class CompletionRunner:
             temperature=self.temperature,
             cache_ttl=self.cache_ttl,
         )
-
-    def context_estimate(self) -> int:
-        """The estimated input tokens of the thread's next request (untruncated): what the compaction
-        trigger compares with its limit, measured like truncation measures it."""
-        model = self.model
-        view = model_view(self.history.history, model.supports_image_input)
-        return request_estimate(self.system_prompt, self.toolset.specs(), view)
+        if self.compact_on_overflow:
+            return request
+        # A compaction thread cannot compact itself: it is shown the newest part that fits.
+        return dataclasses.replace(request, history=newest_that_fit(request))
 
     def _next_id(self) -> str:
         cid = completion_id(self.history.thread_id, self.message_id, self._counter)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
 from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, system_prompt
 from stepagent.core.cache_ttl import choose_ttl, input_wait_kinds, is_slow_wait
-from stepagent.core.completion import CompletionRunner, RetryPolicy, sync_result_id
+from stepagent.core.completion import CompletionRunner, RetryPolicy, model_view, sync_result_id
 from stepagent.core.effects import StepEffects, StepEnd, ToolServices
 from stepagent.core.history import HistoryManager
 from stepagent.core.prepare import Preparer
@@ -54,7 +54,7 @@ from stepagent.events import (
     StepFailed,
     TurnComplete,
 )
-from stepagent.history_items import EventItem, ToolResultItem, UserItem
+from stepagent.history_items import EventItem, Summary, ToolResultItem, UserItem
 from stepagent.ids import derived_id
 from stepagent.messages import (
     Compaction,
@@ -68,7 +68,7 @@ from stepagent.messages import (
     is_deferrable_synthetic,
 )
 from stepagent.providers.base import ModelProvider, Usage
-from stepagent.providers.window import compaction_limit
+from stepagent.providers.window import compaction_limit, request_estimate
 from stepagent.senders.base import InputSender
 from stepagent.stores.base import (
     ConversationStore,
@@ -230,27 +230,73 @@ class ThreadStep:
         )
         preparer.pending_choices.extend(await self._choices_if_needed(batch))
         ready = False
+        # The last commit left the turn unfinished with nothing pending: a request that had to wait for
+        # compaction (see ``_owes_after_compaction``).
+        unfinished = history.info is not None and history.info.turn_complete is False and pending is None
         last_ready_id = inputs[-1].message_id if inputs else "redrive"
         saw_duplicate = False
         for item in batch:
             if await history.is_processed(item.message_id):
                 saw_duplicate = True
-            # A thread whose request did not fit waits for its compaction, then answers what it owes.
-            owed = isinstance(item.message.synthetic, CompactionComplete) and self._awaits_model(history)
             if await preparer.prepare(item.message, item.message_id):
                 ready = True
                 last_ready_id = item.message_id
-            elif owed and history.compacted_up_to is not None:
-                ready = True
+            elif isinstance(item.message.synthetic, CompactionComplete) and unfinished:
+                ready = ready or self._owes_after_compaction(history)
         await self._effects.cancel_interrupted(history.take_interrupted_tool_calls())
 
         if not ready and (owes_completion or (saw_duplicate and self._awaits_model(history))):
             ready = True
         if not ready:
             history.turn_complete = turn_is_complete(history, self.config.toolset)
-            await self._effects.commit()
+            if any(isinstance(i.message.synthetic, Compaction) for i in batch) and self._awaits_model(
+                history
+            ):
+                history.turn_complete = False  # the answer waits for this compaction
+            # A redelivered input: the step that processed it may have died before it asked for the
+            # compaction it needed, so ask again (the request's id makes a repeat a no-op).
+            request = self._compaction_request_after_redelivery(history) if saw_duplicate else None
+            if request is not None:
+                history.turn_complete = False
+                await self._effects.finish(StepEnd(compaction_request=request))
+            else:
+                await self._effects.commit()
             return StepOutcome(self.thread_id)
         return await self._complete_commit_dispatch(history, last_ready_id)
+
+    def _owes_after_compaction(self, history: HistoryManager) -> bool:
+        """Whether the compaction that just completed was what an answer waited for. The step whose
+        request could not fit committed an unfinished turn and asked for compaction; the step that started
+        the compaction kept the turn unfinished. The summary then either leaves that input visible (the
+        history ends awaiting the model) or covers everything (only the summary is left): either way the
+        model answers now."""
+        items = history.history
+        only_summary = len(items) == 1 and isinstance(items[0], Summary)
+        return history.compacted_up_to is not None and (only_summary or self._awaits_model(history))
+
+    def _compaction_request_after_redelivery(
+        self, history: HistoryManager
+    ) -> tuple[InputMessage, str] | None:
+        agent = self._agent(history, history.metadata)
+        window = agent.info.context_window
+        over = self._over_limit(history, agent, self._system_prompt(history, agent))
+        return self._compaction_request(history, None, window, agent.compaction_threshold, over=over)
+
+    @staticmethod
+    def _system_prompt(history: HistoryManager, agent: ThreadAgent) -> str:
+        return system_prompt(agent.instructions, agent.toolset, root_thread_id=history.root_thread_id)
+
+    @staticmethod
+    def _over_limit(history: HistoryManager, agent: ThreadAgent, system: str) -> bool:
+        """Whether the thread's next request is estimated over its compaction limit — the estimate that
+        truncation uses, and a limit below truncation's budget, so compaction always comes first."""
+        model = agent.info
+        if model.context_window <= 0:
+            return False
+        output_limit = agent.max_tokens if agent.max_tokens is not None else model.max_output_tokens
+        limit = compaction_limit(model.context_window, output_limit, agent.compaction_threshold)
+        view = model_view(history.history, model.supports_image_input)
+        return request_estimate(system, agent.toolset.specs(), view) > limit
 
     def _agent(self, history: HistoryManager, metadata: object) -> ThreadAgent:
         config = self.config
@@ -272,11 +318,7 @@ class ThreadStep:
             history=history,
             provider=agent.provider,
             toolset=agent.toolset,
-            system_prompt=system_prompt(
-                agent.instructions,
-                agent.toolset,
-                root_thread_id=history.root_thread_id,
-            ),
+            system_prompt=self._system_prompt(history, agent),
             effects=self._effects,
             emit=self.emit,
             message_id=message_id,
@@ -298,10 +340,7 @@ class ThreadStep:
         step_usage = outcome.step_usage or Usage()
         window, threshold = model.context_window, agent.compaction_threshold
         # One estimate decides both compaction and truncation, and compaction comes first.
-        output_limit = agent.max_tokens if agent.max_tokens is not None else model.max_output_tokens
-        over = outcome.needs_compaction or (
-            window > 0 and runner.context_estimate() > compaction_limit(window, output_limit, threshold)
-        )
+        over = outcome.needs_compaction or self._over_limit(history, agent, runner.system_prompt)
         compaction_due = self._compaction_due(history, outcome.usage, window, threshold, over=over)
         history.turn_complete = turn_is_complete(history, self.config.toolset, compaction_due=compaction_due)
         complete = (

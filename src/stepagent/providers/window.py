@@ -232,13 +232,36 @@ def overflows(request: ModelRequest) -> bool:
     if window <= 0:
         return False
     budget = window_budget(window, request.output_limit) - estimate_fixed(request.system, request.tools)
-    least = 0
-    for item in request.history:
-        size = estimate_item(item)
-        if isinstance(item, ToolResultItem | EventItem):
-            size = min(size, estimate_item(_stub(item)))
-        least += size
-    return least > budget
+    return sum(map(_least, request.history)) > budget
+
+
+#: What replaces the oldest items a compaction thread cannot be shown (:func:`newest_that_fit`).
+OMITTED_NOTE = "[{count} earlier conversation items omitted: they did not fit the model's context window]"
+
+
+def _least(item: HistoryItem) -> int:
+    """An item's estimate with its tool output truncated (the least it can cost in a request)."""
+    size = estimate_item(item)
+    if isinstance(item, ToolResultItem | EventItem):
+        size = min(size, estimate_item(_stub(item)))
+    return size
+
+
+def newest_that_fit(request: ModelRequest) -> list[HistoryItem]:
+    """``request.history``, or — when it cannot fit even truncated — a note followed by its newest items
+    that can. For a compaction thread, which has no compaction of its own to fall back on: it summarises
+    what it can see instead of failing forever."""
+    history = list(request.history)
+    window = request.model.context_window
+    if window <= 0 or not overflows(request):
+        return history
+    budget = window_budget(window, request.output_limit) - estimate_fixed(request.system, request.tools)
+    budget -= estimate_item(UserItem(TextContent(text=OMITTED_NOTE.format(count=len(history)))))
+    start, total = len(history), 0
+    while start > 0 and total + (size := _least(history[start - 1])) <= budget:
+        total += size
+        start -= 1
+    return [UserItem(TextContent(text=OMITTED_NOTE.format(count=start))), *history[start:]]
 
 
 def fit_request(
