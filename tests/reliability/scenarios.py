@@ -543,8 +543,8 @@ def rows_of(snap: Snapshot) -> dict[str, list[tuple[int, str]]]:
     weakness, see ``test_crash_matrix.py``).
 
     Compaction children are left out on purpose: the step sends its compaction request *after* its
-    commit and outside the outbox, so a crash between the two loses the request and the thread compacts
-    at its next completion instead (the request's id is the same then, so nothing is blocked). Which
+    commit and outside the outbox, so a crash between the two delays the request until the input's
+    redelivery asks again (the request's id is the same then, so nothing is blocked). Which
     compactions happen may therefore differ from the crash-free run; the compacted thread's own rows do
     not (a summary changes what the model is shown, not what is stored), and :func:`expect_scenario`
     still requires a compaction to have happened."""

@@ -4,11 +4,13 @@ A one-hour entry costs more to write (Anthropic: 2x the input price instead of 1
 that a five-minute entry does not, after which the whole context would be written again. The setting
 (``STEPAGENT_PROMPT_CACHE_TTL``) is ``5m``, ``1h`` or ``auto``; :func:`choose_ttl` applies it.
 
-``auto`` has to decide before the model answers, so it predicts: a step that resumes the thread from a
-slow wait — the result of a RAP call, a timer's wake-up, a child's report, an approval — writes one-hour
-entries, since a thread that waited on something slow is the kind that waits again (an agent driving
-long-running tools, sleeping between checks, or supervising children); every other step (user text, a
-fast function's result) writes five-minute entries, the cheapest when the next request follows soon.
+``auto`` has to decide before the model answers, so it predicts from the thread itself: a step writes
+one-hour entries when it resumes the thread from a slow wait — the result of a RAP call, a timer's
+wake-up, a child's report, an approval — or when the thread's latest tool call was of a slow kind (a RAP
+tool, a sleep, a spawn), since a thread that waits on something slow is the kind that waits again (an
+agent driving long-running tools, sleeping between checks, or supervising children), and the user's own
+next message tends to come as slowly. Every other step (a conversation with fast tools or none) writes
+five-minute entries, the cheapest when the next request follows soon.
 
 :func:`is_slow_wait` is the one place that says which waits are slow, over *wait kinds* (strings):
 ``"rap"``, ``"sleep"``, ``"child"`` and ``"approval"`` are; ``"tool"`` (a dispatched function),
@@ -19,8 +21,9 @@ of wait plugs in by producing its kind there (or through ``Tool.wait``) and, if 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+from stepagent.history_items import HistoryItem, ToolCallItem
 from stepagent.messages import (
     CompactionComplete,
     InputMessage,
@@ -71,3 +74,12 @@ def input_wait_kinds(
         elif message.is_user_text:
             kinds.add("user")
     return kinds
+
+
+def latest_call_kind(history: Sequence[HistoryItem], toolset: Toolset) -> str | None:
+    """The wait kind of the thread's latest tool call (``None`` when its history shows none)."""
+    for item in reversed(history):
+        if isinstance(item, ToolCallItem):
+            tool = toolset.get(item.call.name)
+            return tool.wait if tool is not None else "tool"
+    return None

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
 from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, system_prompt
-from stepagent.core.cache_ttl import choose_ttl, input_wait_kinds, is_slow_wait
+from stepagent.core.cache_ttl import choose_ttl, input_wait_kinds, is_slow_wait, latest_call_kind
 from stepagent.core.completion import CompletionRunner, RetryPolicy, model_view, sync_result_id
 from stepagent.core.effects import StepEffects, StepEnd, ToolServices
 from stepagent.core.history import HistoryManager
@@ -215,7 +215,8 @@ class ThreadStep:
         pending = history.pending_tool_call()
         open_calls = {} if pending is None else {pending.call.id: pending.call.name}
         kinds = input_wait_kinds((i.message for i in inputs), open_calls, self.config.toolset)
-        self._slow_wait = is_slow_wait(kinds)
+        latest = latest_call_kind(history.history, self.config.toolset)
+        self._slow_wait = is_slow_wait(kinds if latest is None else {*kinds, latest})
         batch = await self._apply_deferral(history, list(inputs))
         passive = frozenset(t.name for t in self.config.toolset if t.passive)
         preparer = Preparer(

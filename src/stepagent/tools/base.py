@@ -137,7 +137,7 @@ class Tool:
     answered: ClassVar[bool] = True
     #: What a thread waiting on this tool's call waits on (``stepagent.core.cache_ttl``): ``"tool"`` (a
     #: dispatched function, usually seconds), ``"rap"`` (a remote server that may take minutes or hours),
-    #: ``"sleep"`` (a timer).
+    #: ``"sleep"`` (a timer), ``"child"`` (a spawned thread's report).
     wait: ClassVar[str] = "tool"
 
     def spec(self) -> ToolSpec:
