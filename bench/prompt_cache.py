@@ -36,7 +36,7 @@ import httpx
 from bench.prompt_billing import Bill, PromptCacheBilling, physical_limit
 from stepagent.agent_config import AgentConfig
 from stepagent.core.step import StepConfig
-from stepagent.events import EventCollector
+from stepagent.events import EventCollector, StepFailed
 from stepagent.messages import InputMessage
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.anthropic import AnthropicProvider
@@ -49,10 +49,10 @@ from stepagent.tools.builtins import builtin_tools
 from stepagent.transcript import tree_items
 
 MODEL = "claude-sonnet-4-5"
-SYSTEM_PROMPT = (
-    "You are the research assistant of a small engineering team. "
-    + " ".join(f"Guideline {n}: check the facts with the lookup tool before you answer, cite what it says, "
-               "keep units consistent, and say plainly when the data is missing." for n in range(1, 40))
+SYSTEM_PROMPT = "You are the research assistant of a small engineering team. " + " ".join(
+    f"Guideline {n}: check the facts with the lookup tool before you answer, cite what it says, "
+    "keep units consistent, and say plainly when the data is missing."
+    for n in range(1, 40)
 )  # ~6,000 bytes: ~1,500 tokens at 4 bytes a token
 ANSWER_WORDS = 200
 RESULT_CHARS = 2_000
@@ -71,6 +71,7 @@ class Lookup(Tool):
         "properties": {"query": {"type": "string", "description": "What to look up."}},
         "required": ["query"],
     }
+
     def __init__(self, wait: str = "tool") -> None:
         self.wait = wait  # type: ignore[misc]  # per instance: the run decides what the lookup is
         self.pending: list[tuple[ToolContext, str]] = []
@@ -134,7 +135,9 @@ def agent_reply(body: dict[str, Any]) -> Reply:
         child = re.search(r"close_thread with your thread ID \(([^)]+)\)", text)
         summary = "Summary of the conversation so far: " + "the questions were answered from lookups. " * 35
         thread = child.group(1) if child else ""
-        return Reply(tool=("close_thread", {"thread_id": thread, "report_to_parent": summary}), kind="compaction")
+        return Reply(
+            tool=("close_thread", {"thread_id": thread, "report_to_parent": summary}), kind="compaction"
+        )
     if "You are now INSIDE the thread that you requested" in text:
         child = re.search(r"Your thread ID is (\S+?)\.", text)
         report = "The delegated review is done: nothing to change."
@@ -160,9 +163,7 @@ def agent_reply(body: dict[str, Any]) -> Reply:
 
 
 def _sse(events: list[dict[str, Any]]) -> bytes:
-    return b"".join(
-        f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events
-    )
+    return b"".join(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events)
 
 
 @dataclass
@@ -292,12 +293,14 @@ async def run_conversation(
     )
     driver = InProcessQueueDriver(AgentSystem(conversation, state, config), sender)
     failed = 0
+    observer = EventCollector()
 
     async def settle() -> None:
         nonlocal failed
         while True:
-            for result in await driver.run_until_idle(EventCollector()):
+            for result in await driver.run_until_idle(observer):
                 failed += result.error is not None
+            failed += sum(isinstance(event, StepFailed) for _, event in observer.take())
             if not lookup.pending:
                 return
             billing.now += tool_seconds
@@ -317,7 +320,9 @@ async def run_conversation(
     answers = {
         str(item["text"]).split(":", 1)[0]
         for item in items
-        if item["thread_id"] == root and item["kind"] == "assistant" and str(item["text"]).startswith("Answer ")
+        if item["thread_id"] == root
+        and item["kind"] == "assistant"
+        and str(item["text"]).startswith("Answer ")
     }
     questions = [t for t in range(1, turns + 1) if t not in spawn_at]
     answered = sum(f"Answer {t}" in answers for t in questions)
