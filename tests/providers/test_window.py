@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -24,9 +25,12 @@ from stepagent.providers.base import Final, ModelInfo, ModelRequest
 from stepagent.providers.window import (
     IMAGE_TOKENS,
     TRUNCATED_STUB,
+    compaction_limit,
     estimate_item,
     estimate_text,
     fit_request,
+    newest_that_fit,
+    overflows,
     truncate_for_window,
     window_budget,
 )
@@ -203,3 +207,34 @@ async def test_provider_truncates_once_and_reports_it() -> None:
     assert tool_result["content"] == [{"type": "text", "text": TRUNCATED_STUB.format(chars=300_000)}]
     assert body["messages"][2]["content"][1]["text"] == "and?"
     assert len(bodies[0]) < 10_000
+
+
+def test_compaction_limit_never_exceeds_the_truncation_budget() -> None:
+    assert compaction_limit(16_000, 1_024, 0.75) == 12_000
+    assert compaction_limit(16_000, 1_024, 1.0) == window_budget(16_000, 1_024)  # compaction still first
+
+
+def test_overflow_is_judged_with_every_tool_output_truncated() -> None:
+    info = ModelInfo("m", context_window=4_000, max_output_tokens=500)
+    truncatable = ModelRequest(
+        system="s", history=[*pair("a", "x" * 30_000), user("q")], tools=[], model=info
+    )
+    assert not overflows(truncatable)  # the tool output can be stubbed
+    too_long = ModelRequest(system="s", history=[user("u" * 30_000)], tools=[], model=info)
+    assert overflows(too_long)
+    assert not overflows(
+        ModelRequest(system="s", history=[user("u" * 30_000)], tools=[], model=ModelInfo("m"))
+    )
+
+
+def test_a_compaction_thread_is_shown_the_newest_part_that_fits() -> None:
+    info = ModelInfo("m", context_window=4_000, max_output_tokens=500)
+    history: list[HistoryItem] = [user(f"{n} " + "u" * 3_000) for n in range(10)]
+    request = ModelRequest(system="s", history=history, tools=[], model=info)
+    shown = newest_that_fit(request)
+    assert isinstance(shown[0], UserItem) and shown[0].text is not None
+    assert shown[0].text.startswith(f"[{len(history) - len(shown) + 1} earlier conversation items omitted")
+    assert shown[1:] == history[len(history) - len(shown) + 1 :]  # the newest, unchanged
+    assert not overflows(dataclasses.replace(request, history=shown))
+    fits = ModelRequest(system="s", history=history[:2], tools=[], model=info)
+    assert newest_that_fit(fits) == history[:2]
