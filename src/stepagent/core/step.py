@@ -68,7 +68,7 @@ from stepagent.messages import (
     is_deferrable_synthetic,
 )
 from stepagent.providers.base import ModelProvider, Usage
-from stepagent.providers.window import compaction_limit, request_estimate
+from stepagent.providers.window import compaction_helps
 from stepagent.senders.base import InputSender
 from stepagent.stores.base import (
     ConversationStore,
@@ -295,9 +295,15 @@ class ThreadStep:
         if model.context_window <= 0:
             return False
         output_limit = agent.max_tokens if agent.max_tokens is not None else model.max_output_tokens
-        limit = compaction_limit(model.context_window, output_limit, agent.compaction_threshold)
         view = model_view(history.history, model.supports_image_input)
-        return request_estimate(system, agent.toolset.specs(), view) > limit
+        return compaction_helps(
+            system,
+            agent.toolset.specs(),
+            view,
+            model.context_window,
+            output_limit,
+            agent.compaction_threshold,
+        )
 
     def _agent(self, history: HistoryManager, metadata: object) -> ThreadAgent:
         config = self.config

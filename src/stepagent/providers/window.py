@@ -225,6 +225,29 @@ def compaction_limit(context_window: int, max_output_tokens: int, threshold: flo
     return min(int(context_window * threshold), window_budget(context_window, max_output_tokens))
 
 
+def compaction_helps(
+    system: str,
+    tools: Sequence[ToolSpec],
+    history: Sequence[HistoryItem],
+    context_window: int,
+    max_output_tokens: int,
+    threshold: float,
+) -> bool:
+    """Whether a thread with this next request should compact: its estimate is over
+    :func:`compaction_limit`, and what compaction can remove — the history after its leading summary — is
+    at least a quarter of the room the window leaves beside the fixed part (system prompt and tools). The
+    second condition keeps a window that the fixed part nearly fills from compacting after every turn."""
+    if context_window <= 0:
+        return False
+    fixed = estimate_fixed(system, tools)
+    sizes = [estimate_item(item) for item in history]
+    if fixed + sum(sizes) <= compaction_limit(context_window, max_output_tokens, threshold):
+        return False
+    compactable = sum(sizes[1:] if history and isinstance(history[0], Summary) else sizes)
+    room = window_budget(context_window, max_output_tokens) - fixed
+    return compactable >= max(1, room // 4)
+
+
 def overflows(request: ModelRequest) -> bool:
     """Whether ``request`` cannot fit its model's window even with every tool output truncated (the
     thread must compact first). ``False`` when the window is unknown."""
