@@ -27,6 +27,12 @@ docstring holds the durability argument (DESIGN §3) and the order of the writes
   are empty.
 - Turn flag: the step's last commit says whether it left the thread with nothing pending
   (:mod:`stepagent.core.turn`); any earlier commit of the step says the turn is still running.
+- Compaction: decided from the runtime's own estimate of the next request — the one truncation uses —
+  against a limit below truncation's budget, so a thread compacts before it would truncate. A request
+  that cannot fit at all is not sent: the step asks for compaction and keeps the turn open, and the step
+  that applies the summary answers (a redelivered input asks again for a compaction a crash lost).
+- Prompt cache: the step's requests carry the TTL ``STEPAGENT_PROMPT_CACHE_TTL`` selects
+  (:mod:`stepagent.core.cache_ttl`).
 """
 
 from __future__ import annotations
