@@ -35,6 +35,10 @@ Sections of the JSON (each with its own method notes):
   checkout before a change) also the handler import and step CPU with it off against that tree
   (:mod:`bench.telemetry`);
 - ``local_mode``: local-mode steps per second;
+- ``prompt_cache``: the model-input bill of a 40-turn tool-using conversation under the project's own model
+  of Anthropic's prompt cache, against the physical limit: no compaction, compaction in a 16k window at
+  3.5 and 4 bytes a token, spawned children, 7-minute gaps with each cache TTL setting, each next to its
+  target (:mod:`bench.prompt_cache`);
 - ``memory``: the retained-growth gate (normal run and traps) and per-step peaks (see
   :mod:`bench.memory`), and the peak of one step against its model request body at 10 → 10,000 rows in
   context with its trap (``request_peaks``, :mod:`bench.request_peak`), each measured in a fresh process.
@@ -42,7 +46,7 @@ Sections of the JSON (each with its own method notes):
 Options: ``--quick`` (a smoke run with tiny counts; its numbers mean nothing), ``--skip-moto``,
 ``--skip-memory``, ``--out-dir`` (default: the repository's ``docs/``), ``--cold-start-only`` (measure only
 ``cold_start`` and replace that section of the existing JSON), ``--api-stream-only`` (the same for
-``api_stream``).
+``api_stream``), ``--prompt-cache-only`` (the same for ``prompt_cache``).
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ from bench.overhead import (
     moto_dynamodb,
 )
 from bench.peer_cpu import peer_cpu
+from bench.prompt_cache import prompt_cache_costs
 from bench.telemetry import telemetry_costs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -359,6 +364,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="measure only the API event stream's costs and replace its section of an existing benchmarks.json",
     )
+    parser.add_argument(
+        "--prompt-cache-only",
+        action="store_true",
+        help="measure only the prompt-cache bill and replace its section of an existing benchmarks.json",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("stepagent").setLevel(logging.WARNING)  # the worker logs every step at INFO
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -371,6 +381,12 @@ def main(argv: list[str] | None = None) -> None:
         existing["cold_start"] = asyncio.run(cold_start(runs=3 if args.quick else 9))
         out.write_text(json.dumps(existing, indent=2) + "\n", encoding="utf-8")
         print(f"wrote the cold_start section of {out}")
+        return
+    if args.prompt_cache_only:
+        existing = json.loads(out.read_text(encoding="utf-8"))
+        existing["prompt_cache"] = asyncio.run(prompt_cache_costs(quick=args.quick))
+        out.write_text(json.dumps(existing, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote the prompt_cache section of {out}")
         return
 
     if args.api_stream_only:
@@ -433,6 +449,8 @@ def main(argv: list[str] | None = None) -> None:
         ROOT, Path(baseline) if baseline else None, runs=1 if args.quick else 5, steps=5 if args.quick else 60
     )
     results["local_mode"] = asyncio.run(local_mode_rate(quick=args.quick))
+    print("prompt cache bill ...", flush=True)
+    results["prompt_cache"] = asyncio.run(prompt_cache_costs(quick=args.quick))
     if not args.skip_memory:
         print("memory ...", flush=True)
         results["memory"] = memory_runs(args.quick)

@@ -45,7 +45,8 @@ PAGE_ROWS = 100
 
 _SCHEMA = """
 CREATE TABLE threads (thread_id TEXT PRIMARY KEY, root_id TEXT, parent_id TEXT, spawn_order INTEGER,
-    spawn_tool_call_id TEXT, kind TEXT, closed INTEGER, version INTEGER, tail INTEGER, seq INTEGER);
+    spawn_tool_call_id TEXT, kind TEXT, closed INTEGER, version INTEGER, tail INTEGER, seq INTEGER,
+    turn INTEGER);
 CREATE TABLE rows (thread_id TEXT, ord INTEGER, message_id TEXT, data TEXT, PRIMARY KEY (thread_id, ord));
 CREATE TABLE summaries (thread_id TEXT, up_to INTEGER, text TEXT, PRIMARY KEY (thread_id, up_to));
 CREATE TABLE marks (thread_id TEXT, kind TEXT, id TEXT, PRIMARY KEY (thread_id, kind, id));
@@ -87,15 +88,15 @@ class SqliteBackend:
     def thread(self, thread_id: str) -> ThreadInfo | None:
         found = self.db.execute(
             "SELECT thread_id, root_id, parent_id, spawn_order, spawn_tool_call_id, kind, closed, version, "
-            "tail FROM threads WHERE thread_id = ?",
+            "tail, turn FROM threads WHERE thread_id = ?",
             (thread_id,),
         ).fetchone()
         return _info(found) if found is not None else None
 
     def put_thread(self, info: ThreadInfo) -> None:
         self.db.execute(
-            "INSERT INTO threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
-            "closed = excluded.closed, version = excluded.version, tail = excluded.tail",
+            "INSERT INTO threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
+            "closed = excluded.closed, version = excluded.version, tail = excluded.tail, turn = excluded.turn",
             (
                 info.thread_id,
                 info.root_id,
@@ -107,6 +108,7 @@ class SqliteBackend:
                 info.version,
                 info.tail,
                 self.next_seq(),
+                None if info.turn_complete is None else int(info.turn_complete),
             ),
         )
 
@@ -178,6 +180,7 @@ def _info(row: Sequence[Any]) -> ThreadInfo:
         closed=bool(row[6]),
         version=row[7],
         tail=row[8],
+        turn_complete=None if row[9] is None else bool(row[9]),
     )
 
 
@@ -275,6 +278,7 @@ class SqliteConversationStore:
                 closed=info.closed,
                 version=info.version + 1,
                 tail=info.tail + len(encoded),
+                turn_complete=commit.turn_complete,
             )
             backend.put_thread(new)
             if commit.usage is not None:
@@ -306,7 +310,7 @@ class SqliteConversationStore:
             return []
         found = self.backend.db.execute(
             "SELECT thread_id, root_id, parent_id, spawn_order, spawn_tool_call_id, kind, closed, version, "
-            "tail FROM threads WHERE parent_id = ? ORDER BY seq",
+            "tail, turn FROM threads WHERE parent_id = ? ORDER BY seq",
             (thread_id,),
         ).fetchall()
         return [_info(row) for row in found]

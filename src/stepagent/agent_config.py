@@ -15,6 +15,7 @@ field                      setting                              value
 ``context_window``         ``STEPAGENT_CONTEXT_WINDOW``         tokens, overrides the model catalog
 ``compaction_threshold``   ``STEPAGENT_COMPACTION_THRESHOLD``   share of the window, 0 < x <= 1 (0.75)
 ``builtin_tools``          ``STEPAGENT_BUILTIN_TOOLS``          :func:`parse_builtin_tools` (``all``)
+``prompt_cache_ttl``       ``STEPAGENT_PROMPT_CACHE_TTL``       ``5m``, ``1h`` or ``auto`` (``auto``)
 ``profiles``               ``STEPAGENT_PROFILES``               JSON object, or ``@path`` to a JSON file
 ``max_model_calls_per_turn``  ``STEPAGENT_MAX_MODEL_CALLS_PER_TURN``  positive integer (50)
 ``max_conversation_tokens``   ``STEPAGENT_MAX_CONVERSATION_TOKENS``   positive integer (default: none)
@@ -76,6 +77,10 @@ OUTPUT_RETRIES = "STEPAGENT_OUTPUT_RETRIES"
 DEFAULT_MAX_MODEL_CALLS_PER_TURN = 50
 DEFAULT_OUTPUT_RETRIES = 2
 APPROVAL = "STEPAGENT_APPROVAL"
+PROMPT_CACHE_TTL = "STEPAGENT_PROMPT_CACHE_TTL"
+#: ``STEPAGENT_PROMPT_CACHE_TTL``'s values: a fixed lifetime, or ``auto`` (one hour when the thread is
+#: expected to wait on something slow, else five minutes: ``stepagent.core.cache_ttl``).
+PROMPT_CACHE_TTLS = ("5m", "1h", "auto")
 #: The agent settings, in the order they are documented.
 AGENT_SETTING_NAMES = (
     SYSTEM_PROMPT,
@@ -91,6 +96,7 @@ AGENT_SETTING_NAMES = (
     OUTPUT_SCHEMA,
     OUTPUT_RETRIES,
     APPROVAL,
+    PROMPT_CACHE_TTL,
 )
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _PROFILE_KEYS = (
@@ -272,6 +278,7 @@ class AgentConfig:
     output_retries: int = DEFAULT_OUTPUT_RETRIES
     #: Tools whose calls wait for a person's decision (names or patterns; :func:`parse_approval`).
     approval: tuple[str, ...] = ()
+    prompt_cache_ttl: str = "auto"
 
     def __post_init__(self) -> None:
         problems: list[str] = []
@@ -279,6 +286,11 @@ class AgentConfig:
             object.__setattr__(self, "approval", parse_approval(self.approval))
         except ConfigurationError as error:
             problems.append(str(error))
+        if self.prompt_cache_ttl not in PROMPT_CACHE_TTLS:
+            problems.append(
+                f"{PROMPT_CACHE_TTL}={self.prompt_cache_ttl!r} is invalid: use 5m, 1h or auto (the default: "
+                "one hour when the thread waits on something slow, else five minutes)"
+            )
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             problems.append(f"{SYSTEM_PROMPT} must be text")
         problems += _check_numbers(self.max_tokens, self.temperature, self.context_window)
@@ -469,6 +481,9 @@ def agent_config_from_env(environ: Mapping[str, str], *, roots: Sequence[Path] |
         get(OUTPUT_RETRIES),
     )
     attempt("approval", parse_approval, get(APPROVAL))
+    ttl = get(PROMPT_CACHE_TTL)
+    if ttl is not None:
+        values["prompt_cache_ttl"] = ttl.lower()  # checked by the constructor, with the others
     try:
         config = AgentConfig(**values)  # range checks of what parsed, so every bad value is reported
     except ConfigurationError as error:

@@ -25,7 +25,13 @@ DEFAULT_SYSTEM_PROMPT = (
     AGENT_INTRO + "\n\n" + "\n".join((GUIDE_TOOLS, GUIDE_SPAWN, GUIDE_CHILD, GUIDE_CONCISE))
 )
 
-THREAD_SUFFIX = "\n\nYour current thread ID is `{thread_id}`. The root thread ID is `{root_thread_id}`."
+#: The system prompt's last line. It names only the root, so every thread of a tree — children and
+#: compaction threads included — sends the same system prompt and their requests extend the parent's
+#: cached prefix; a child learns its own id from the tool result that starts it ("You are now INSIDE ...").
+THREAD_SUFFIX = (
+    "\n\nThe root thread ID is `{root_thread_id}`. You are in the root thread unless a tool result says you "
+    "are now INSIDE another thread: that thread's ID is then your current thread ID."
+)
 
 CHILD_SEED = (
     "You are now INSIDE the thread that you requested to create. Your thread ID is {child}. Your next task "

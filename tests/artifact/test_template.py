@@ -170,6 +170,7 @@ def test_agent_settings_are_worker_parameters_passed_unchanged(template: dict[st
         "CompactionThreshold": "0.6",
         "BuiltinTools": "threads,-send_message_to_child",
         "Profiles": "@profiles.json",
+        "PromptCacheTtl": "1h",
     }
     worker = evaluate(template, **parameters).environment("WorkerFunction")
     assert {name: worker[name] for name in AGENT_SETTING_NAMES} == dict(

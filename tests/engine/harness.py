@@ -51,7 +51,7 @@ class ReplayProvider:
 
     streams: list[list[StreamEvent | Exception]] = field(default_factory=list)
     requests: list[ModelRequest] = field(default_factory=list)
-    model: ModelInfo = field(default_factory=lambda: ModelInfo("replay", context_window=1000))
+    model: ModelInfo = field(default_factory=lambda: ModelInfo("replay", context_window=100_000))
 
     @property
     def info(self) -> ModelInfo:
@@ -174,7 +174,7 @@ class ThreadRoutedProvider:
 
     streams: dict[str, list[list[StreamEvent | Exception]]] = field(default_factory=dict)
     requests: list[ModelRequest] = field(default_factory=list)
-    model: ModelInfo = field(default_factory=lambda: ModelInfo("routed", context_window=1000))
+    model: ModelInfo = field(default_factory=lambda: ModelInfo("routed", context_window=100_000))
 
     @property
     def info(self) -> ModelInfo:

@@ -153,7 +153,7 @@ async def test_without_configuration_the_prompt_and_tools_are_the_defaults() -> 
     system = System(provider)
     await system.say("t1", "hi", "m1")
     (request,) = provider.requests
-    suffix = texts.THREAD_SUFFIX.format(thread_id="t1", root_thread_id="t1")
+    suffix = texts.THREAD_SUFFIX.format(root_thread_id="t1")
     assert request.system == texts.DEFAULT_SYSTEM_PROMPT + suffix
     assert names(request) == ALL_BUILTINS
     assert request.max_tokens is None and request.temperature is None
@@ -169,9 +169,7 @@ async def test_the_configured_prompt_limits_and_builtins_reach_every_request() -
     (request,) = provider.requests
     # The configured prompt replaces the intro; only the guidance for what is offered follows.
     assert request.system == (
-        "You file expense reports.\n\n"
-        + texts.GUIDE_TOOLS
-        + texts.THREAD_SUFFIX.format(thread_id="t1", root_thread_id="t1")
+        "You file expense reports.\n\n" + texts.GUIDE_TOOLS + texts.THREAD_SUFFIX.format(root_thread_id="t1")
     )
     assert names(request) == ["lookup"]  # your tools, no built-ins
     assert (request.max_tokens, request.temperature, request.output_limit) == (512, 0.3, 512)

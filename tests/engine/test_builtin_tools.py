@@ -131,7 +131,11 @@ async def test_spawn_thread_creates_the_child_seeds_it_and_answers_the_parent() 
     [child_request] = provider.requests_of(CHILD)
     assert [type(i) for i in child_request.history] == [UserItem, ToolCallItem, ToolResultItem]
     assert child_request.thread_stack == ["root", CHILD]
-    assert "Your current thread ID is `" + CHILD + "`. The root thread ID is `root`." in child_request.system
+    # The child sends its parent's system prompt (it learns its id from the seed above), so its first
+    # request extends the parent's cached prefix.
+    assert child_request.system == provider.requests_of("root")[0].system
+    assert child_request.system.endswith(texts.THREAD_SUFFIX.format(root_thread_id="root"))
+    assert CHILD not in child_request.system
 
 
 async def test_spawn_thread_passes_the_provider_call_id_to_the_seed() -> None:

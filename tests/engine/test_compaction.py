@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent.core.history import HistoryManager
-from stepagent.events import CompactionApplied, Info
-from stepagent.history_items import AssistantText, EventItem, Summary, ToolCallItem, UserItem
+from stepagent.events import CompactionApplied, Info, StepFailed, TurnComplete
+from stepagent.history_items import EventItem, Summary, ToolCallItem, UserItem
 from stepagent.ids import child_thread_id
 from stepagent.messages import Compaction, InputMessage, TextContent
 from stepagent.providers.base import ModelInfo, ModelRequest, StreamEvent
@@ -205,7 +206,10 @@ async def test_a_compaction_thread_never_triggers_its_own_compaction() -> None:
         await h.say("t1", f"message {index} {LONG}", f"m{index}")
     for child in compaction_children(h, "t1"):
         assert not compaction_children(h, child)
-    assert (await h.history("t1"))[-1] == AssistantText("ok")
+    # Every message was answered (the rows are kept; compaction only hides them from the model).
+    rows = [json.loads(row) for _, row, _ in h.conversation.backend.rows["t1"]]
+    assert [row["kind"] for row in rows] == ["user", "assistant"] * 4
+    assert rows[-1]["content"] == {"text": "ok"}
 
 
 async def test_a_trigger_measured_before_the_summary_landed_starts_no_second_compaction() -> None:
@@ -236,3 +240,23 @@ async def test_a_trigger_measured_before_the_summary_landed_starts_no_second_com
     await trigger(fresh)  # a real new need
     await h.run()
     assert len(compaction_children(h, "t1")) == 2
+
+
+async def test_a_request_that_cannot_fit_waits_for_compaction_then_answers() -> None:
+    """The no-wedge rule: a request over the window even with its tool outputs truncated is not sent; the
+    step asks for compaction (no failure, the turn stays open) and the thread answers once it lands."""
+    provider = Recording(ScriptedProvider({**compacting_script(), "context_window": 6_000}))
+    h = Harness(provider)
+    await h.step((InputMessage.user_text("t1", "a" * 9_000), "m1"))  # fits: answered
+    assert h.sender.queue == []  # and under the compaction limit: nothing requested
+    await h.step((InputMessage.user_text("t1", "b" * 4_000), "m2"))  # cannot fit with "a": not sent
+    assert len(provider.requests) == 1
+    assert not [e for _, e in h.observer.events if isinstance(e, StepFailed)]
+    assert [type(e) for _, e in h.observer.events].count(TurnComplete) == 1  # m2's turn is still open
+    assert [type(q.message.synthetic) for q in h.sender.queue] == [Compaction]
+    await h.run()  # the compaction thread summarises, the thread applies it and answers m2
+    assert compaction_children(h, "t1")
+    rows = [json.loads(row) for _, row, _ in h.conversation.backend.rows["t1"]]
+    assert [row["kind"] for row in rows] == ["user", "assistant", "user", "assistant"]
+    assert not [e for _, e in h.observer.events if isinstance(e, StepFailed)]
+    assert [type(e) for _, e in h.observer.events].count(TurnComplete) == 2

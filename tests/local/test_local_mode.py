@@ -719,12 +719,14 @@ async def test_pending_choices_are_thread_local_and_replayed() -> None:  # SY01 
 
 # ---- compaction: LD2, SY15, SY16 ---------------------------------------------------------------------------------
 
-LONG = "x" * 8000  # 2000 tokens for the scripted model: over 75% of its 2000-token window
+# ~5,000 estimated tokens (bytes / 3): with the ~1,500 of the system prompt and tools, over 75% of the
+# 8,000-token window (compaction) yet within it (the request is sent).
+LONG = "x" * 15_000
 
 
 def compaction_script(**extra: Any) -> dict[str, Any]:
     return {
-        "context_window": 2000,
+        "context_window": 8_000,
         "rules": [
             {
                 "when": "INSIDE a compaction thread",

@@ -15,6 +15,7 @@ import boto3
 import httpx
 import pytest
 
+from stepagent import texts
 from stepagent.agent_config import AgentConfig
 from stepagent.core.step import StepConfig
 from stepagent.messages import InputMessage
@@ -37,7 +38,7 @@ from tests.providers.corpus import first_difference, generate, history
 SEEDS = range(0, 200, 10)
 MAX_TOKENS, TEMPERATURE = 1234, 0.25
 PROMPT = "You are Expensa. You file expense reports and nothing else.\nNever approve your own reports."
-SYSTEM = PROMPT + "\n\nYour current thread ID is `t1`. The root thread ID is `t1`."  # builtins: none
+SYSTEM = PROMPT + texts.THREAD_SUFFIX.format(root_thread_id="t1")  # builtins: none
 AGENT = AgentConfig(
     system_prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=TEMPERATURE, builtin_tools="none"
 )

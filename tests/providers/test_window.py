@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import random
 
@@ -23,9 +25,12 @@ from stepagent.providers.base import Final, ModelInfo, ModelRequest
 from stepagent.providers.window import (
     IMAGE_TOKENS,
     TRUNCATED_STUB,
+    compaction_limit,
     estimate_item,
     estimate_text,
     fit_request,
+    newest_that_fit,
+    overflows,
     truncate_for_window,
     window_budget,
 )
@@ -63,26 +68,55 @@ def test_fits_already_replaces_nothing() -> None:
     assert (report.rows_examined, report.rows_replaced) == (3, 0)
 
 
-def test_largest_tool_outputs_go_first_never_user_text() -> None:
+def test_oldest_tool_outputs_go_first_never_user_text() -> None:
     history: list[HistoryItem] = [
         user("u" * 30_000),  # the biggest row, but user text is never touched
-        *pair("small", "s" * 3_000),
+        *pair("old", "s" * 3_000),
         *pair("big", "b" * 60_000),
-        *pair("mid", "m" * 30_000),
+        *pair("new", "m" * 30_000),
         AssistantText("a" * 3_000),
     ]
     total = sum(estimate_item(i) for i in history)
     out, report = truncate_for_window(history, total - 15_000)
-    assert report.rows_replaced == 1 and report.replaced_positions == (4,)
+    # Oldest first: the cut covers "old" and then "big" (enough); "new" and the user text stay whole.
+    assert report.replaced_positions == (2, 4)
     replaced = out[4]
     assert isinstance(replaced, ToolResultItem)
     assert replaced.result.joined_text() == TRUNCATED_STUB.format(chars=60_000)
     assert replaced.result.id == "big"
-    assert out[0] == history[0] and out[2] == history[2] and out[6] == history[6]
-    assert report.estimate_after <= report.budget
+    assert out[0] == history[0] and out[6] == history[6]
+    assert report.estimate_after == sum(estimate_item(i) for i in out) <= total - 15_000
 
-    out, report = truncate_for_window(history, total - 25_000)
-    assert report.replaced_positions == (4, 6)  # big, then mid
+
+def conversation_requests(turns: int, budget: int) -> list[tuple[int, ...]]:
+    """The positions truncation stubs in each request of a growing tool-using conversation."""
+    history: list[HistoryItem] = []
+    cuts: list[tuple[int, ...]] = []
+    for turn in range(turns):
+        history += [user(f"question {turn} " + "q" * 200), *pair(f"c{turn}", f"{turn} " + "r" * 2_000)]
+        cuts.append(truncate_for_window(history, budget)[1].replaced_positions)
+        history.append(AssistantText("answer " + "a" * 1_000))
+        cuts.append(truncate_for_window(history, budget)[1].replaced_positions)
+    return cuts
+
+
+def test_cut_moves_in_stable_steps_so_the_prefix_rarely_changes() -> None:
+    """The cache point: once made, a cut stays where it is (every later request stubs at least the same
+    rows, so the stubbed prefix is byte-identical), and it moves only about once per step of growth —
+    not at every request, as "just enough" truncation does."""
+    budget = 24_000
+    cuts = conversation_requests(40, budget)
+    truncated = [c for c in cuts if c]
+    assert len(truncated) > 30  # the conversation outgrew the budget halfway
+    for earlier, later in itertools.pairwise(truncated):
+        assert set(earlier) <= set(later), "a cut moved back or stubbed a different prefix"
+        assert later[: len(earlier)] == earlier
+    changes = sum(1 for earlier, later in itertools.pairwise(truncated) if earlier != later)
+    # Each turn adds ~1,100 estimated tokens; a step is a quarter of the budget (6,000 tokens, about nine
+    # tool outputs): the cut moves about every fifth turn instead of at every request.
+    assert changes <= len(truncated) // 5
+    # Stateless: the same history gives the same cut in any process.
+    assert conversation_requests(40, budget) == cuts
 
 
 def test_event_results_are_candidates_too() -> None:
@@ -122,12 +156,13 @@ def test_one_pass_each_row_estimated_once(rows: int) -> None:
     originals = [c for c in calls if id(c) in row_ids]
     assert len(originals) == len(history) == report.rows_examined
     assert len({id(c) for c in originals}) == len(history), "a row was estimated twice"
-    assert len(calls) == len(history) + report.rows_replaced
+    candidates = sum(isinstance(i, ToolResultItem) for i in history)
+    assert len(history) + report.rows_replaced <= len(calls) <= len(history) + candidates
     assert report.rows_replaced > rows // 10
     assert sum(estimate_item(i) for i in out) == report.estimate_after <= total // 2
 
 
-def test_deterministic_ties_break_by_position() -> None:
+def test_deterministic_oldest_first() -> None:
     history = [user("x"), *pair("a", "q" * 9_000), *pair("b", "q" * 9_000)]
     total = sum(estimate_item(i) for i in history)
     _, first = truncate_for_window(history, total - 100)
@@ -172,3 +207,34 @@ async def test_provider_truncates_once_and_reports_it() -> None:
     assert tool_result["content"] == [{"type": "text", "text": TRUNCATED_STUB.format(chars=300_000)}]
     assert body["messages"][2]["content"][1]["text"] == "and?"
     assert len(bodies[0]) < 10_000
+
+
+def test_compaction_limit_never_exceeds_the_truncation_budget() -> None:
+    assert compaction_limit(16_000, 1_024, 0.75) == 12_000
+    assert compaction_limit(16_000, 1_024, 1.0) == window_budget(16_000, 1_024)  # compaction still first
+
+
+def test_overflow_is_judged_with_every_tool_output_truncated() -> None:
+    info = ModelInfo("m", context_window=4_000, max_output_tokens=500)
+    truncatable = ModelRequest(
+        system="s", history=[*pair("a", "x" * 30_000), user("q")], tools=[], model=info
+    )
+    assert not overflows(truncatable)  # the tool output can be stubbed
+    too_long = ModelRequest(system="s", history=[user("u" * 30_000)], tools=[], model=info)
+    assert overflows(too_long)
+    assert not overflows(
+        ModelRequest(system="s", history=[user("u" * 30_000)], tools=[], model=ModelInfo("m"))
+    )
+
+
+def test_a_compaction_thread_is_shown_the_newest_part_that_fits() -> None:
+    info = ModelInfo("m", context_window=4_000, max_output_tokens=500)
+    history: list[HistoryItem] = [user(f"{n} " + "u" * 3_000) for n in range(10)]
+    request = ModelRequest(system="s", history=history, tools=[], model=info)
+    shown = newest_that_fit(request)
+    assert isinstance(shown[0], UserItem) and shown[0].text is not None
+    assert shown[0].text.startswith(f"[{len(history) - len(shown) + 1} earlier conversation items omitted")
+    assert shown[1:] == history[len(history) - len(shown) + 1 :]  # the newest, unchanged
+    assert not overflows(dataclasses.replace(request, history=shown))
+    fits = ModelRequest(system="s", history=history[:2], tools=[], model=info)
+    assert newest_that_fit(fits) == history[:2]

@@ -48,7 +48,8 @@ from stepagent.history_items import (
 from stepagent.messages import InputMessage, SubscriptionEvent, TextContent, ToolResult
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelInfo, ModelRequest, ToolCallComplete
-from stepagent.providers.scripted import ScriptedProvider, request_chars
+from stepagent.providers.scripted import ScriptedProvider
+from stepagent.providers.window import request_estimate
 from stepagent.stores.base import ConversationStore, StateStore, StoredRow, ThreadInfo, ThreadKind
 from stepagent.stores.memory import memory_stores
 from stepagent.tools.base import Tool, ToolContext, Toolset
@@ -312,15 +313,13 @@ def base_tools(runs: list[str]) -> list[Tool]:
 
 
 def context_window(tools: Sequence[Tool]) -> int:
-    """A window that compacts only the ``compact`` scenario: its threshold (75%) sits ~700 tokens above
-    the fixed part of every request (system prompt and tool specs), which the small scenarios stay under
-    and two long notes pass."""
-    system = texts.DEFAULT_SYSTEM_PROMPT + texts.THREAD_SUFFIX.format(
-        thread_id="x" * 36, root_thread_id="x" * 36
-    )
-    request = ModelRequest(system=system, history=[], tools=Toolset.of(tools).specs(), model=ModelInfo("x"))
-    fixed = math.ceil(request_chars(request) / 4)
-    return math.ceil((fixed + 700) / 0.75)
+    """A window that compacts only the ``compact`` scenario: its compaction limit (75%, measured with the
+    runtime's request estimate) sits ~930 estimated tokens (~2,800 characters) above the fixed part of
+    every request (system prompt and tool specs), which the small scenarios stay under and two long notes
+    pass."""
+    system = texts.DEFAULT_SYSTEM_PROMPT + texts.THREAD_SUFFIX.format(root_thread_id="x" * 36)
+    fixed = request_estimate(system, Toolset.of(tools).specs(), [])
+    return math.ceil((fixed + 933) / 0.75)
 
 
 def script(window: int) -> dict[str, Any]:
@@ -607,8 +606,8 @@ def rows_of(snap: Snapshot) -> dict[str, list[tuple[int, str]]]:
     weakness, see ``test_crash_matrix.py``).
 
     Compaction children are left out on purpose: the step sends its compaction request *after* its
-    commit and outside the outbox, so a crash between the two loses the request and the thread compacts
-    at its next completion instead (the request's id is the same then, so nothing is blocked). Which
+    commit and outside the outbox, so a crash between the two delays the request until the input's
+    redelivery asks again (the request's id is the same then, so nothing is blocked). Which
     compactions happen may therefore differ from the crash-free run; the compacted thread's own rows do
     not (a summary changes what the model is shown, not what is stored), and :func:`expect_scenario`
     still requires a compaction to have happened."""

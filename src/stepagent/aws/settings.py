@@ -7,7 +7,7 @@ relay does not need a model configured.
 
 The agent settings (``STEPAGENT_SYSTEM_PROMPT``, ``STEPAGENT_MAX_TOKENS``, ``STEPAGENT_TEMPERATURE``,
 ``STEPAGENT_CONTEXT_WINDOW``, ``STEPAGENT_COMPACTION_THRESHOLD``, ``STEPAGENT_BUILTIN_TOOLS``,
-``STEPAGENT_PROFILES``) are kept as read and become one :class:`~stepagent.agent_config.AgentConfig`
+``STEPAGENT_PROFILES``, ``STEPAGENT_PROMPT_CACHE_TTL``) are kept as read and become one :class:`~stepagent.agent_config.AgentConfig`
 through :meth:`Settings.agent_config`, which the worker calls at cold start: every bad value is reported
 there, one line each, and ``@path`` files are read only then (so ``stepagent history`` run from another
 directory does not need the prompt file). An unknown ``STEPAGENT_*`` variable is logged as a warning

@@ -15,7 +15,7 @@ Guarantees:
   exactly these, and only these are executed when it calls them; an intent already committed is still
   dispatched from the full toolset.
 - **System prompt** (:func:`system_prompt`): the configured prompt (else the built-in intro and "be
-  concise"), then the runtime's guidance for the tools actually offered, then the thread-id line. With no
+  concise"), then the runtime's guidance for the tools actually offered, then the root-thread line. With no
   prompt configured and every built-in offered it is exactly ``texts.DEFAULT_SYSTEM_PROMPT`` + suffix.
 - **Limits and output.** The spending limits and the output schema come from the profile where it sets
   them, else the config. Only a root thread has an output schema: children and compaction threads answer
@@ -23,6 +23,9 @@ Guarantees:
 - **Approval.** A call waits for a person's decision when its tool says so (``@tool(approval=True)``) or
   the agent's ``approval`` list (the profile's, else ``STEPAGENT_APPROVAL``) selects it: an own tool by
   name or ``fnmatch`` pattern, a built-in only by its exact name (:meth:`ThreadAgent.needs_approval`).
+  Nothing in it names the thread itself, so all threads of a tree that are offered the same tools send
+  the same system prompt: a child's or a compaction thread's first request is a prompt-cache hit on the
+  parent's prefix (a child learns its id from the tool result that starts it).
 - **Model limits.** ``context_window`` (profile, else the config's for the default model) replaces the
   provider's window; ``max_tokens``/``temperature`` travel in every request of the thread.
 """
@@ -73,6 +76,9 @@ class ThreadAgent:
         if tool.builtin:
             return tool.name in self.approval
         return any(fnmatchcase(tool.name, pattern) for pattern in self.approval)
+
+    #: ``STEPAGENT_PROMPT_CACHE_TTL``: ``5m``, ``1h`` or ``auto`` (``core/cache_ttl.py``).
+    prompt_cache_ttl: str = "auto"
 
     @property
     def model(self) -> str:
@@ -133,6 +139,7 @@ def resolve_agent(
         output_schema=None if child else _pick(profile and profile.output_schema, agent.output_schema),
         output_retries=agent.output_retries,
         approval=agent.approval if profile is None or profile.approval is None else profile.approval,
+        prompt_cache_ttl=agent.prompt_cache_ttl,
     )
 
 
@@ -169,7 +176,7 @@ def offered_tools(
     return offered
 
 
-def system_prompt(instructions: str | None, offered: Toolset, *, thread_id: str, root_thread_id: str) -> str:
+def system_prompt(instructions: str | None, offered: Toolset, *, root_thread_id: str) -> str:
     """The system prompt of one request (see the module docstring)."""
     guidance = [texts.GUIDE_TOOLS] if len(offered) else []
     if _SPAWN in offered:
@@ -180,7 +187,7 @@ def system_prompt(instructions: str | None, offered: Toolset, *, thread_id: str,
     else:
         head = instructions.rstrip()
     prompt = head + ("\n\n" + "\n".join(guidance) if guidance else "")
-    return prompt + texts.THREAD_SUFFIX.format(thread_id=thread_id, root_thread_id=root_thread_id)
+    return prompt + texts.THREAD_SUFFIX.format(root_thread_id=root_thread_id)
 
 
 def check_agents(agent: AgentConfig, toolset: Toolset, providers: Mapping[str, ModelProvider]) -> None:

@@ -23,6 +23,10 @@ Guarantees:
 - Structured output: with an ``output_schema`` (root threads only), a round that ends the turn with text
   has that text validated; an invalid answer is followed by a user item listing the errors and another
   round, at most ``output_retries`` times, then ``outcome.output_errors``.
+- A request that cannot fit the model's window even with every tool output truncated is never sent:
+  the round ends with ``outcome.needs_compaction`` (the step compacts the thread and answers afterwards)
+  instead of failing; a compaction thread, which cannot compact itself, is shown the newest part of its
+  history that fits.
 - Usage: ``outcome.usage`` is the last finished model call's (what compaction measures),
   ``outcome.step_usage`` the sum over every finished call of the step, ``outcome.completions`` their
   number. Each model call and each inline tool run is a span of ``tracer`` (if any).
@@ -70,6 +74,7 @@ from stepagent.ids import completion_id, fresh_tool_call_id
 from stepagent.messages import ImageBlock, TextBlock, TextContent, ToolCall, ToolResult
 from stepagent.output_schema import OutputSchema, output_feedback
 from stepagent.providers.base import (
+    CacheTtl,
     Final,
     ModelInfo,
     ModelProvider,
@@ -82,6 +87,7 @@ from stepagent.providers.base import (
     ToolCallDelta,
     Usage,
 )
+from stepagent.providers.window import newest_that_fit, overflows
 from stepagent.stores.base import DispatchIntent, Spend
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tracing import (
@@ -138,6 +144,8 @@ class CompletionOutcome:
     output: Any = None
     has_output: bool = False
     output_errors: list[str] = field(default_factory=list)
+    #: The next request could not fit the window even truncated: the thread must compact first.
+    needs_compaction: bool = False
 
 
 @dataclass(slots=True)
@@ -169,6 +177,11 @@ class CompletionRunner:
     output_retries: int = 0
     #: Which tools' calls wait for a person's decision (committed, not run: the step ends there).
     needs_approval: Callable[[Tool], bool] | None = None
+    #: How long the provider's prompt cache should keep what this step's requests write.
+    cache_ttl: CacheTtl = "5m"
+    #: Whether a request that cannot fit is held back for compaction (``False`` in a compaction thread,
+    #: which cannot compact itself: its request goes out truncated as far as it can be).
+    compact_on_overflow: bool = True
     _counter: int = 0
     _thinking: bool = False
 
@@ -178,7 +191,7 @@ class CompletionRunner:
 
     def _request(self) -> ModelRequest:
         model = self.model
-        return ModelRequest(
+        request = ModelRequest(
             system=self.system_prompt,
             history=model_view(self.history.history, model.supports_image_input),
             tools=self.toolset.specs(),
@@ -187,7 +200,12 @@ class CompletionRunner:
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             output_schema=self.output_schema.schema if self.output_schema is not None else None,
+            cache_ttl=self.cache_ttl,
         )
+        if self.compact_on_overflow:
+            return request
+        # A compaction thread cannot compact itself: it is shown the newest part that fits.
+        return dataclasses.replace(request, history=newest_that_fit(request))
 
     def _next_id(self) -> str:
         cid = completion_id(self.history.thread_id, self.message_id, self._counter)
@@ -247,6 +265,9 @@ class CompletionRunner:
 
     async def _round(self, outcome: CompletionOutcome) -> bool:
         """One round with retries. Returns whether another round should follow."""
+        if self.compact_on_overflow and overflows(self._request()):
+            outcome.needs_compaction = True  # never sent: it would fail; compaction makes room
+            return False
         attempt = 0
         while True:
             attempt += 1

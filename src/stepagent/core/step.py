@@ -39,6 +39,12 @@ writes. What it relies on here:
   call runs, then the call is driven exactly like a re-driven outbox intent.
 - Turn flag: the step's last commit says whether it left the thread with nothing pending
   (:mod:`stepagent.core.turn`); any earlier commit of the step says the turn is still running.
+- Compaction: decided from the runtime's own estimate of the next request — the one truncation uses —
+  against a limit below truncation's budget, so a thread compacts before it would truncate. A request
+  that cannot fit at all is not sent: the step asks for compaction and keeps the turn open, and the step
+  that applies the summary answers (a redelivered input asks again for a compaction a crash lost).
+- Prompt cache: the step's requests carry the TTL ``STEPAGENT_PROMPT_CACHE_TTL`` selects
+  (:mod:`stepagent.core.cache_ttl`).
 """
 
 from __future__ import annotations
@@ -51,7 +57,8 @@ from dataclasses import dataclass, field
 
 from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
 from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, system_prompt
-from stepagent.core.completion import CompletionRunner, RetryPolicy, sync_result_id
+from stepagent.core.cache_ttl import choose_ttl, input_wait_kinds, is_slow_wait, latest_call_kind
+from stepagent.core.completion import CompletionRunner, RetryPolicy, model_view, sync_result_id
 from stepagent.core.effects import StepEffects, StepEnd, ToolServices
 from stepagent.core.history import HistoryManager
 from stepagent.core.limits import Limits
@@ -68,11 +75,12 @@ from stepagent.events import (
     StepFailed,
     TurnComplete,
 )
-from stepagent.history_items import EventItem, ToolResultItem, UserItem
+from stepagent.history_items import EventItem, Summary, ToolResultItem, UserItem
 from stepagent.ids import derived_id
 from stepagent.messages import (
     ApprovalDecision,
     Compaction,
+    CompactionComplete,
     InputMessage,
     SubscriptionEvent,
     TextContent,
@@ -83,6 +91,7 @@ from stepagent.messages import (
 )
 from stepagent.providers.base import ModelProvider, Usage
 from stepagent.providers.prices import CATALOG_PRICES, PriceTable
+from stepagent.providers.window import compaction_helps
 from stepagent.senders.base import InputSender
 from stepagent.stores.base import (
     ConversationStore,
@@ -182,6 +191,7 @@ class ThreadStep:
         #: Performs every write of the step (``core/effects.py``); built once the thread is loaded.
         self.effects: StepEffects | None = None
         self._held = False  # whether this step deferred an input (the thread then has input pending)
+        self._slow_wait = False  # whether the step resumes the thread from a slow wait (cache TTL)
 
     def emit(self, event: AgentEvent) -> None:
         self.observer.on_event(self.thread_id, event)
@@ -234,6 +244,11 @@ class ThreadStep:
             await self._effects.commit()
             return StepOutcome(self.thread_id)
 
+        pending = history.pending_tool_call()
+        open_calls = {} if pending is None else {pending.call.id: pending.call.name}
+        kinds = input_wait_kinds((i.message for i in inputs), open_calls, self.config.toolset)
+        latest = latest_call_kind(history.history, self.config.toolset)
+        self._slow_wait = is_slow_wait(kinds if latest is None else {*kinds, latest})
         batch = await self._apply_deferral(history, list(inputs))
         passive = frozenset(t.name for t in self.config.toolset if t.passive)
         preparer = Preparer(
@@ -249,6 +264,9 @@ class ThreadStep:
         )
         preparer.pending_choices.extend(await self._choices_if_needed(batch))
         ready = False
+        # The last commit left the turn unfinished with nothing pending: a request that had to wait for
+        # compaction (see ``_owes_after_compaction``).
+        unfinished = history.info is not None and history.info.turn_complete is False and pending is None
         last_ready_id = inputs[-1].message_id if inputs else "redrive"
         saw_duplicate = False
         for item in batch:
@@ -257,6 +275,8 @@ class ThreadStep:
             if await preparer.prepare(item.message, item.message_id):
                 ready = True
                 last_ready_id = item.message_id
+            elif isinstance(item.message.synthetic, CompactionComplete) and unfinished:
+                ready = ready or self._owes_after_compaction(history)
         await self._effects.cancel_interrupted(history.take_interrupted_tool_calls())
         if preparer.approved:
             owes_completion = await self._run_approved(history, preparer.approved) or owes_completion
@@ -265,9 +285,60 @@ class ThreadStep:
             ready = True
         if not ready:
             history.turn_complete = turn_is_complete(history, self.config.toolset)
-            await self._effects.commit()
+            if any(isinstance(i.message.synthetic, Compaction) for i in batch) and self._awaits_model(
+                history
+            ):
+                history.turn_complete = False  # the answer waits for this compaction
+            # A redelivered input: the step that processed it may have died before it asked for the
+            # compaction it needed, so ask again (the request's id makes a repeat a no-op).
+            request = self._compaction_request_after_redelivery(history) if saw_duplicate else None
+            if request is not None:
+                history.turn_complete = False
+                await self._effects.finish(StepEnd(compaction_request=request))
+            else:
+                await self._effects.commit()
             return StepOutcome(self.thread_id)
         return await self._complete_commit_dispatch(history, last_ready_id)
+
+    def _owes_after_compaction(self, history: HistoryManager) -> bool:
+        """Whether the compaction that just completed was what an answer waited for. The step whose
+        request could not fit committed an unfinished turn and asked for compaction; the step that started
+        the compaction kept the turn unfinished. The summary then either leaves that input visible (the
+        history ends awaiting the model) or covers everything (only the summary is left): either way the
+        model answers now."""
+        items = history.history
+        only_summary = len(items) == 1 and isinstance(items[0], Summary)
+        return history.compacted_up_to is not None and (only_summary or self._awaits_model(history))
+
+    def _compaction_request_after_redelivery(
+        self, history: HistoryManager
+    ) -> tuple[InputMessage, str] | None:
+        agent = self._agent(history, history.metadata)
+        window = agent.info.context_window
+        over = self._over_limit(history, agent, self._system_prompt(history, agent))
+        return self._compaction_request(history, None, window, agent.compaction_threshold, over=over)
+
+    @staticmethod
+    def _system_prompt(history: HistoryManager, agent: ThreadAgent) -> str:
+        return system_prompt(agent.instructions, agent.toolset, root_thread_id=history.root_thread_id)
+
+    @staticmethod
+    def _over_limit(history: HistoryManager, agent: ThreadAgent, system: str) -> bool:
+        """Whether the thread's next request is estimated over its compaction limit — the estimate that
+        truncation uses, and a limit below truncation's budget, so compaction always comes first."""
+        model = agent.info
+        if model.context_window <= 0:
+            return False
+        output_limit = agent.max_tokens if agent.max_tokens is not None else model.max_output_tokens
+        view = model_view(history.history, model.supports_image_input)
+        return compaction_helps(
+            system,
+            agent.toolset.specs(),
+            view,
+            model.context_window,
+            output_limit,
+            agent.compaction_threshold,
+        )
 
     def _agent(self, history: HistoryManager, metadata: object) -> ThreadAgent:
         config = self.config
@@ -284,17 +355,13 @@ class ThreadStep:
         agent = self._agent(history, history.metadata)
         model = agent.info
         self.emit(CompletionStarted())
+        compaction_thread = history.info is not None and history.info.kind == ThreadKind.COMPACTION
         runner = CompletionRunner(
             needs_approval=agent.needs_approval,
             history=history,
             provider=agent.provider,
             toolset=agent.toolset,
-            system_prompt=system_prompt(
-                agent.instructions,
-                agent.toolset,
-                thread_id=history.thread_id,
-                root_thread_id=history.root_thread_id,
-            ),
+            system_prompt=self._system_prompt(history, agent),
             effects=self._effects,
             emit=self.emit,
             message_id=message_id,
@@ -310,6 +377,8 @@ class ThreadStep:
             cost=lambda usage: self.config.prices.cost(agent.model, usage),
             output_schema=agent.output_schema,
             output_retries=agent.output_retries,
+            cache_ttl=choose_ttl(agent.prompt_cache_ttl, slow=self._slow_wait),
+            compact_on_overflow=not compaction_thread,
         )
         outcome = await runner.run()
         intent = None
@@ -318,11 +387,17 @@ class ThreadStep:
             intent = DispatchIntent(call.id, call.name, call.arguments, call.call_id)
             history.add_intent(intent)
         step_usage = outcome.step_usage or Usage()
-        compaction_due = self._compaction_due(
-            history, outcome.usage, model.context_window, agent.compaction_threshold
-        )
+        window, threshold = model.context_window, agent.compaction_threshold
+        # One estimate decides both compaction and truncation, and compaction comes first.
+        over = outcome.needs_compaction or self._over_limit(history, agent, runner.system_prompt)
+        compaction_due = self._compaction_due(history, outcome.usage, window, threshold, over=over)
         history.turn_complete = turn_is_complete(history, self.config.toolset, compaction_due=compaction_due)
-        complete = not outcome.cancelled and not self._held and history.pending_tool_call() is None
+        complete = (
+            not outcome.cancelled
+            and not outcome.needs_compaction
+            and not self._held
+            and history.pending_tool_call() is None
+        )
         cost = self.config.prices.cost(agent.model, step_usage)
         if outcome.completions or outcome.limit is None:
             # A step that a limit stopped before any model call stores no record: a redelivery of it then
@@ -363,10 +438,10 @@ class ThreadStep:
         failed: list[AgentEvent] = [] if error is None else [StepFailed(message=error, retrying=False)]
         if outcome.limit is not None:
             failed.append(outcome.limit)
-        request = self._compaction_request(
-            history, outcome.usage, model.context_window, agent.compaction_threshold
-        )
+        request = self._compaction_request(history, outcome.usage, window, threshold, over=over)
         notice = Info(f"✦ Auto-compaction triggered (context > {agent.compaction_threshold:.0%})")
+        if outcome.needs_compaction and request is not None:
+            notice = Info("✦ The conversation no longer fits the model's context window: compacting it first")
         await self._effects.finish(
             StepEnd(
                 sync_calls=outcome.executed_sync_calls,
@@ -396,6 +471,8 @@ class ThreadStep:
         usage: Usage | None,
         window: int,
         threshold: float = DEFAULT_COMPACTION_THRESHOLD,
+        *,
+        over: bool = False,
     ) -> tuple[InputMessage, str] | None:
         """The input (and its dedup id) that asks this thread to compact itself, ordered like any other.
 
@@ -405,7 +482,7 @@ class ThreadStep:
         usage before the last summary landed (reference issue #64). Preparing the request takes the
         durable claim (two compactions never overlap); once a lease period has passed without a new
         summary — a compaction child that never finished — the id changes and compaction is tried again."""
-        if not self._compaction_due(history, usage, window, threshold):
+        if not self._compaction_due(history, usage, window, threshold, over=over):
             return None
         epoch = int(self.config.clock() // self.config.compaction_lease_seconds)
         covered = str(history.compacted_up_to or 0)
@@ -414,9 +491,17 @@ class ThreadStep:
         return request, request_id
 
     def _compaction_due(
-        self, history: HistoryManager, usage: Usage | None, window: int, threshold: float
+        self,
+        history: HistoryManager,
+        usage: Usage | None,
+        window: int,
+        threshold: float,
+        *,
+        over: bool = False,
     ) -> bool:
-        if not should_compact(usage, window, threshold):
+        """Whether the thread should compact: its next request's estimate is ``over`` the limit (the
+        estimate truncation uses), or the provider reported usage above the threshold."""
+        if not over and not should_compact(usage, window, threshold):
             return False
         return history.info is None or history.info.kind != ThreadKind.COMPACTION
 

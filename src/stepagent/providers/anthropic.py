@@ -14,7 +14,8 @@ Request (:func:`anthropic_body`), byte-identical to what the official ``anthropi
   ``tool_result`` (always a list of text/image blocks).
 - Prompt caching: ``cache_control: {"type": "ephemeral"}`` on the system prompt, the last tool and the
   last cacheable block of the last message (three of the four allowed breakpoints), so each request
-  reuses the prefix cached by the one before.
+  reuses the prefix cached by the one before. A request whose ``cache_ttl`` is ``1h`` marks all three
+  ``{"type": "ephemeral", "ttl": "1h"}``, so the prefix outlives a wait longer than five minutes.
 - With tools, ``tool_choice`` is ``auto`` with parallel tool use disabled: the engine acts on one call per
   round, so a second parallel call would only be thrown away.
 
@@ -37,6 +38,7 @@ import httpx
 from stepagent.errors import ProviderError
 from stepagent.messages import ToolCall
 from stepagent.providers.base import (
+    CacheTtl,
     Final,
     ModelInfo,
     ModelRequest,
@@ -69,6 +71,14 @@ DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
 PROVIDER = "anthropic"
 _EPHEMERAL = {"type": "ephemeral"}
+_EPHEMERAL_HOUR = {"type": "ephemeral", "ttl": "1h"}
+
+
+def cache_control(ttl: CacheTtl) -> dict[str, str]:
+    """The ``cache_control`` of every breakpoint of a request: the default (five minutes) or one hour.
+    A request uses one TTL throughout, so a longer entry never follows a shorter one."""
+    return dict(_EPHEMERAL_HOUR if ttl == "1h" else _EPHEMERAL)
+
 
 # Error types of the Messages API (``{"type": "error", "error": {"type": ...}}``) that no retry can fix;
 # the others (overloaded_error, api_error, rate_limit_error, timeout_error, ...) are transient.
@@ -109,7 +119,7 @@ def _block(part: Part) -> dict[str, Any]:
     raise TypeError(f"unknown part {part!r}")  # pragma: no cover - the union is exhaustive
 
 
-def anthropic_messages(turns: list[Turn]) -> Iterator[dict[str, Any]]:
+def anthropic_messages(turns: list[Turn], ttl: CacheTtl = "5m") -> Iterator[dict[str, Any]]:
     """The Messages API ``messages`` for ``turns``, one at a time (the body streams them); the last cacheable
     block of the last message carries ``cache_control``, so the whole prefix is cached."""
     for index, turn in enumerate(turns):
@@ -118,16 +128,16 @@ def anthropic_messages(turns: list[Turn]) -> Iterator[dict[str, Any]]:
             # Cache the whole conversation prefix: mark the last block that may carry cache_control.
             for block in reversed(blocks):
                 if block["type"] not in ("thinking", "redacted_thinking"):
-                    block["cache_control"] = dict(_EPHEMERAL)
+                    block["cache_control"] = cache_control(ttl)
                     break
         yield {"role": turn.role, "content": blocks}
 
 
-def anthropic_tools(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+def anthropic_tools(tools: list[ToolSpec], ttl: CacheTtl = "5m") -> list[dict[str, Any]]:
     """The Messages API ``tools``; the last one carries ``cache_control``."""
     out = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools]
     if out:
-        out[-1]["cache_control"] = dict(_EPHEMERAL)
+        out[-1]["cache_control"] = cache_control(ttl)
     return out
 
 
@@ -144,7 +154,7 @@ def anthropic_body(
     )
     body: dict[str, Any] = {
         "max_tokens": request.output_limit,
-        "messages": JsonArray(lambda: anthropic_messages(turns)),
+        "messages": JsonArray(lambda: anthropic_messages(turns, request.cache_ttl)),
         "model": model,
     }
     if request.output_schema is not None:
@@ -152,12 +162,13 @@ def anthropic_body(
         body["output_config"] = {"format": {"type": "json_schema", "schema": request.output_schema}}
     body["stream"] = True
     if request.system.strip():
-        body["system"] = [{"type": "text", "text": request.system, "cache_control": dict(_EPHEMERAL)}]
+        system = {"type": "text", "text": request.system, "cache_control": cache_control(request.cache_ttl)}
+        body["system"] = [system]
     if thinking is not None:
         body["thinking"] = thinking
     if request.tools:
         body["tool_choice"] = {"type": "auto", "disable_parallel_tool_use": True}
-        body["tools"] = anthropic_tools(request.tools)
+        body["tools"] = anthropic_tools(request.tools, request.cache_ttl)
     if request.temperature is not None:
         body["temperature"] = request.temperature
     return body

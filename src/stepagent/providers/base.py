@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from stepagent.history_items import HistoryItem
 from stepagent.messages import ToolCall
@@ -43,6 +43,11 @@ class ModelInfo:
         return f"{self.provider}:{self.model_id}" if self.provider else self.model_id
 
 
+#: How long a provider's prompt cache keeps the entries a request writes (for providers whose caches take a
+#: TTL): five minutes, or one hour when the thread is about to wait on something slow.
+CacheTtl = Literal["5m", "1h"]
+
+
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
     """One completion request: the system prompt, committed history, the tools and the model to ask."""
@@ -61,6 +66,8 @@ class ModelRequest:
     #: The JSON Schema the answer must match (structured output), sent through the provider's native
     #: mechanism where it has one; ``None``: free text.
     output_schema: dict[str, Any] | None = None
+    #: The lifetime of the prompt-cache entries this request writes (providers without a TTL ignore it).
+    cache_ttl: CacheTtl = "5m"
 
     @property
     def output_limit(self) -> int:

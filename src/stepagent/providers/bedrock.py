@@ -14,7 +14,9 @@ through a botocore event hook, no network):
   ``toolResult`` (no ``status``).
 - Prompt caching, for models known to accept it (Claude, Nova; see the catalog): a ``cachePoint`` after
   the system prompt, after the tools and at the end of the last message. Unknown models get none, since
-  a model without caching rejects the request.
+  a model without caching rejects the request. A request whose ``cache_ttl`` is ``1h`` gives its cache
+  points ``"ttl": "1h"`` when the model takes one (Claude 4.5 and later, per the catalog) and the
+  installed botocore knows the field (an older one would reject it); otherwise they keep the default.
 
 Stream (:class:`BedrockStreamParser`, over the event dicts botocore yields): text, reasoning text with its
 signature, redacted reasoning (bytes, kept base64-encoded), tool use with streamed JSON input, and one
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack
@@ -49,6 +52,7 @@ from stepagent.errors import ProviderError
 from stepagent.messages import ToolCall
 from stepagent.output_schema import schema_instruction
 from stepagent.providers.base import (
+    CacheTtl,
     Final,
     ModelInfo,
     ModelRequest,
@@ -146,24 +150,44 @@ def _block(part: Part) -> dict[str, Any]:
     raise TypeError(f"unknown part {part!r}")  # pragma: no cover - the union is exhaustive
 
 
-def converse_messages(turns: list[Turn], *, cache: bool) -> list[dict[str, Any]]:
+@functools.cache
+def sdk_takes_cache_ttl() -> bool:
+    """Whether the installed botocore's Bedrock Runtime model has ``CachePointBlock.ttl`` (it validates
+    parameters against its model, so an unknown field would fail the call). Read once, when first needed."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("bedrock-runtime")
+    return "ttl" in model.shape_for("CachePointBlock").members
+
+
+def cache_point(ttl: CacheTtl | None) -> dict[str, Any]:
+    """A ``cachePoint`` block; with ``ttl`` ``1h`` (for models that take a TTL) the entry lasts an hour,
+    otherwise the service's default (five minutes) applies and no ``ttl`` is sent."""
+    if ttl == "1h":
+        return {"cachePoint": {"type": "default", "ttl": "1h"}}
+    return {"cachePoint": dict(_CACHE_POINT["cachePoint"])}
+
+
+def converse_messages(turns: list[Turn], *, cache: bool, ttl: CacheTtl | None = None) -> list[dict[str, Any]]:
     """The Converse API ``messages`` for ``turns``; with ``cache``, a ``cachePoint`` block ends the last."""
     messages: list[dict[str, Any]] = [
         {"role": turn.role, "content": [_block(part) for part in turn.parts]} for turn in turns
     ]
     if cache and messages:
-        messages[-1]["content"].append(dict(_CACHE_POINT))
+        messages[-1]["content"].append(cache_point(ttl))
     return messages
 
 
-def converse_tools(tools: list[ToolSpec], *, cache: bool) -> list[dict[str, Any]]:
+def converse_tools(
+    tools: list[ToolSpec], *, cache: bool, ttl: CacheTtl | None = None
+) -> list[dict[str, Any]]:
     """The Converse API ``toolConfig`` tools; with ``cache``, a ``cachePoint`` follows the last one."""
     out: list[dict[str, Any]] = [
         {"toolSpec": {"name": t.name, "description": t.description, "inputSchema": {"json": t.parameters}}}
         for t in tools
     ]
     if cache and out:
-        out.append(dict(_CACHE_POINT))
+        out.append(cache_point(ttl))
     return out
 
 
@@ -174,25 +198,28 @@ def converse_params(
     history: list[Any] | None = None,
     cache: bool = True,
     additional_fields: Mapping[str, Any] | None = None,
+    cache_ttl: bool = False,
 ) -> dict[str, Any]:
-    """The ``converse_stream`` keyword arguments for ``request``."""
+    """The ``converse_stream`` keyword arguments for ``request``; ``cache_ttl``: the model takes a TTL on
+    its cache points (``request.cache_ttl`` is then sent when it is not the default)."""
+    ttl = request.cache_ttl if cache_ttl else None
     turns = conversation(
         request.history if history is None else history, images=request.model.supports_image_input
     )
-    params: dict[str, Any] = {"modelId": model_id, "messages": converse_messages(turns, cache=cache)}
+    params: dict[str, Any] = {"modelId": model_id, "messages": converse_messages(turns, cache=cache, ttl=ttl)}
     system = request.system
     if request.output_schema is not None:
         # Converse's structured-output field (outputConfig) is newer than the pinned botocore, which would
         # reject it: the schema goes into the system prompt and the runtime validates the answer.
         system = f"{system}\n\n{schema_instruction(request.output_schema)}".strip()
     if system.strip():
-        params["system"] = [{"text": system}, *([dict(_CACHE_POINT)] if cache else [])]
+        params["system"] = [{"text": system}, *([cache_point(ttl)] if cache else [])]
     inference: dict[str, Any] = {"maxTokens": request.output_limit}
     if request.temperature is not None:
         inference["temperature"] = request.temperature
     params["inferenceConfig"] = inference
     if request.tools:
-        params["toolConfig"] = {"tools": converse_tools(request.tools, cache=cache)}
+        params["toolConfig"] = {"tools": converse_tools(request.tools, cache=cache, ttl=ttl)}
     if additional_fields:
         params["additionalModelRequestFields"] = dict(additional_fields)
     return params
@@ -444,6 +471,7 @@ class BedrockProvider:
         session: Any = None,
         prompt_cache: bool = True,
         additional_fields: Mapping[str, Any] | None = None,
+        cache_ttl: bool = False,
     ) -> None:
         self._model_id = model_id
         self._info = info
@@ -451,6 +479,7 @@ class BedrockProvider:
         self._endpoint_url = endpoint_url
         self._session = session if session is not None else aioboto3.Session(region_name=region)
         self._cache = prompt_cache
+        self._cache_ttl = cache_ttl  # whether the model takes a TTL on its cache points
         self._additional = dict(additional_fields) if additional_fields else None
         # No botocore retries: the engine's RetryPolicy owns them (bounded by the Lambda's remaining time).
         self._config = Config(
@@ -473,7 +502,12 @@ class BedrockProvider:
         """The exact ``converse_stream`` arguments :meth:`stream` sends (after window truncation)."""
         history, self.last_truncation = fit_request(request)
         return converse_params(
-            request, self._model_id, history=history, cache=self._cache, additional_fields=self._additional
+            request,
+            self._model_id,
+            history=history,
+            cache=self._cache,
+            additional_fields=self._additional,
+            cache_ttl=self._cache_ttl and request.cache_ttl == "1h" and sdk_takes_cache_ttl(),
         )
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:

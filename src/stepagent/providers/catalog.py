@@ -35,19 +35,20 @@ class CatalogEntry:
     max_output_tokens: int
     images: bool = True
     prompt_cache: bool = True  # Bedrock: whether ``cachePoint`` blocks are accepted
+    cache_ttl: bool = False  # Bedrock: whether a cache point takes ``ttl`` (the one-hour entry)
 
 
 _K = 1000
 _CLAUDE: dict[str, CatalogEntry] = {
-    "claude-opus-4-8": CatalogEntry(1_000_000, 128_000),
-    "claude-opus-4-6": CatalogEntry(200_000, 128_000),
-    "claude-opus-4-5": CatalogEntry(200_000, 64_000),
+    "claude-opus-4-8": CatalogEntry(1_000_000, 128_000, cache_ttl=True),
+    "claude-opus-4-6": CatalogEntry(200_000, 128_000, cache_ttl=True),
+    "claude-opus-4-5": CatalogEntry(200_000, 64_000, cache_ttl=True),
     "claude-opus-4-1": CatalogEntry(200_000, 32_000),
     "claude-opus-4": CatalogEntry(200_000, 32_000),
-    "claude-sonnet-4-6": CatalogEntry(200_000, 64_000),
-    "claude-sonnet-4-5": CatalogEntry(200_000, 64_000),
+    "claude-sonnet-4-6": CatalogEntry(200_000, 64_000, cache_ttl=True),
+    "claude-sonnet-4-5": CatalogEntry(200_000, 64_000, cache_ttl=True),
     "claude-sonnet-4": CatalogEntry(200_000, 64_000),
-    "claude-haiku-4-5": CatalogEntry(200_000, 64_000),
+    "claude-haiku-4-5": CatalogEntry(200_000, 64_000, cache_ttl=True),
     "claude-3-7-sonnet": CatalogEntry(200_000, 64_000),
     "claude-3-5-haiku": CatalogEntry(200_000, 8192, images=False),
 }
@@ -120,6 +121,12 @@ def model_info(provider: str, model_id: str, *, context_window: int | None = Non
         supports_image_input=entry.images,
         provider=provider,
     )
+
+
+def bedrock_cache_ttl(model_id: str) -> bool:
+    """Whether the model's ``cachePoint`` takes a ``ttl`` (the one-hour entry): Claude 4.5 and later."""
+    entry = catalog_entry("bedrock", model_id)
+    return entry is not None and entry.prompt_cache and entry.cache_ttl
 
 
 def bedrock_prompt_cache(model_id: str) -> bool:

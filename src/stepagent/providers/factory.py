@@ -29,6 +29,7 @@ from stepagent.errors import ConfigurationError
 from stepagent.providers.base import ModelProvider
 from stepagent.providers.catalog import (
     DEFAULT_CONTEXT_WINDOW,
+    bedrock_cache_ttl,
     bedrock_prompt_cache,
     catalog_entry,
     model_info,
@@ -119,6 +120,7 @@ def make_provider(
             endpoint_url=_get(env, "AWS_ENDPOINT_URL_BEDROCK_RUNTIME"),
             session=session,
             prompt_cache=bedrock_prompt_cache(model_id),
+            cache_ttl=bedrock_cache_ttl(model_id),
         )
     from stepagent.providers.scripted import ScriptedProvider
 

@@ -48,10 +48,16 @@ Usage (reported in the final event, so compaction can be exercised offline): one
 rounded up. Input characters = the system prompt + every history item's text (tool calls: name and JSON
 arguments; image blocks: their base64 data; other user content: its JSON) + the tool specs' JSON. Output
 characters = the reply's text, reasoning and tool calls (name and JSON arguments, after substitution).
+
+Window: like the real providers, a request over a known ``context_window`` has its oldest tool outputs
+truncated (:func:`~stepagent.providers.window.fit_request`; usage counts the truncated request), and one
+that cannot fit even so fails with a non-retryable error — so a script exercises what a real model
+would do with a long conversation. Replies are chosen from the untruncated history.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -86,6 +92,7 @@ from stepagent.providers.base import (
     ToolCallDelta,
     Usage,
 )
+from stepagent.providers.window import fit_request
 
 InputKind = Literal["user", "tool_result", "event"]
 _INPUT_KINDS: tuple[InputKind, ...] = ("user", "tool_result", "event")
@@ -380,6 +387,7 @@ class ScriptedProvider:
         )
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamEvent]:
+        fitted, truncation = fit_request(request)  # raises ContextOverflow when it cannot fit
         reply = self.select_reply(request)
         stack = list(getattr(request, "thread_stack", None) or [])
         thread_id = stack[-1] if stack else ""
@@ -404,7 +412,8 @@ class ScriptedProvider:
                     yield ToolCallComplete(ToolCall(id=call_id, name=name, arguments=substituted))
                 case ErrorEvent(message=message, retryable=retryable):
                     raise ProviderError(message, retryable=retryable)
-        usage = Usage(input_tokens=_tokens(request_chars(request)), output_tokens=_tokens(output_chars))
+        sent = dataclasses.replace(request, history=fitted) if truncation is not None else request
+        usage = Usage(input_tokens=_tokens(request_chars(sent)), output_tokens=_tokens(output_chars))
         yield Final(usage=usage, stop_reason="end_turn")
 
 

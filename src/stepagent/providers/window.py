@@ -16,14 +16,26 @@ Images are charged Anthropic's cost of a full-size image (~1,600 tokens).
 
 :func:`truncate_for_window` guarantees:
 
-- One pass: every row is estimated exactly once (``rows_examined``), candidates are ranked once by size,
-  and the largest tool outputs (tool results and synthetic event results — never user text, assistant
-  text, reasoning or tool calls) are replaced by the stub ``[tool output truncated: N characters]`` until
-  the estimate fits. No re-estimation of the whole request per candidate (that is quadratic).
-- Deterministic: ties are broken by position (earlier first), so a retry truncates the same rows and
-  re-sends identical bytes. Stored history is never changed; only the outgoing request is.
-- If even replacing every candidate cannot fit, it raises a non-retryable ProviderError at once (the
-  engine's compaction then has to shrink the thread).
+- One pass: every row is estimated exactly once (``rows_examined``); no re-estimation of the whole
+  request per candidate (that is quadratic).
+- Oldest first, in stable steps: tool outputs (tool results and synthetic event results — never user
+  text, assistant text, reasoning or tool calls) are replaced by the stub
+  ``[tool output truncated: N characters]`` from the start of the history up to a *cut*. The cut can
+  only sit on a grid that is a function of the history's prefix: the positions where the running total
+  of what stubbing would save first reaches 1, 2, 3 … times a step of :data:`CUT_STEP_SHARE` of the
+  budget. The chosen cut is the first grid position that fits. History only grows between compactions,
+  so every grid position, once reached, stays where it is, and the cut moves forward by whole steps only
+  when the conversation has grown by about a step: the request's prefix (and the provider's prompt cache
+  of it) changes rarely instead of at every request. No state is kept: the same history gives the same
+  cut, in any process, so a retry or the next step re-sends identical bytes. Stored history is never
+  changed; only the outgoing request is.
+- If even replacing every candidate cannot fit, it raises :class:`ContextOverflow` (a non-retryable
+  ProviderError) at once; the engine checks :func:`overflows` before it calls the model and compacts
+  the thread instead.
+
+The engine decides compaction from the same estimate (:func:`request_estimate`), with a threshold no
+higher than the truncation budget (:func:`compaction_limit`), so a thread compacts before any of its
+tool outputs would be truncated.
 """
 
 from __future__ import annotations
@@ -54,6 +66,8 @@ BYTES_PER_TOKEN = 3
 ITEM_FRAMING_TOKENS = 8
 IMAGE_TOKENS = 1600
 TRUNCATED_STUB = "[tool output truncated: {chars} characters]"
+#: The truncation cut moves in steps of this share of the budget (see the module docstring).
+CUT_STEP_SHARE = 0.25
 
 Estimate = Callable[[HistoryItem], int]
 
@@ -138,40 +152,57 @@ def _stub(item: ToolResultItem | EventItem) -> ToolResultItem | EventItem:
     return dataclasses.replace(item, result=result)
 
 
+class ContextOverflow(ProviderError):
+    """The request does not fit the model's window even with every tool output truncated: the thread has
+    to be compacted before the model can be asked."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, retryable=False)
+
+
 def truncate_for_window(
     history: Sequence[HistoryItem], budget: int, estimate: Estimate = estimate_item
 ) -> tuple[list[HistoryItem], TruncationReport]:
-    """Fit ``history`` into ``budget`` tokens by stubbing the largest tool outputs, in one pass."""
+    """Fit ``history`` into ``budget`` tokens by stubbing tool outputs oldest first, up to a cut on the
+    stable grid (see the module docstring), in one pass."""
     sizes = [estimate(item) for item in history]  # the only estimate of each original row
     total = sum(sizes)
     if total <= budget:
         return list(history), TruncationReport(len(history), 0, total, total, budget)
-    candidates = sorted(
-        (index for index, item in enumerate(history) if isinstance(item, ToolResultItem | EventItem)),
-        key=lambda index: (-sizes[index], index),
-    )
+    step = max(1, int(budget * CUT_STEP_SHARE))
     needed = total - budget
-    replaced: dict[int, HistoryItem] = {}
-    for index in candidates:
-        if needed <= 0:
-            break
-        item = history[index]
-        assert isinstance(item, ToolResultItem | EventItem)
+    stubs: dict[int, HistoryItem] = {}
+    saved = 0
+    enough: tuple[int, int] | None = None  # (stubs, saved) when the saving first sufficed
+    for index, item in enumerate(history):
+        if not isinstance(item, ToolResultItem | EventItem):
+            continue
         stub = _stub(item)
         saving = sizes[index] - estimate(stub)
         if saving <= 0:
             continue  # already as small as a stub: replacing it cannot help
-        replaced[index] = stub
-        needed -= saving
-    after = budget + needed
-    if needed > 0:
-        raise ProviderError(
-            f"the request does not fit the model's context window even with all {len(replaced)} tool "
-            f"outputs truncated: estimated {after} tokens > budget {budget}; the thread needs compaction",
-            retryable=False,
+        stubs[index] = stub
+        saved += saving
+        if saved >= needed:
+            enough = enough or (len(stubs), saved)
+            # A grid position: the running saving just reached a whole number of steps (a function of
+            # the prefix alone). Stop at the first one that fits.
+            if saved // step > (saved - saving) // step:
+                break
+    else:
+        if enough is not None:
+            # No grid position after the first sufficient cut: the history's tail is short, so cut just
+            # enough rather than stub its newest outputs too.
+            count, saved = enough
+            stubs = dict(list(stubs.items())[:count])
+    after = total - saved
+    if after > budget:
+        raise ContextOverflow(
+            f"the request does not fit the model's context window even with all {len(stubs)} tool "
+            f"outputs truncated: estimated {after} tokens > budget {budget}; the thread needs compaction"
         )
-    out = [replaced.get(index, item) for index, item in enumerate(history)]
-    report = TruncationReport(len(history), len(replaced), total, after, budget, tuple(sorted(replaced)))
+    out = [stubs.get(index, item) for index, item in enumerate(history)]
+    report = TruncationReport(len(history), len(stubs), total, after, budget, tuple(sorted(stubs)))
     return out, report
 
 
@@ -180,6 +211,80 @@ def window_budget(context_window: int, max_output_tokens: int) -> int:
     eighth of the window so that a model with a huge maximum output (64k of a 200k window) is not
     truncated long before the engine's compaction threshold (75% of the window)."""
     return context_window - min(max_output_tokens, context_window // 8)
+
+
+def request_estimate(system: str, tools: Sequence[ToolSpec], history: Sequence[HistoryItem]) -> int:
+    """The estimated input tokens of a request with this system prompt, tools and (untruncated) history:
+    the one size both the compaction trigger and truncation measure."""
+    return estimate_fixed(system, tools) + sum(map(estimate_item, history))
+
+
+def compaction_limit(context_window: int, max_output_tokens: int, threshold: float) -> int:
+    """The request estimate above which a thread should compact: ``threshold`` of the window, but never
+    above the truncation budget, so compaction always comes before truncation."""
+    return min(int(context_window * threshold), window_budget(context_window, max_output_tokens))
+
+
+def compaction_helps(
+    system: str,
+    tools: Sequence[ToolSpec],
+    history: Sequence[HistoryItem],
+    context_window: int,
+    max_output_tokens: int,
+    threshold: float,
+) -> bool:
+    """Whether a thread with this next request should compact: its estimate is over
+    :func:`compaction_limit`, and what compaction can remove — the history after its leading summary — is
+    at least a quarter of the room the window leaves beside the fixed part (system prompt and tools). The
+    second condition keeps a window that the fixed part nearly fills from compacting after every turn."""
+    if context_window <= 0:
+        return False
+    fixed = estimate_fixed(system, tools)
+    sizes = [estimate_item(item) for item in history]
+    if fixed + sum(sizes) <= compaction_limit(context_window, max_output_tokens, threshold):
+        return False
+    compactable = sum(sizes[1:] if history and isinstance(history[0], Summary) else sizes)
+    room = window_budget(context_window, max_output_tokens) - fixed
+    return compactable >= max(1, room // 4)
+
+
+def overflows(request: ModelRequest) -> bool:
+    """Whether ``request`` cannot fit its model's window even with every tool output truncated (the
+    thread must compact first). ``False`` when the window is unknown."""
+    window = request.model.context_window
+    if window <= 0:
+        return False
+    budget = window_budget(window, request.output_limit) - estimate_fixed(request.system, request.tools)
+    return sum(map(_least, request.history)) > budget
+
+
+#: What replaces the oldest items a compaction thread cannot be shown (:func:`newest_that_fit`).
+OMITTED_NOTE = "[{count} earlier conversation items omitted: they did not fit the model's context window]"
+
+
+def _least(item: HistoryItem) -> int:
+    """An item's estimate with its tool output truncated (the least it can cost in a request)."""
+    size = estimate_item(item)
+    if isinstance(item, ToolResultItem | EventItem):
+        size = min(size, estimate_item(_stub(item)))
+    return size
+
+
+def newest_that_fit(request: ModelRequest) -> list[HistoryItem]:
+    """``request.history``, or — when it cannot fit even truncated — a note followed by its newest items
+    that can. For a compaction thread, which has no compaction of its own to fall back on: it summarises
+    what it can see instead of failing forever."""
+    history = list(request.history)
+    window = request.model.context_window
+    if window <= 0 or not overflows(request):
+        return history
+    budget = window_budget(window, request.output_limit) - estimate_fixed(request.system, request.tools)
+    budget -= estimate_item(UserItem(TextContent(text=OMITTED_NOTE.format(count=len(history)))))
+    start, total = len(history), 0
+    while start > 0 and total + (size := _least(history[start - 1])) <= budget:
+        total += size
+        start -= 1
+    return [UserItem(TextContent(text=OMITTED_NOTE.format(count=start))), *history[start:]]
 
 
 def fit_request(

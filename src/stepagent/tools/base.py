@@ -138,6 +138,10 @@ class Tool:
     #: Every call of this tool waits for a person's decision before it runs (``@tool(approval=True)``);
     #: ``STEPAGENT_APPROVAL`` and a profile's ``approval`` select more tools by name.
     approval: ClassVar[bool] = False
+    #: What a thread waiting on this tool's call waits on (``stepagent.core.cache_ttl``): ``"tool"`` (a
+    #: dispatched function, usually seconds), ``"rap"`` (a remote server that may take minutes or hours),
+    #: ``"sleep"`` (a timer), ``"child"`` (a spawned thread's report).
+    wait: ClassVar[str] = "tool"
 
     def spec(self) -> ToolSpec:
         return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)

@@ -69,6 +69,8 @@ class CallbackConfig:
 class RapTool(Tool):
     """One tool of a RAP server's manifest. Asynchronous: the result arrives by callback."""
 
+    wait = "rap"
+
     def __init__(
         self,
         server: RapServerConfig,

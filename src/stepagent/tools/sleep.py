@@ -57,6 +57,7 @@ class Sleep(Tool):
 
     name = "sleep"
     builtin = True
+    wait = "sleep"
     description = "Sleep for a number of seconds, then continue. Nothing runs while you sleep."
     parameters = {
         "type": "object",
@@ -114,6 +115,7 @@ class SleepUntil(Tool):
 
     name = "sleep_until"
     builtin = True
+    wait = "sleep"
     description = "Sleep until a wall-clock time, then continue. Nothing runs while you sleep."
     parameters = {
         "type": "object",

@@ -41,6 +41,7 @@ class SpawnThread(Tool):
 
     name = "spawn_thread"
     builtin = True
+    wait = "child"  # the thread then waits for the child's report
     description = (
         "Spawn a new child thread for a sub-task. The new thread inherits the conversation context of the "
         "current thread and will see its tasks automatically. Returns the new thread ID."
