@@ -148,6 +148,7 @@ def test_each_function_gets_only_its_environment_and_no_secret_values(template: 
         "STEPAGENT_SCHEDULER_ROLE_ARN",
         "STEPAGENT_SCHEDULER_DLQ_ARN",
         "STEPAGENT_MAX_RECEIVE_COUNT",
+        "STEPAGENT_PRICES",
         *AGENT_SETTING_NAMES,  # the agent settings go to the worker only
         "STEPAGENT_LIVE_TEXT",
     }
@@ -170,6 +171,12 @@ def test_agent_settings_are_worker_parameters_passed_unchanged(template: dict[st
         "CompactionThreshold": "0.6",
         "BuiltinTools": "threads,-send_message_to_child",
         "Profiles": "@profiles.json",
+        "MaxModelCallsPerTurn": "20",
+        "MaxConversationTokens": "1000000",
+        "MaxConversationCostUsd": "2.50",
+        "OutputSchema": "@schemas/answer.json",
+        "OutputRetries": "1",
+        "Approval": "send_email,crm_*",
         "PromptCacheTtl": "1h",
     }
     worker = evaluate(template, **parameters).environment("WorkerFunction")

@@ -282,8 +282,8 @@ async def test_the_limit_checks_add_no_request(dynamo: DynamoEnv, monkeypatch: A
     plain = await peer_costs(stores, 3, False, "limits-off", modes=("cold",))
     original = step_costs.build
 
-    def limited(factory: Any, metrics: StoreMetrics) -> Workload:
-        workload = original(factory, metrics)
+    def limited(factory: Any, metrics: StoreMetrics, agent: AgentConfig | None = None) -> Workload:
+        workload = original(factory, metrics, agent)
         config = workload.worker.system.config  # type: ignore[attr-defined]
         config.agent = AgentConfig(
             max_model_calls_per_turn=40, max_conversation_tokens=10**9, max_conversation_cost_usd=1000.0
