@@ -36,7 +36,7 @@ def tool_call(name: str, **arguments: Any) -> dict[str, Any]:
 
 
 SCRIPT: dict[str, Any] = {
-    "context_window": 6000,
+    "context_window": 16000,
     "rules": [
         {"when": "INSIDE a compaction thread", "reply": [close("SUMMARY")]},
         {"when": "You are now INSIDE", "reply": [tool_call("report_to_parent", report="three")]},
