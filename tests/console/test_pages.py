@@ -115,3 +115,18 @@ def test_safe_url_and_paths() -> None:
         assert pages.safe_url(bad) is None
     assert pages.path("c", "a/b c", "send") == "/c/a%2Fb%20c/send"
     assert pages.path("", q="x&y") == "/?q=x%26y"
+
+
+def test_the_conversation_shows_its_tokens_and_cost() -> None:
+    from stepagent.usage import TokenTotals, UsageReport
+
+    page = hostile_page()
+    totals = TokenTotals(1_200, 80, 9_000, 1_500, completions=3, steps=2, cost_usd=0.0421)
+    page.usage = UsageReport(page.root_id, totals)
+    html = pages.conversation_fragment(page, "tok")
+    assert "1,200 input · 80 output · 9,000 cache read · 1,500 cache write tokens" in html
+    assert "3 model call(s) · $0.04" in html
+    page.usage = UsageReport(page.root_id, TokenTotals(10, 1, cost_usd=0.000123))
+    assert "$0.0001" in pages.conversation_fragment(page, "tok")  # below a cent: more digits
+    page.usage = UsageReport(page.root_id, TokenTotals(10, 1))  # prices unknown: no cost shown
+    assert "$" not in pages.conversation_fragment(page, "tok")

@@ -14,6 +14,7 @@ from stepagent.aws.metrics import EmfMetrics, ModelTiming, publish_tool_latency,
 from stepagent.aws.worker import CountingMetrics
 from stepagent.events import CompletionFinished, CompletionStarted, EventCollector, StepFailed, TurnComplete
 from stepagent.providers.base import Usage
+from stepagent.providers.prices import cost_usd, parse_prices
 
 
 def emf_documents(capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
@@ -39,13 +40,14 @@ def test_usage_becomes_emf_documents_per_model_and_profile(capsys: pytest.Captur
         ("OutputTokens", model, "support", [9.0]),
         ("CacheReadTokens", model, "support", [30.0]),
         ("CacheWriteTokens", model, "support", [5.0]),
+        ("CostUsd", model, "support", [cost_usd(model, Usage(120, 9, 30, 5))]),  # the catalog's price
         ("ModelLatency", model, "support", [1250.0]),
         ("ModelLatency", "openai:gpt-4.1", "support", [1250.0]),
     ]
     for document in documents:
         directive = document["_aws"]["CloudWatchMetrics"][0]
         assert directive["Namespace"] == "stepagent-test" and ["model", "profile"] in directive["Dimensions"]
-        unit = "Milliseconds" if metric_name(document) == "ModelLatency" else "Count"
+        unit = {"ModelLatency": "Milliseconds", "CostUsd": "None"}.get(metric_name(document), "Count")
         assert directive["Metrics"][0]["Unit"] == unit
 
 
@@ -79,3 +81,18 @@ def test_the_counting_sink_keeps_totals_and_per_model_counts() -> None:
     assert sink.counts["InputTokens[model=m-b,profile=p]"] == 1
     assert sink.counts["OutputTokens"] == 5
     assert sink.counts["CacheReadTokens"] == 0
+
+
+def test_cost_follows_the_price_table_and_is_left_out_for_unpriced_models(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sink = EmfMetrics(Metrics(namespace="stepagent-test"))
+    prices = parse_prices('{"openai:house-model": {"input": 2, "output": 10}}')
+    publish_usage(
+        sink,
+        [CompletionFinished(step_usage=Usage(1_000_000, 100_000), model="openai:house-model")],
+        prices=prices,
+    )
+    publish_usage(sink, [CompletionFinished(step_usage=Usage(10, 1), model="openai:nobody-priced-this")])
+    costs = [(d["model"], d["CostUsd"]) for d in emf_documents(capsys) if metric_name(d) == "CostUsd"]
+    assert costs == [("openai:house-model", [3.0])]  # 1M input at $2 + 100k output at $10 per million

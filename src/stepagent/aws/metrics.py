@@ -4,7 +4,7 @@ Guarantees:
 
 - :func:`publish_usage` adds, for every step that ran the model, the usage metrics of
   :func:`usage_metrics` (``InputTokens``, ``OutputTokens``, ``CacheReadTokens``, ``CacheWriteTokens``,
-  unit ``Count``), ``ModelLatency`` (milliseconds from the step's first model request to its last answer,
+  unit ``Count``; and ``CostUsd``, dollars, when the model's prices are known), ``ModelLatency`` (milliseconds from the step's first model request to its last answer,
   inline tools included) and ``ModelErrors`` (a model failure the step gave up on), each with the
   dimensions ``model`` (``<provider>:<model id>``) and ``profile`` (the conversation's agent profile,
   ``default`` for none) — once per step that ran the model, from the step's own observer events, so a
@@ -26,10 +26,12 @@ from aws_lambda_powertools.metrics import MetricUnit, single_metric
 
 from stepagent.events import AgentEvent, CompletionFinished, CompletionStarted, Observer, StepFailed
 from stepagent.providers.base import Usage
+from stepagent.providers.prices import CATALOG_PRICES, PriceTable
 
 INPUT_TOKENS, OUTPUT_TOKENS = "InputTokens", "OutputTokens"
 CACHE_READ_TOKENS, CACHE_WRITE_TOKENS = "CacheReadTokens", "CacheWriteTokens"
 MODEL_LATENCY, MODEL_ERRORS, TOOL_LATENCY = "ModelLatency", "ModelErrors", "ToolLatency"
+COST_USD = "CostUsd"
 #: The ``profile`` dimension of a conversation without one.
 DEFAULT_PROFILE = "default"
 
@@ -42,15 +44,21 @@ class DimensionedSink(Protocol):
     ) -> Any: ...
 
 
-def usage_metrics(model: str, usage: Usage) -> list[tuple[str, str, float]]:
-    """``(name, unit, value)`` of one step's model usage: every metric that is a function of the usage
-    (a cost in dollars joins them here)."""
-    return [
+def usage_metrics(
+    model: str, usage: Usage, prices: PriceTable = CATALOG_PRICES
+) -> list[tuple[str, str, float]]:
+    """``(name, unit, value)`` of one step's model usage: every metric that is a function of the usage,
+    the cost in dollars (at ``prices``) included when the model's prices are known."""
+    metrics: list[tuple[str, str, float]] = [
         (INPUT_TOKENS, "Count", usage.input_tokens),
         (OUTPUT_TOKENS, "Count", usage.output_tokens),
         (CACHE_READ_TOKENS, "Count", usage.cache_read_tokens),
         (CACHE_WRITE_TOKENS, "Count", usage.cache_write_tokens),
     ]
+    cost = prices.cost(model, usage)
+    if cost is not None:
+        metrics.append((COST_USD, "None", cost))
+    return metrics
 
 
 class ModelTiming:
@@ -77,6 +85,7 @@ def publish_usage(
     *,
     profile: str | None = None,
     latency_ms: float | None = None,
+    prices: PriceTable = CATALOG_PRICES,
 ) -> None:
     """The model metrics of one step's ``events`` (see the module docstring)."""
     events = list(events)
@@ -86,7 +95,7 @@ def publish_usage(
             continue
         dimensions = {"model": event.model, "profile": profile or DEFAULT_PROFILE}
         if event.step_usage is not None:
-            for name, unit, value in usage_metrics(event.model, event.step_usage):
+            for name, unit, value in usage_metrics(event.model, event.step_usage, prices):
                 sink.add_dimensioned_metric(name, unit, value, dimensions)
         if latency_ms is not None:
             sink.add_dimensioned_metric(MODEL_LATENCY, "Milliseconds", latency_ms, dimensions)

@@ -340,7 +340,13 @@ class Worker:
                 await live.close()
         history = steps[-1].history if steps else None
         profile = profile_name(history.metadata) if history is not None else None
-        publish_usage(self.metrics, observer.events, profile=profile, latency_ms=timing.latency_ms)
+        publish_usage(
+            self.metrics,
+            observer.events,
+            profile=profile,
+            latency_ms=timing.latency_ms,
+            prices=self.system.config.prices,
+        )
         events = step_events(thread_id, observer.events, inputs)
         redelivered = [r.logical_id for r in records if r.receive_count > 1 and r.message is not None]
         if redelivered:

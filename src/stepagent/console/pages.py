@@ -77,6 +77,11 @@ def _when(epoch_ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch_ms / 1000))
 
 
+def _dollars(cost: float) -> str:
+    """A conversation's cost as people read it: cents for most, more digits below a cent."""
+    return f"${cost:,.2f}" if cost >= 0.01 else f"${cost:.4f}"
+
+
 # ---- the list ----------------------------------------------------------------------------------------------
 
 
@@ -87,6 +92,8 @@ def conversations_page(listing: ConversationList, query: str) -> str:
     for row in listing.rows:
         usage = row.usage.total if row.usage else None
         tokens = f"{usage.input_tokens:,} in / {usage.output_tokens:,} out" if usage else "—"
+        if usage is not None and usage.cost_usd is not None:
+            tokens += f" · {_dollars(usage.cost_usd)}"
         meta = json.dumps(row.metadata, ensure_ascii=False) if row.metadata not in (None, {}) else ""
         rows.append(
             f'<tr data-thread-id="{e(row.root.thread_id)}"><td><a href="{e(path("c", row.root.thread_id))}">'
@@ -152,7 +159,10 @@ def conversation_fragment(page: ConversationPage, csrf: str) -> str:
     """The part of the page that is re-rendered whenever the conversation changes."""
     usage = page.usage.total if page.usage else None
     tokens = (
-        f"{usage.input_tokens:,} input · {usage.output_tokens:,} output tokens · {usage.completions} model call(s)"
+        f"{usage.input_tokens:,} input · {usage.output_tokens:,} output · "
+        f"{usage.cache_read_tokens:,} cache read · {usage.cache_write_tokens:,} cache write tokens · "
+        f"{usage.completions} model call(s)"
+        + (f" · {_dollars(usage.cost_usd)}" if usage.cost_usd is not None else "")
         if usage
         else ""
     )

@@ -1,6 +1,6 @@
 """Which rows make up a thread's model-facing history: the ancestor chain and the compaction cut.
 
-What it guarantees (reference-core §2.6; the worked examples are in ``tests/contract``):
+What it guarantees (the worked examples are in ``tests/contract``):
 
 - :func:`ancestor_chain` walks parent links up to the root and fails loudly on a cycle, so a corrupt tree
   can never loop forever;
@@ -78,7 +78,7 @@ class _Builder:
 async def load_history_with_ancestors(
     store: ConversationStore, thread_id: str, chain: Sequence[AncestorLink] | None = None
 ) -> LoadedHistory:
-    """Reconstruct the model-facing history of ``thread_id`` (reference-core §2.6):
+    """Reconstruct the model-facing history of ``thread_id``:
 
     1. the thread's own latest summary, if any, then its rows after it — ancestors are not loaded;
     2. otherwise the closest ancestor summary that lies within what the path inherited, the rest of that

@@ -1,7 +1,7 @@
 """Answering a RAP ``user_choice``: POST ``{"id": <call id>, "selected": <index>}`` to its ``response_url``.
 
 Guarantees: the index is checked against the choice before anything is sent; dismissal sends the
-choice's ``default`` (RAP §4.4); nothing is cached or replayed — each answer is one POST, and a non-2xx
+choice's ``default`` (the RAP ``user_choice`` rule); nothing is cached or replayed — each answer is one POST, and a non-2xx
 answer or a network error is raised as :class:`ChoiceAnswerError` for the caller to show.
 """
 

@@ -1,4 +1,4 @@
-"""RAP wire types: the toolset manifest, the invocation, and the callbacks (reference-lambda-rap §4).
+"""RAP wire types: the toolset manifest, the invocation, and the callbacks (docs/writing-tools.md).
 
 Guarantees:
 

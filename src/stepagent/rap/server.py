@@ -11,7 +11,7 @@
 
     server.run(port=8080)            # or mount server.app in any ASGI host
 
-What it does for you (RAP §4):
+What it does for you (the RAP protocol, docs/writing-tools.md):
 
 - ``GET /.well-known/rap-toolset`` serves the manifest; schemas and descriptions come from the type hints
   and docstrings, exactly as for ``@tool``. Invocations are POSTed to ``/invoke`` (``/`` works too).
