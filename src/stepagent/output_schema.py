@@ -8,9 +8,12 @@ Guarantees:
 - A schema is checked when it is configured (``jsonschema``'s meta-schema check for its declared draft,
   2020-12 when it declares none), so a broken schema fails at start with :class:`ConfigurationError`, never
   at the first answer.
-- A pydantic model class is validated by pydantic itself (its own rules, e.g. field validators); the JSON
-  Schema sent to the model is the class's ``model_json_schema()``. The value returned is the JSON form of
-  the validated model (``model_dump(mode="json")``).
+- A pydantic model class is validated by pydantic itself (its own rules, e.g. field validators); its JSON
+  Schema is the class's ``model_json_schema()``, which providers with native structured output send in the
+  strict form their vendor's SDK sends for the class (see ``class_name``). A dict schema is sent exactly as
+  given: it is the user's to make acceptable to the vendor. Either way this module, not the vendor, decides
+  whether an answer is valid. The value returned is the JSON form of the validated model
+  (``model_dump(mode="json")``).
 - ``jsonschema`` is imported only when a dict schema is configured, so a deployment without one pays
   nothing for it at cold start.
 - ``check`` accepts the answer with surrounding whitespace or inside one Markdown code fence (models add
@@ -53,6 +56,11 @@ class OutputSchema:
 
     schema: dict[str, Any]
     model: type[BaseModel] | None = None
+
+    @property
+    def class_name(self) -> str | None:
+        """The pydantic model class's name when the schema was generated from one, else ``None``."""
+        return self.model.__name__ if self.model is not None else None
 
     @classmethod
     def of(cls, spec: Any, *, setting: str = "output_schema") -> OutputSchema:

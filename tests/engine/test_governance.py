@@ -332,3 +332,15 @@ def test_turn_complete_carries_cache_tokens_cost_and_output() -> None:
         "value": 10,
         "used": 12,
     }
+
+
+async def test_a_pydantic_schema_reaches_the_provider_with_its_class_name() -> None:
+    # Providers send a class's schema in their vendor's strict form and a written schema as given: they tell
+    # the two apart by the class name the request carries.
+    script = {"default": [{"output": {"city": "Paris", "temp_c": 21}}]}
+    for spec, expected in ((Weather, "Weather"), (WEATHER, None)):
+        world = World(script, agent=AgentConfig(output_schema=spec))
+        await world.say("r", "weather?", "m1")
+        [request] = world.provider.requests
+        assert request.output_schema is not None
+        assert request.output_schema_class == expected

@@ -4,15 +4,21 @@ documentation, never from our translation code; both requests are captured by mo
 
 from __future__ import annotations
 
+import enum
+import json
 from typing import Any
 
 import anthropic
 import httpx
 import httpx2
+import pydantic
 import pytest
+from anthropic.lib._parse._transform import to_json_output_format
 
+from stepagent.errors import ProviderError
 from stepagent.history_items import INJECTED_TOOL_NAME, SUMMARY_PREFIX
 from stepagent.messages import ImageBlock
+from stepagent.output_schema import OutputSchema
 from stepagent.providers.anthropic import AnthropicProvider
 from stepagent.providers.base import ModelInfo, ModelRequest
 from stepagent.providers.requests_common import (
@@ -170,7 +176,9 @@ async def sdk_bytes(kwargs: dict[str, Any]) -> bytes:
     return captured[0]
 
 
-async def our_bytes(case: Case, output_schema: dict[str, Any] | None = None) -> tuple[bytes, httpx.Request]:
+async def our_bytes(
+    case: Case, output_schema: dict[str, Any] | None = None, schema_class: str | None = None
+) -> tuple[bytes, httpx.Request]:
     captured: list[httpx.Request] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -189,6 +197,7 @@ async def our_bytes(case: Case, output_schema: dict[str, Any] | None = None) -> 
             tools=case.tools,
             model=info,
             output_schema=output_schema,
+            output_schema_class=schema_class,
         )
         events = [event async for event in provider.stream(request)]
     assert events, "the stream produced no events"
@@ -240,3 +249,94 @@ async def test_an_output_schema_is_sent_as_the_sdk_sends_output_config(seed: int
     kwargs = oracle_kwargs(case) | {"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}
     theirs = await sdk_bytes(kwargs)
     assert ours == theirs, first_difference(ours, theirs)
+
+
+# A pydantic class is sent as the SDK sends it: ``transform_schema`` closes every object and moves the keywords
+# the API does not support into descriptions. Nested model, optional field, list, enum, defaults, a format.
+
+
+class Unit(enum.Enum):
+    CELSIUS = "celsius"
+    FAHRENHEIT = "fahrenheit"
+
+
+class Reading(pydantic.BaseModel):
+    value: float = pydantic.Field(ge=-100, description="the measured value")
+    unit: Unit = Unit.CELSIUS
+
+
+class Forecast(pydantic.BaseModel):
+    """A forecast for one city."""
+
+    city: str = pydantic.Field(max_length=80)
+    current: Reading
+    hourly: list[Reading] = pydantic.Field(min_length=1)
+    note: str | None = None
+    tags: list[str] = []
+    issued: str = pydantic.Field(json_schema_extra={"format": "date-time"})
+
+
+class Closed(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    answer: int
+
+
+class Untyped(pydantic.BaseModel):
+    anything: Any
+
+
+@pytest.mark.parametrize(("model", "seed"), [(Forecast, 0), (Forecast, 40), (Forecast, 120), (Closed, 60)])
+async def test_a_pydantic_class_is_sent_as_the_sdk_sends_it(
+    model: type[pydantic.BaseModel], seed: int
+) -> None:
+    case = generate(seed)
+    schema = OutputSchema.of(model)
+    ours, _ = await our_bytes(case, schema.schema, schema.class_name)
+    # ``transform_schema`` is the SDK's public rewrite; ``parse()``/``stream()`` apply it to the same schema.
+    expected = {"type": "json_schema", "schema": anthropic.transform_schema(model)}
+    assert to_json_output_format(model) == expected
+    theirs = await sdk_bytes(oracle_kwargs(case) | {"output_config": {"format": expected}})
+    assert ours == theirs, first_difference(ours, theirs)
+    sent = json.loads(ours)["output_config"]["format"]["schema"]
+    assert sent["additionalProperties"] is False
+    assert "additionalProperties" not in schema.schema or model is Closed  # the original is not touched
+
+
+async def test_the_sdks_stream_helper_sends_the_same_output_config() -> None:
+    case = generate(3)
+    schema = OutputSchema.of(Forecast)
+    ours, _ = await our_bytes(case, schema.schema, schema.class_name)
+    captured: list[bytes] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        captured.append(request.read())
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=OK_STREAM)
+
+    client = anthropic.AsyncAnthropic(
+        api_key="test-key",
+        base_url="https://anthropic.test",
+        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)),
+        max_retries=0,
+    )
+    kwargs = {k: v for k, v in oracle_kwargs(case).items() if k != "stream"}
+    async with client.messages.stream(**kwargs, output_format=Forecast) as stream:
+        async for _ in stream:
+            pass
+    await client.close()
+    # The helper orders the body's keys its own way; the request is the same JSON.
+    assert json.loads(ours) == json.loads(captured[0])
+
+
+async def test_a_dict_schema_is_sent_as_given() -> None:
+    open_schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    ours, _ = await our_bytes(generate(5), open_schema)
+    assert json.loads(ours)["output_config"]["format"]["schema"] == open_schema
+
+
+async def test_a_class_the_sdk_cannot_transform_fails_the_request_clearly() -> None:
+    schema = OutputSchema.of(Untyped)
+    with pytest.raises(ProviderError, match="Untyped cannot be used for Anthropic structured output") as info:
+        await our_bytes(generate(5), schema.schema, schema.class_name)
+    assert not info.value.retryable
+    with pytest.raises(ValueError, match="Schema must have a 'type'"):
+        anthropic.transform_schema(Untyped)

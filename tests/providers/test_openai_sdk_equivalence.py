@@ -4,16 +4,20 @@ documentation, never from our translation code; both requests are captured by mo
 
 from __future__ import annotations
 
+import enum
 import json
 from typing import Any
 
 import httpx
 import httpx2
 import openai
+import pydantic
 import pytest
+from openai.lib._parsing._completions import type_to_response_format_param
 
 from stepagent.history_items import INJECTED_TOOL_NAME, SUMMARY_PREFIX
 from stepagent.messages import ImageBlock
+from stepagent.output_schema import OutputSchema
 from stepagent.providers.base import ModelInfo, ModelRequest
 from stepagent.providers.openai_compat import TOOL_IMAGES_FOLLOW, TOOL_IMAGES_LABEL, OpenAIProvider
 from stepagent.providers.requests_common import (
@@ -187,7 +191,9 @@ async def sdk_bytes(kwargs: dict[str, Any]) -> bytes:
     return captured[0]
 
 
-async def our_bytes(case: Case, output_schema: dict[str, Any] | None = None) -> tuple[bytes, httpx.Request]:
+async def our_bytes(
+    case: Case, output_schema: dict[str, Any] | None = None, schema_class: str | None = None
+) -> tuple[bytes, httpx.Request]:
     captured: list[httpx.Request] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -206,6 +212,7 @@ async def our_bytes(case: Case, output_schema: dict[str, Any] | None = None) -> 
             tools=case.tools,
             model=info,
             output_schema=output_schema,
+            output_schema_class=schema_class,
         )
         events = [event async for event in provider.stream(request)]
     assert events, "the stream produced no events"
@@ -249,3 +256,73 @@ async def test_an_output_schema_is_sent_as_the_sdks_response_format(seed: int) -
     response_format = {"type": "json_schema", "json_schema": {"name": "Weather_report", "schema": SCHEMA}}
     theirs = await sdk_bytes(oracle_kwargs(case) | {"response_format": response_format})
     assert ours == theirs, first_difference(ours, theirs)
+
+
+# A pydantic class is sent as ``parse()``/``stream()`` send it: the strict schema (every object closed, every
+# property required, ``$ref`` with siblings inlined, ``None`` defaults dropped), named after the class,
+# ``strict: true``. Nested model, optional field, list, enum.
+
+
+class Unit(enum.Enum):
+    CELSIUS = "celsius"
+    FAHRENHEIT = "fahrenheit"
+
+
+class Reading(pydantic.BaseModel):
+    value: float = pydantic.Field(description="the measured value")
+    unit: Unit = Unit.CELSIUS
+
+
+class Forecast(pydantic.BaseModel):
+    """A forecast for one city."""
+
+    city: str
+    current: Reading = pydantic.Field(description="now")
+    hourly: list[Reading]
+    note: str | None = None
+    tags: list[str] = []
+
+
+@pytest.mark.parametrize("seed", [0, 40, 120])
+async def test_a_pydantic_class_is_sent_as_the_sdk_sends_it(seed: int) -> None:
+    case = generate(seed)
+    schema = OutputSchema.of(Forecast)
+    ours, _ = await our_bytes(case, schema.schema, schema.class_name)
+    theirs = await sdk_bytes(
+        oracle_kwargs(case) | {"response_format": type_to_response_format_param(Forecast)}
+    )
+    assert ours == theirs, first_difference(ours, theirs)
+    sent = json.loads(ours)["response_format"]["json_schema"]
+    assert sent["name"] == "Forecast" and sent["strict"] is True
+    assert sent["schema"]["required"] == ["city", "current", "hourly", "note", "tags"]
+    assert "additionalProperties" not in schema.schema  # the original is not touched
+
+
+async def test_the_sdks_stream_helper_sends_the_same_bytes() -> None:
+    # ``stream()`` refuses non-strict tools, so a conversation without tools.
+    case = next(c for c in map(generate, SEEDS) if not c.tools)
+    schema = OutputSchema.of(Forecast)
+    ours, _ = await our_bytes(case, schema.schema, schema.class_name)
+    captured: list[bytes] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        captured.append(request.read())
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=OK_STREAM)
+
+    client = openai.AsyncOpenAI(
+        api_key="test-key",
+        base_url="https://openai.test/v1",
+        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)),
+        max_retries=0,
+    )
+    kwargs = {k: v for k, v in oracle_kwargs(case).items() if k != "stream"}
+    async with client.chat.completions.stream(**kwargs, response_format=Forecast):
+        pass  # the request is sent on entry; the canned answer is not a Forecast, so it is not read
+    await client.close()
+    assert ours == captured[0], first_difference(ours, captured[0])
+
+
+async def test_a_dict_schema_is_sent_as_given() -> None:
+    open_schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    ours, _ = await our_bytes(generate(5), open_schema)
+    assert json.loads(ours)["response_format"]["json_schema"] == {"name": "output", "schema": open_schema}

@@ -200,6 +200,7 @@ class CompletionRunner:
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             output_schema=self.output_schema.schema if self.output_schema is not None else None,
+            output_schema_class=self.output_schema.class_name if self.output_schema is not None else None,
             cache_ttl=self.cache_ttl,
         )
         if self.compact_on_overflow:

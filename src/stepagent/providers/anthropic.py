@@ -65,6 +65,7 @@ from stepagent.providers.requests_common import (
     conversation,
 )
 from stepagent.providers.sse import SSEEvent
+from stepagent.providers.strict_schema import anthropic_strict_schema
 from stepagent.providers.window import TruncationReport, annotate, fit_request
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -158,8 +159,12 @@ def anthropic_body(
         "model": model,
     }
     if request.output_schema is not None:
-        # Structured outputs: the Messages API constrains the answer's text to the schema.
-        body["output_config"] = {"format": {"type": "json_schema", "schema": request.output_schema}}
+        # Structured outputs: the Messages API constrains the answer's text to the schema. A pydantic class's
+        # schema is closed the way the SDK does it (the API refuses open objects); a written one is the user's.
+        schema = request.output_schema
+        if request.output_schema_class is not None:
+            schema = anthropic_strict_schema(schema, request.output_schema_class)
+        body["output_config"] = {"format": {"type": "json_schema", "schema": schema}}
     body["stream"] = True
     if request.system.strip():
         system = {"type": "text", "text": request.system, "cache_control": cache_control(request.cache_ttl)}

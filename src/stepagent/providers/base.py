@@ -66,6 +66,10 @@ class ModelRequest:
     #: The JSON Schema the answer must match (structured output), sent through the provider's native
     #: mechanism where it has one; ``None``: free text.
     output_schema: dict[str, Any] | None = None
+    #: The pydantic model class ``output_schema`` was generated from (its ``__name__``), or ``None`` for a
+    #: schema the user wrote: providers send a class's schema in the strict form their vendor's SDK sends
+    #: for the class, and a written schema exactly as given.
+    output_schema_class: str | None = None
     #: The lifetime of the prompt-cache entries this request writes (providers without a TTL ignore it).
     cache_ttl: CacheTtl = "5m"
 

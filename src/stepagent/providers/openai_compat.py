@@ -67,6 +67,7 @@ from stepagent.providers.requests_common import (
     conversation,
 )
 from stepagent.providers.sse import SSEEvent
+from stepagent.providers.strict_schema import openai_strict_schema
 from stepagent.providers.window import TruncationReport, annotate, fit_request
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -192,10 +193,13 @@ def openai_body(
         body["parallel_tool_calls"] = False
     if request.output_schema is not None:
         # Structured outputs: the answer's content must be JSON matching the schema.
-        body["response_format"] = {
-            "type": "json_schema",
-            "json_schema": {"name": schema_name(request.output_schema), "schema": request.output_schema},
-        }
+        # A pydantic class's schema goes in the SDK's strict form, named after the class; a written one as given.
+        if request.output_schema_class is not None:
+            strict = openai_strict_schema(request.output_schema, request.output_schema_class)
+            json_schema = {"schema": strict, "name": request.output_schema_class, "strict": True}
+        else:
+            json_schema = {"name": schema_name(request.output_schema), "schema": request.output_schema}
+        body["response_format"] = {"type": "json_schema", "json_schema": json_schema}
     body["stream_options"] = {"include_usage": True}
     if request.temperature is not None:
         body["temperature"] = request.temperature
