@@ -4,19 +4,16 @@ Appendix A), so they live in one place."""
 from __future__ import annotations
 
 AGENT_INTRO = "You are a helpful agent running on stepagent. You work in conversation threads."
-GUIDE_TOOLS = (
-    "- Use tools when they help. Asynchronous tools answer later: when you call one, your turn ends and you "
-    "are woken up with its result."
-)
+# The guidance and the built-in tools' descriptions go with every request, so each says what it must in as
+# few words as it can.
+GUIDE_TOOLS = "- Use tools when they help. An asynchronous tool ends your turn; its result wakes you."
 GUIDE_SPAWN = (
-    "- For independent sub-tasks, spawn a child thread with `spawn_thread`; pass the full thread stack from "
-    "the root to the current thread as `child_of`. Children report back automatically; do not do a child's "
-    "task yourself."
+    "- Give independent sub-tasks to child threads (`spawn_thread`); they report back automatically. Do not "
+    "do a child's task yourself."
 )
 GUIDE_CHILD = (
-    "- Immediately after a `spawn_thread` result that says you are INSIDE a child thread, repeat and "
-    "internalize the instructions, ignore the parent's plans, do the task, `report_to_parent`, then "
-    "`close_thread` with your own thread ID."
+    "- When a `spawn_thread` result says you are INSIDE a child thread: restate its instructions, ignore the "
+    "parent's plans, do the task, `report_to_parent`, then `close_thread` with your own thread ID."
 )
 GUIDE_CONCISE = "- Be concise."
 #: The system prompt when none is configured and every built-in tool is offered. A configured prompt
@@ -29,8 +26,8 @@ DEFAULT_SYSTEM_PROMPT = (
 #: compaction threads included — sends the same system prompt and their requests extend the parent's
 #: cached prefix; a child learns its own id from the tool result that starts it ("You are now INSIDE ...").
 THREAD_SUFFIX = (
-    "\n\nThe root thread ID is `{root_thread_id}`. You are in the root thread unless a tool result says you "
-    "are now INSIDE another thread: that thread's ID is then your current thread ID."
+    "\n\nThe root thread ID is `{root_thread_id}`. You are in it unless a tool result says you are now INSIDE "
+    "another thread, whose ID is then yours."
 )
 
 CHILD_SEED = (

@@ -7,9 +7,11 @@ subscription-event child: its seeded history, the seed message, and the wording 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from stepagent import texts
+from stepagent.core.agents import system_prompt
 from stepagent.events import SubscriptionEventReceived, ToolCallStarted, ToolResultReceived
 from stepagent.history_items import (
     AssistantText,
@@ -30,7 +32,9 @@ from stepagent.messages import (
 )
 from stepagent.providers.base import Final, ToolCallComplete
 from stepagent.stores.base import ThreadKind
+from stepagent.tools.base import Toolset
 from stepagent.tools.builtins import builtin_tools
+from stepagent.tools.sleep import Sleep, SleepUntil
 from stepagent.tools.subscriptions import SleepUntilEventOrInput
 from stepagent.tools.threads import CloseThread, ReportToParent, SendMessageToChild
 from tests.engine.harness import (
@@ -629,3 +633,15 @@ async def test_event_child_close_validation_uses_close_thread_texts() -> None:
             ThreadReport(tool_call_id="sub-1", child_thread_id="ev"),
         )
     ]
+
+
+def test_the_built_ins_and_their_guidance_stay_cheap() -> None:
+    # Every request carries the offered built-ins and the runtime's guidance, so their size is paid on each
+    # one. The eight built-ins with the default prompt were ~1,095 tokens (UTF-8 bytes / 4) before their
+    # texts were tightened and are ~812 now; the budget keeps them from growing back.
+    tools = [*builtin_tools(), Sleep(), SleepUntil()]
+    wire = [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools]
+    prompt = system_prompt(None, Toolset.of(tools), root_thread_id="0" * 26)
+    size = len(json.dumps(wire, separators=(",", ":")).encode()) + len(prompt.encode())
+    assert len(tools) == 8
+    assert size / 4 <= 850, size / 4

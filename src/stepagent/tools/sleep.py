@@ -58,12 +58,12 @@ class Sleep(Tool):
     name = "sleep"
     builtin = True
     wait = "sleep"
-    description = "Sleep for a number of seconds, then continue. Nothing runs while you sleep."
+    description = "Sleep for some seconds, then continue; nothing runs meanwhile."
     parameters = {
         "type": "object",
         "properties": {
-            "seconds": {"type": "number", "description": "How long to sleep, in seconds."},
-            "reason": {"type": "string", "description": "Why you are sleeping (shown to the user)."},
+            "seconds": {"type": "number", "description": "Seconds to sleep."},
+            "reason": {"type": "string", "description": "Why (shown to the user)."},
         },
         "required": ["seconds"],
     }
@@ -116,7 +116,7 @@ class SleepUntil(Tool):
     name = "sleep_until"
     builtin = True
     wait = "sleep"
-    description = "Sleep until a wall-clock time, then continue. Nothing runs while you sleep."
+    description = "Sleep until a wall-clock time, then continue; nothing runs meanwhile."
     parameters = {
         "type": "object",
         "properties": {

@@ -20,17 +20,13 @@ class CancelSubscription(Tool):
 
     name = "cancel_subscription"
     builtin = True
-    description = (
-        "Cancel an active subscription by its tool call ID. This sends a cancellation notification to the "
-        "tool server and removes the subscription from tracking. You can only cancel subscriptions that "
-        "were created by the current thread."
-    )
+    description = "Cancel a subscription this thread started; its tool server is told."
     parameters = {
         "type": "object",
         "properties": {
             "tool_call_id": {
                 "type": "string",
-                "description": "The tool call ID that started the subscription.",
+                "description": "The tool call ID that started it.",
             }
         },
         "required": ["tool_call_id"],
@@ -64,9 +60,8 @@ class SleepUntilEventOrInput(Tool):
     name = "sleep_until_event_or_input"
     builtin = True
     description = (
-        "Sleep indefinitely until an external event or user input arrives. Use this when you have completed "
-        "all current tasks and are waiting for something to happen (e.g., a webhook, a scheduled event, or "
-        "user input). The agent will pause and automatically resume when new input is received."
+        "Pause until an event or user input arrives: use it when every task is done and you are waiting "
+        "(e.g. for a webhook or the user)."
     )
     passive = True
     answered = False  # the next input interrupts it; no result ever comes

@@ -43,21 +43,19 @@ class SpawnThread(Tool):
     builtin = True
     wait = "child"  # the thread then waits for the child's report
     description = (
-        "Spawn a new child thread for a sub-task. The new thread inherits the conversation context of the "
-        "current thread and will see its tasks automatically. Returns the new thread ID."
+        "Start a child thread on a sub-task. It sees this conversation and its task. Returns its ID."
     )
     parameters = {
         "type": "object",
         "properties": {
             "instructions": {
                 "type": "string",
-                "description": "The task for the child thread. Also say what you will do meanwhile.",
+                "description": "The child's task, and what you will do meanwhile.",
             },
             "child_of": {
                 "type": "array",
                 "items": {"type": "string"},
-                "description": 'The full thread stack from the root to the current thread, e.g. ["R"] or '
-                '["R", "A"].',
+                "description": 'Thread IDs from the root to the current thread, e.g. ["R"] or ["R", "A"].',
             },
         },
         "required": ["instructions", "child_of"],
@@ -111,13 +109,10 @@ class ReportToParent(Tool):
 
     name = "report_to_parent"
     builtin = True
-    description = (
-        "Send a report to the parent thread. Use this when you have intermediate results, updates, or "
-        "information the parent should know about while you continue working."
-    )
+    description = "Send results or updates to the parent thread; you can keep working."
     parameters = {
         "type": "object",
-        "properties": {"report": {"type": "string", "description": "The report for the parent thread."}},
+        "properties": {"report": {"type": "string", "description": "The report."}},
         "required": ["report"],
     }
 
@@ -145,16 +140,14 @@ class CloseThread(Tool):
     name = "close_thread"
     builtin = True
     description = (
-        "Permanently shuts down the specified thread, marking it as complete. Use this from a thread that "
-        "wants to close itself. Make sure to cancel any subscriptions you created before calling this. If the "
-        "thread has additional information has not already been reported to the parent, include it in "
-        "report_to_parent. Omit report_to_parent if there is nothing worth reporting."
+        "Close your own thread for good. Cancel your subscriptions first. Put anything not yet reported in "
+        "report_to_parent; omit it if there is nothing."
     )
     parameters = {
         "type": "object",
         "properties": {
-            "thread_id": {"type": "string", "description": "The ID of the thread to close (your own)."},
-            "report_to_parent": {"type": "string", "description": "An optional final report."},
+            "thread_id": {"type": "string", "description": "Your own thread ID."},
+            "report_to_parent": {"type": "string", "description": "Optional final report."},
         },
         "required": ["thread_id"],
     }
@@ -231,15 +224,12 @@ class SendMessageToChild(Tool):
 
     name = "send_message_to_child"
     builtin = True
-    description = (
-        "Send a message to a child thread. The message will be injected inline into the child's "
-        "conversation history."
-    )
+    description = "Send a message into a child thread's conversation."
     parameters = {
         "type": "object",
         "properties": {
-            "thread_id": {"type": "string", "description": "The child thread's ID."},
-            "message": {"type": "string", "description": "The message for the child."},
+            "thread_id": {"type": "string", "description": "The child's thread ID."},
+            "message": {"type": "string", "description": "The message."},
         },
         "required": ["thread_id", "message"],
     }
