@@ -13,12 +13,26 @@ import math
 import types
 import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Discriminator, Tag, ValidationError
 from pydantic_core import ErrorDetails
 
 Location = tuple[int | str, ...]
+
+_ARM = "one-of:"
+
+
+def _text_or_list(value: object) -> str:
+    return f"{_ARM}text" if isinstance(value, str) else f"{_ARM}list"
+
+
+#: A value written as one string or as a list of strings (``"a,b"`` or ``["a", "b"]``). A bad value gets
+#: one line (the list's), not one per union member as a plain ``str | list[str]`` would.
+TextOrList = Annotated[
+    Annotated[str, Tag(f"{_ARM}text")] | Annotated[list[str], Tag(f"{_ARM}list")],
+    Discriminator(_text_or_list),
+]
 
 
 def json_type(value: object) -> str:
@@ -53,17 +67,18 @@ def error_lines(
     model) lets an unknown key's line list the keys allowed at that place."""
     lines = []
     for detail in error.errors(include_url=False):
-        loc, problem = _describe(detail, model)
+        loc, problem = describe(detail, model)
         place = prefix + where(loc)
         lines.append(f"{place}: {problem}" if place else problem)
     return lines
 
 
-def _describe(detail: ErrorDetails, model: type[BaseModel] | None) -> tuple[Location, str]:
+def describe(detail: ErrorDetails, model: type[BaseModel] | None = None) -> tuple[Location, str]:
+    """Where one error is (its location, minus validator names) and what is wrong, in plain words."""
     kind, loc, value = detail["type"], tuple(detail["loc"]), detail.get("input")
     ctx = detail.get("ctx") or {}
     # A tagged-union or function validator adds its own name to the location; people never wrote it.
-    loc = tuple(part for part in loc if not (isinstance(part, str) and part.startswith("function-")))
+    loc = tuple(part for part in loc if not (isinstance(part, str) and part.startswith(("function-", _ARM))))
     if kind == "missing":
         return loc[:-1], f"missing {loc[-1]!r}"
     if kind == "extra_forbidden":
@@ -79,7 +94,8 @@ def _describe(detail: ErrorDetails, model: type[BaseModel] | None) -> tuple[Loca
     if kind in ("float_type", "float_parsing", "finite_number"):
         return loc, f"must be a number, got {_shown(value)}"
     if kind in ("list_type", "tuple_type"):
-        return loc, f"must be a list, got {json_type(value)}"
+        either = "a string or " if detail["loc"] and detail["loc"][-1] == f"{_ARM}list" else ""
+        return loc, f"must be {either}a list, got {json_type(value)}"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
         return loc, f"must be a JSON object, got {json_type(value)}"
     if kind in ("too_short", "string_too_short"):
