@@ -41,6 +41,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -49,12 +50,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
-from stepagent import config_errors
-from stepagent.config_errors import TextOrList
 from stepagent.errors import ConfigurationError
 from stepagent.output_schema import OutputSchema, parse_output_schema
 from stepagent.providers.base import ModelProvider
@@ -258,7 +257,7 @@ class AgentConfig:
             object.__setattr__(self, "approval", parse_approval(self.approval))
         except ConfigurationError as error:
             problems.append(str(error))
-        problems += _check_values({key: getattr(self, key) for key in _Values.model_fields})
+        problems += _check_values({key: getattr(self, key) for key in _DEFAULTS})
         if self.output_schema is not None:
             try:
                 object.__setattr__(
@@ -292,28 +291,61 @@ def profile_name(metadata: Any) -> str | None:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-class _ProfileValues(BaseModel):
-    """The ranges of the values a profile and the agent share, in the order their problems are reported.
-    Only checked: the dataclasses keep the values they were given."""
-
-    model_config = ConfigDict(strict=True, extra="forbid", defer_build=True)
-    system_prompt: str | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    context_window: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None
-    max_model_calls_per_turn: Annotated[int, Field(ge=1)] | None = None
-    max_conversation_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_conversation_cost_usd: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+class _Models(NamedTuple):
+    values: type[BaseModel]
+    profile_values: type[BaseModel]
 
 
-class _Values(_ProfileValues):
-    """The agent's values: a profile's and the deployment-wide ones."""
+@functools.cache
+def _models() -> _Models:
+    """The pydantic models checking the agent's values, created on first use: a deployment that sets none
+    of these values never pays for building them at cold start."""
+    from pydantic import ConfigDict, Field
 
-    prompt_cache_ttl: Literal["5m", "1h", "auto"] = "auto"
-    output_retries: Annotated[int, Field(ge=0)] = DEFAULT_OUTPUT_RETRIES
-    compaction_threshold: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = (
-        DEFAULT_COMPACTION_THRESHOLD
-    )
+    class _ProfileValues(BaseModel):
+        """The ranges of the values a profile and the agent share, in the order their problems are reported.
+        Only checked: the dataclasses keep the values they were given."""
+
+        model_config = ConfigDict(strict=True, extra="forbid", defer_build=True)
+        system_prompt: str | None = None
+        max_tokens: Annotated[int, Field(ge=1)] | None = None
+        context_window: Annotated[int, Field(ge=1)] | None = None
+        temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None
+        max_model_calls_per_turn: Annotated[int, Field(ge=1)] | None = None
+        max_conversation_tokens: Annotated[int, Field(ge=1)] | None = None
+        max_conversation_cost_usd: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+
+    class _Values(_ProfileValues):
+        """The agent's values: a profile's and the deployment-wide ones."""
+
+        prompt_cache_ttl: Literal["5m", "1h", "auto"] = "auto"
+        output_retries: Annotated[int, Field(ge=0)] = DEFAULT_OUTPUT_RETRIES
+        compaction_threshold: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = (
+            DEFAULT_COMPACTION_THRESHOLD
+        )
+
+    return _Models(_Values, _ProfileValues)
+
+
+@functools.cache
+def _profile_spec() -> type[BaseModel]:
+    """A profile's JSON shape, created on first use (only deployments with profiles need it)."""
+    from pydantic import Field
+
+    from stepagent.config_errors import TextOrList
+
+    shared: Any = _models().profile_values  # Any: mypy cannot take a base class from a value
+
+    class _ProfileSpec(shared):  # type: ignore[misc]
+        """A profile's JSON: the shared value ranges plus what only a profile has; no other key."""
+
+        model: str | None = None
+        tools: list[Annotated[str, Field(min_length=1)]] | None = None
+        builtin_tools: TextOrList | None = None
+        output_schema: Any = None  # a schema object, or its text or @path; checked by OutputSchema
+        approval: TextOrList | None = None
+
+    return _ProfileSpec
 
 
 #: Each value's setting and what it must be: a bad value's line is ``<setting>=<value> is invalid: <this>``.
@@ -335,14 +367,36 @@ _EXPECTED: dict[str, tuple[str, str]] = {
         "a share of the context window, greater than 0 and at most 1 (e.g. 0.75)",
     ),
 }
-_PROFILE_VALUES = tuple(_ProfileValues.model_fields)
+#: The values a profile shares with the agent (the others apply to the whole deployment).
+_PROFILE_VALUES = (
+    "system_prompt",
+    "max_tokens",
+    "context_window",
+    "temperature",
+    "max_model_calls_per_turn",
+    "max_conversation_tokens",
+    "max_conversation_cost_usd",
+)
+#: The agent's values and their defaults: default values need no check.
+_DEFAULTS: dict[str, Any] = {
+    **dict.fromkeys(_PROFILE_VALUES),
+    "max_model_calls_per_turn": DEFAULT_MAX_MODEL_CALLS_PER_TURN,
+    "prompt_cache_ttl": "auto",
+    "output_retries": DEFAULT_OUTPUT_RETRIES,
+    "compaction_threshold": DEFAULT_COMPACTION_THRESHOLD,
+}
 
 
 def _check_values(values: Mapping[str, Any], *, where: str = "") -> list[str]:
     """One line per value out of its range; ``where`` prefixes a profile's lines (and names the key
     rather than the setting)."""
+    # By identity, not equality: a default needs no check, but True (== 1) or 1.0 must still be looked at.
+    values = {key: value for key, value in values.items() if value is not _DEFAULTS[key]}
+    if not values:
+        return []
+    models = _models()
     try:
-        (_ProfileValues if where else _Values).model_validate(values)
+        (models.profile_values if where else models.values).model_validate(values)
     except ValidationError as error:
         return _value_lines(error, where=where)
     return []
@@ -351,6 +405,8 @@ def _check_values(values: Mapping[str, Any], *, where: str = "") -> list[str]:
 def _value_lines(
     error: ValidationError, *, where: str = "", model: type[BaseModel] | None = None
 ) -> list[str]:
+    from stepagent import config_errors  # only when something is wrong
+
     lines = []
     for detail in error.errors(include_url=False):
         key = detail["loc"][0] if detail["loc"] else None
@@ -535,29 +591,20 @@ def load_profiles(raw: str, roots: Sequence[Path]) -> dict[str, AgentProfile]:
     return profiles
 
 
-class _ProfileSpec(_ProfileValues):
-    """A profile's JSON: the shared value ranges plus what only a profile has; no other key."""
-
-    model: str | None = None
-    tools: list[Annotated[str, Field(min_length=1)]] | None = None
-    builtin_tools: TextOrList | None = None
-    output_schema: Any = None  # a schema object, or its text or @path; checked by OutputSchema
-    approval: TextOrList | None = None
-
-
 def _profile(name: str, entry: Any, roots: Sequence[Path]) -> AgentProfile:
     """The profile ``entry`` describes. Its JSON shape is checked first; the values whose shape is right
     are then checked by :class:`AgentProfile` too, so every problem of the entry is reported together."""
     where = f"{PROFILES}: profile {name!r}: "
     problems: list[str] = []
     misshapen: set[object] = set()
+    spec = _profile_spec()
     try:
-        _ProfileSpec.model_validate(entry)
+        spec.model_validate(entry)
     except ValidationError as error:
-        problems += _value_lines(error, where=where, model=_ProfileSpec)
+        problems += _value_lines(error, where=where, model=spec)
         misshapen = {detail["loc"][0] for detail in error.errors() if detail["loc"]}
     fields = entry if isinstance(entry, dict) else {}
-    values = {key: fields[key] for key in _ProfileSpec.model_fields if key in fields and key not in misshapen}
+    values = {key: fields[key] for key in spec.model_fields if key in fields and key not in misshapen}
     for key, read in (("system_prompt", _prompt), ("output_schema", _schema)):
         if isinstance(values.get(key), str):
             try:

@@ -8,15 +8,14 @@ each, naming the server's place in the list and the key.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ValidationError
 
-from stepagent.config_errors import error_lines
 from stepagent.errors import ConfigurationError
 
 SETTING = "STEPAGENT_MCP_SERVERS"
@@ -34,29 +33,36 @@ class McpServer:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
-class _ServerSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
-    name: Annotated[str, Field(min_length=1)]
-    command: Annotated[str, Field(min_length=1)] | None = None
-    args: list[str] = []
-    env: dict[str, str] = {}
-    url: Annotated[str, Field(min_length=1)] | None = None
-    headers: dict[str, str] = {}
+@functools.cache
+def _model() -> type[BaseModel]:
+    """The list's pydantic model, created on first use: a deployment without MCP servers never builds it."""
+    from pydantic import ConfigDict, Field, model_validator
+    from pydantic_core import PydanticCustomError
 
-    @model_validator(mode="after")
-    def _one_transport(self) -> _ServerSpec:
-        if (self.command is None) == (self.url is None):
-            raise PydanticCustomError(
-                "config", "needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)"
-            )
-        return self
+    class _ServerSpec(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
+        name: Annotated[str, Field(min_length=1)]
+        command: Annotated[str, Field(min_length=1)] | None = None
+        args: list[str] = []
+        env: dict[str, str] = {}
+        url: Annotated[str, Field(min_length=1)] | None = None
+        headers: dict[str, str] = {}
 
+        @model_validator(mode="after")
+        def _one_transport(self) -> _ServerSpec:
+            if (self.command is None) == (self.url is None):
+                raise PydanticCustomError(
+                    "config", "needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)"
+                )
+            return self
 
-class _Servers(BaseModel):
-    """The list, wrapped so a problem's location starts with the setting's name."""
+    class _Servers(BaseModel):
+        """The list, wrapped so a problem's location starts with the setting's name."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
-    STEPAGENT_MCP_SERVERS: list[_ServerSpec]
+        model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
+        STEPAGENT_MCP_SERVERS: list[_ServerSpec]
+
+    return _Servers
 
 
 def parse_mcp_servers(raw: str | None) -> tuple[McpServer, ...]:
@@ -68,9 +74,11 @@ def parse_mcp_servers(raw: str | None) -> tuple[McpServer, ...]:
     except json.JSONDecodeError as exc:
         raise ConfigurationError(f"{SETTING} is not valid JSON: {exc}") from None
     try:
-        specs = _Servers.model_validate({SETTING: data}).STEPAGENT_MCP_SERVERS
+        specs: list[Any] = getattr(_model().model_validate({SETTING: data}), SETTING)
     except ValidationError as error:
-        raise ConfigurationError("\n".join(error_lines(error, _Servers))) from None
+        from stepagent.config_errors import error_lines  # only when something is wrong
+
+        raise ConfigurationError("\n".join(error_lines(error, _model()))) from None
     names = [spec.name for spec in specs]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
