@@ -2,7 +2,8 @@
 
 Users test their agents offline with it (``STEPAGENT_MODEL=scripted:<path to a JSON script>``). Guarantees:
 the same request always yields the same events (no network, no clock, no randomness, no sleeping), and a bad
-script fails at load with a :class:`~stepagent.errors.ConfigurationError` naming the file and the problem.
+script fails at load with a :class:`~stepagent.errors.ConfigurationError` naming the file and every problem
+(pydantic models, strict types, no unknown keys), one line each, each naming its place (``rules[1].when``).
 
 Script format::
 
