@@ -41,6 +41,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import math
@@ -49,7 +50,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ValidationError
 
 from stepagent.errors import ConfigurationError
 from stepagent.output_schema import OutputSchema, parse_output_schema
@@ -99,20 +102,6 @@ AGENT_SETTING_NAMES = (
     PROMPT_CACHE_TTL,
 )
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_PROFILE_KEYS = (
-    "system_prompt",
-    "model",
-    "tools",
-    "builtin_tools",
-    "max_tokens",
-    "temperature",
-    "context_window",
-    "max_model_calls_per_turn",
-    "max_conversation_tokens",
-    "max_conversation_cost_usd",
-    "output_schema",
-    "approval",
-)
 
 
 # ---- approval -------------------------------------------------------------------------------------------
@@ -210,12 +199,7 @@ class AgentProfile:
 
     def __post_init__(self) -> None:
         where = f"{PROFILES}: profile {self.name!r}"
-        problems: list[str] = []
-        if not isinstance(self.name, str) or not _PROFILE_NAME.match(self.name):
-            problems.append(
-                f"{PROFILES}: profile name {self.name!r} is invalid (letters, digits, '_', '.', '-'; "
-                "at most 64 characters)"
-            )
+        problems = _name_problems(self.name)
         if self.model is not None and isinstance(self.model, str) and ":" not in self.model:
             problems.append(f"{where}: model {self.model!r} is not <provider>:<model id>")
         if self.tools is not None:
@@ -223,29 +207,16 @@ class AgentProfile:
                 problems.append(f"{where}: tools must be a list of tool names or patterns")
             else:
                 object.__setattr__(self, "tools", tuple(self.tools))
-        if self.builtin_tools is not None:
-            try:
-                object.__setattr__(
-                    self,
-                    "builtin_tools",
-                    parse_builtin_tools(self.builtin_tools, setting=f"{where}: builtin_tools"),
-                )
-            except ConfigurationError as error:
-                problems.append(str(error))
-        if self.approval is not None:
-            try:
-                object.__setattr__(
-                    self, "approval", parse_approval(self.approval, setting=f"{where}: approval")
-                )
-            except ConfigurationError as error:
-                problems.append(str(error))
-        problems += _check_numbers(self.max_tokens, self.temperature, self.context_window, where=f"{where}: ")
-        problems += _check_limits(
-            self.max_model_calls_per_turn,
-            self.max_conversation_tokens,
-            self.max_conversation_cost_usd,
+        problems += _check_values(
+            {key: getattr(self, key) for key in _PROFILE_VALUES if getattr(self, key) is not None},
             where=f"{where}: ",
         )
+        for key, parse in (("builtin_tools", parse_builtin_tools), ("approval", parse_approval)):
+            if getattr(self, key) is not None:
+                try:
+                    object.__setattr__(self, key, parse(getattr(self, key), setting=f"{where}: {key}"))
+                except ConfigurationError as error:
+                    problems.append(str(error))
         if self.output_schema is not None:
             try:
                 object.__setattr__(
@@ -286,17 +257,7 @@ class AgentConfig:
             object.__setattr__(self, "approval", parse_approval(self.approval))
         except ConfigurationError as error:
             problems.append(str(error))
-        if self.prompt_cache_ttl not in PROMPT_CACHE_TTLS:
-            problems.append(
-                f"{PROMPT_CACHE_TTL}={self.prompt_cache_ttl!r} is invalid: use 5m, 1h or auto (the default: "
-                "one hour when the thread waits on something slow, else five minutes)"
-            )
-        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
-            problems.append(f"{SYSTEM_PROMPT} must be text")
-        problems += _check_numbers(self.max_tokens, self.temperature, self.context_window)
-        problems += _check_limits(
-            self.max_model_calls_per_turn, self.max_conversation_tokens, self.max_conversation_cost_usd
-        )
+        problems += _check_values({key: getattr(self, key) for key in _DEFAULTS})
         if self.output_schema is not None:
             try:
                 object.__setattr__(
@@ -304,15 +265,6 @@ class AgentConfig:
                 )
             except ConfigurationError as error:
                 problems.append(str(error))
-        retries = self.output_retries
-        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
-            problems.append(f"{OUTPUT_RETRIES}={retries!r} is invalid: a whole number >= 0 (e.g. 2)")
-        threshold = self.compaction_threshold
-        if not _is_number(threshold) or not 0 < threshold <= 1:
-            problems.append(
-                f"{COMPACTION_THRESHOLD}={threshold!r} is invalid: a share of the context window, "
-                "greater than 0 and at most 1 (e.g. 0.75)"
-            )
         try:
             object.__setattr__(self, "builtin_tools", parse_builtin_tools(self.builtin_tools))
         except ConfigurationError as error:
@@ -339,47 +291,133 @@ def profile_name(metadata: Any) -> str | None:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+class _Models(NamedTuple):
+    values: type[BaseModel]
+    profile_values: type[BaseModel]
 
 
-def _check_numbers(
-    max_tokens: object, temperature: object, context_window: object, *, where: str = ""
+@functools.cache
+def _models() -> _Models:
+    """The pydantic models checking the agent's values, created on first use: a deployment that sets none
+    of these values never pays for building them at cold start."""
+    from pydantic import ConfigDict, Field
+
+    class _ProfileValues(BaseModel):
+        """The ranges of the values a profile and the agent share, in the order their problems are reported.
+        Only checked: the dataclasses keep the values they were given."""
+
+        model_config = ConfigDict(strict=True, extra="forbid", defer_build=True)
+        system_prompt: str | None = None
+        max_tokens: Annotated[int, Field(ge=1)] | None = None
+        context_window: Annotated[int, Field(ge=1)] | None = None
+        temperature: Annotated[float, Field(ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)] | None = None
+        max_model_calls_per_turn: Annotated[int, Field(ge=1)] | None = None
+        max_conversation_tokens: Annotated[int, Field(ge=1)] | None = None
+        max_conversation_cost_usd: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+
+    class _Values(_ProfileValues):
+        """The agent's values: a profile's and the deployment-wide ones."""
+
+        prompt_cache_ttl: Literal["5m", "1h", "auto"] = "auto"
+        output_retries: Annotated[int, Field(ge=0)] = DEFAULT_OUTPUT_RETRIES
+        compaction_threshold: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = (
+            DEFAULT_COMPACTION_THRESHOLD
+        )
+
+    return _Models(_Values, _ProfileValues)
+
+
+@functools.cache
+def _profile_spec() -> type[BaseModel]:
+    """A profile's JSON shape, created on first use (only deployments with profiles need it)."""
+    from pydantic import Field
+
+    from stepagent.config_errors import TextOrList
+
+    shared: Any = _models().profile_values  # Any: mypy cannot take a base class from a value
+
+    class _ProfileSpec(shared):  # type: ignore[misc]
+        """A profile's JSON: the shared value ranges plus what only a profile has; no other key."""
+
+        model: str | None = None
+        tools: list[Annotated[str, Field(min_length=1)]] | None = None
+        builtin_tools: TextOrList | None = None
+        output_schema: Any = None  # a schema object, or its text or @path; checked by OutputSchema
+        approval: TextOrList | None = None
+
+    return _ProfileSpec
+
+
+#: Each value's setting and what it must be: a bad value's line is ``<setting>=<value> is invalid: <this>``.
+_EXPECTED: dict[str, tuple[str, str]] = {
+    "prompt_cache_ttl": (
+        PROMPT_CACHE_TTL,
+        "use 5m, 1h or auto (the default: one hour when the thread waits on something slow, else five minutes)",
+    ),
+    "system_prompt": (SYSTEM_PROMPT, "text (or @path to a UTF-8 file)"),
+    "max_tokens": (MAX_TOKENS, "a positive whole number of tokens"),
+    "context_window": (CONTEXT_WINDOW, "a positive whole number of tokens"),
+    "temperature": (TEMPERATURE, "a number from 0 to 2"),
+    "max_model_calls_per_turn": (MAX_MODEL_CALLS_PER_TURN, "a positive whole number of model calls"),
+    "max_conversation_tokens": (MAX_CONVERSATION_TOKENS, "a positive whole number of tokens"),
+    "max_conversation_cost_usd": (MAX_CONVERSATION_COST_USD, "dollars, a number greater than 0 (e.g. 2.50)"),
+    "output_retries": (OUTPUT_RETRIES, "a whole number >= 0 (e.g. 2)"),
+    "compaction_threshold": (
+        COMPACTION_THRESHOLD,
+        "a share of the context window, greater than 0 and at most 1 (e.g. 0.75)",
+    ),
+}
+#: The values a profile shares with the agent (the others apply to the whole deployment).
+_PROFILE_VALUES = (
+    "system_prompt",
+    "max_tokens",
+    "context_window",
+    "temperature",
+    "max_model_calls_per_turn",
+    "max_conversation_tokens",
+    "max_conversation_cost_usd",
+)
+#: The agent's values and their defaults: default values need no check.
+_DEFAULTS: dict[str, Any] = {
+    **dict.fromkeys(_PROFILE_VALUES),
+    "max_model_calls_per_turn": DEFAULT_MAX_MODEL_CALLS_PER_TURN,
+    "prompt_cache_ttl": "auto",
+    "output_retries": DEFAULT_OUTPUT_RETRIES,
+    "compaction_threshold": DEFAULT_COMPACTION_THRESHOLD,
+}
+
+
+def _check_values(values: Mapping[str, Any], *, where: str = "") -> list[str]:
+    """One line per value out of its range; ``where`` prefixes a profile's lines (and names the key
+    rather than the setting)."""
+    # By identity, not equality: a default needs no check, but True (== 1) or 1.0 must still be looked at.
+    values = {key: value for key, value in values.items() if value is not _DEFAULTS[key]}
+    if not values:
+        return []
+    models = _models()
+    try:
+        (models.profile_values if where else models.values).model_validate(values)
+    except ValidationError as error:
+        return _value_lines(error, where=where)
+    return []
+
+
+def _value_lines(
+    error: ValidationError, *, where: str = "", model: type[BaseModel] | None = None
 ) -> list[str]:
-    def name(setting: str, key: str) -> str:
-        return f"{where}{key}" if where else setting
+    from stepagent import config_errors  # only when something is wrong
 
-    problems = []
-    for setting, key, value in (
-        (MAX_TOKENS, "max_tokens", max_tokens),
-        (CONTEXT_WINDOW, "context_window", context_window),
-    ):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            problems.append(f"{name(setting, key)}={value!r} is invalid: a positive whole number of tokens")
-    if temperature is not None and (not _is_number(temperature) or not 0 <= temperature <= MAX_TEMPERATURE):  # type: ignore[operator]
-        problems.append(
-            f"{name(TEMPERATURE, 'temperature')}={temperature!r} is invalid: a number from 0 to 2"
-        )
-    return problems
-
-
-def _check_limits(calls: object, tokens: object, cost: object, *, where: str = "") -> list[str]:
-    def name(setting: str, key: str) -> str:
-        return f"{where}{key}" if where else setting
-
-    problems = []
-    for setting, key, value, what in (
-        (MAX_MODEL_CALLS_PER_TURN, "max_model_calls_per_turn", calls, "model calls"),
-        (MAX_CONVERSATION_TOKENS, "max_conversation_tokens", tokens, "tokens"),
-    ):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            problems.append(f"{name(setting, key)}={value!r} is invalid: a positive whole number of {what}")
-    if cost is not None and (not _is_number(cost) or cost <= 0):  # type: ignore[operator]
-        problems.append(
-            f"{name(MAX_CONVERSATION_COST_USD, 'max_conversation_cost_usd')}={cost!r} is invalid: dollars, "
-            "a number greater than 0 (e.g. 2.50)"
-        )
-    return problems
+    lines = []
+    for detail in error.errors(include_url=False):
+        key = detail["loc"][0] if detail["loc"] else None
+        if isinstance(key, str) and key in _EXPECTED and detail["type"] not in ("missing", "extra_forbidden"):
+            setting, expected = _EXPECTED[key]
+            lines.append(f"{where}{key if where else setting}={detail['input']!r} is invalid: {expected}")
+        else:
+            loc, problem = config_errors.describe(detail, model)
+            place = where + config_errors.where(loc) if loc else where.rstrip(": ")
+            lines.append(f"{place}: {problem}")
+    return lines
 
 
 # ---- from the environment ---------------------------------------------------------------------------------
@@ -554,35 +592,41 @@ def load_profiles(raw: str, roots: Sequence[Path]) -> dict[str, AgentProfile]:
 
 
 def _profile(name: str, entry: Any, roots: Sequence[Path]) -> AgentProfile:
-    where = f"{PROFILES}: profile {name!r}"
-    if not isinstance(entry, dict):
-        raise ConfigurationError(f"{where} must be a JSON object")
-    unknown = sorted(set(entry) - set(_PROFILE_KEYS))
-    if unknown:
-        raise ConfigurationError(
-            f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(_PROFILE_KEYS)})"
-        )
-    values = dict(entry)
-    prompt = values.get("system_prompt")
-    if prompt is not None:
-        if not isinstance(prompt, str):
-            raise ConfigurationError(f"{where}: system_prompt must be text or @path")
-        values["system_prompt"] = _prompt(prompt, f"{where}: system_prompt", roots)
-    model = values.get("model")
-    if model is not None and not isinstance(model, str):
-        raise ConfigurationError(f"{where}: model must be a <provider>:<model id> string")
-    schema = values.get("output_schema")
-    if isinstance(schema, str):
-        values["output_schema"] = _schema(schema, f"{where}: output_schema", roots)
-    tools = values.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise ConfigurationError(f"{where}: tools must be a list of tool names or patterns")
-        values["tools"] = tuple(tools)
-    approval = values.get("approval")
-    if approval is not None and not isinstance(approval, str | list):
-        raise ConfigurationError(f"{where}: approval must be a list of tool names or patterns (or a string)")
-    return AgentProfile(name=name, **values)
+    """The profile ``entry`` describes. Its JSON shape is checked first; the values whose shape is right
+    are then checked by :class:`AgentProfile` too, so every problem of the entry is reported together."""
+    where = f"{PROFILES}: profile {name!r}: "
+    problems: list[str] = []
+    misshapen: set[object] = set()
+    spec = _profile_spec()
+    try:
+        spec.model_validate(entry)
+    except ValidationError as error:
+        problems += _value_lines(error, where=where, model=spec)
+        misshapen = {detail["loc"][0] for detail in error.errors() if detail["loc"]}
+    fields = entry if isinstance(entry, dict) else {}
+    values = {key: fields[key] for key in spec.model_fields if key in fields and key not in misshapen}
+    for key, read in (("system_prompt", _prompt), ("output_schema", _schema)):
+        if isinstance(values.get(key), str):
+            try:
+                values[key] = read(values[key], f"{where}{key}", roots)
+            except ConfigurationError as error:
+                problems.append(str(error))
+                del values[key]
+    try:
+        profile = AgentProfile(name=name, **values)
+    except ConfigurationError as error:
+        problems.append(str(error))
+    if problems:
+        raise ConfigurationError("\n".join(problems))
+    return profile
+
+
+def _name_problems(name: object) -> list[str]:
+    if isinstance(name, str) and _PROFILE_NAME.match(name):
+        return []
+    return [
+        f"{PROFILES}: profile name {name!r} is invalid (letters, digits, '_', '.', '-'; at most 64 characters)"
+    ]
 
 
 __all__ = [

@@ -235,10 +235,40 @@ def test_bad_profiles_are_reported_one_line_each() -> None:
     lines = str(caught.value).splitlines()
     assert all(line.startswith("STEPAGENT_PROFILES") for line in lines)
     assert any("'bad key'" in line and "unknown key" in line for line in lines)
-    assert any("'odd'" in line and "unknown key(s) prompt" in line for line in lines)
+    assert any("'odd': unknown key 'prompt'; allowed: system_prompt," in line for line in lines)
+    assert any("'odd': model 'no-colon' is not <provider>:<model id>" in line for line in lines)
     assert any("'numbers': max_tokens=-5" in line for line in lines)
     assert any("'numbers': temperature='hot'" in line for line in lines)
     assert any("'numbers': builtin_tools" in line for line in lines)
+    assert len(lines) == 7  # the bad name, then each bad value of each profile, once
+
+
+def test_a_profiles_json_shape_is_checked_with_every_value_reported() -> None:
+    profiles = {
+        "shape": {
+            "tools": "crm",
+            "approval": 3,
+            "builtin_tools": ["threads", 2],
+            "system_prompt": 7,
+            "compaction_threshold": 0.5,
+            "max_conversation_cost_usd": 0,
+        },
+        "listed": [],
+    }
+    with pytest.raises(ConfigurationError) as caught:
+        agent_config_from_env({"STEPAGENT_PROFILES": json.dumps(profiles)}, roots=[])
+    where = "STEPAGENT_PROFILES: profile 'shape': "
+    assert str(caught.value).splitlines() == [
+        f"{where}system_prompt=7 is invalid: text (or @path to a UTF-8 file)",
+        f"{where}max_conversation_cost_usd=0 is invalid: dollars, a number greater than 0 (e.g. 2.50)",
+        f"{where}tools: must be a list, got a string",
+        f"{where}builtin_tools[1]: must be a string, got a number",
+        f"{where}approval: must be a string or a list, got a number",
+        f"{where}unknown key 'compaction_threshold'; allowed: system_prompt, max_tokens, context_window, "
+        "temperature, max_model_calls_per_turn, max_conversation_tokens, max_conversation_cost_usd, model, "
+        "tools, builtin_tools, output_schema, approval",
+        "STEPAGENT_PROFILES: profile 'listed': must be a JSON object, got a list",
+    ]
 
 
 def test_the_profile_is_read_from_the_metadata_key_profile() -> None:

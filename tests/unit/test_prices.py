@@ -52,7 +52,10 @@ def test_overrides_win_and_missing_cache_rates_default_to_input() -> None:
         ('{"openai:x": {"input": 1}}', "'openai:x': output is required"),
         ('{"openai:x": {"input": -1, "output": 2}}', "input=-1 is invalid"),
         ('{"openai:x": {"input": 1, "output": "2"}}', "output='2' is invalid"),
-        ('{"openai:x": {"input": 1, "output": 2, "cached": 1}}', "unknown field(s) cached"),
+        (
+            '{"openai:x": {"input": 1, "output": 2, "cached": 1}}',
+            "unknown field 'cached' (known: input, output, cache_read, cache_write)",
+        ),
     ],
 )
 def test_bad_prices_are_reported_clearly(raw: str, expected: str) -> None:

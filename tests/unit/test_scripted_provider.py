@@ -34,6 +34,7 @@ from stepagent.providers.base import (
     ToolSpec,
 )
 from stepagent.providers.scripted import (
+    Script,
     ScriptedProvider,
     load_script,
     request_chars,
@@ -431,9 +432,9 @@ def test_invalid_json_names_path_and_position(tmp_path: Path) -> None:
     [
         ([], "must be a JSON object"),
         ({}, "needs 'rules', 'default' or both"),
-        ({"rules": [], "extra": 1}, "unknown top-level keys ['extra']"),
+        ({"rules": [], "extra": 1}, "unknown key 'extra'; allowed: rules, default"),
         ({"rules": {}}, "rules: must be a list"),
-        ({"rules": ["x"]}, "rules[0]: a rule must be an object"),
+        ({"rules": ["x"]}, "rules[0]: must be a JSON object, got a string"),
         ({"rules": [{"reply": []}]}, "rules[0]: missing 'when'"),
         ({"rules": [{"when": "x"}]}, "rules[0]: missing 'reply'"),
         ({"rules": [{"when": 3, "reply": []}]}, "rules[0].when: must be a string"),
@@ -441,26 +442,38 @@ def test_invalid_json_names_path_and_position(tmp_path: Path) -> None:
             {"rules": [{"when": "(unclosed", "reply": []}]},
             "rules[0].when: bad regular expression '(unclosed'",
         ),
-        ({"rules": [{"when": "x", "reply": [], "then": 1}]}, "rules[0]: unknown keys ['then']"),
-        ({"rules": [{"when": "x", "reply": [], "on": ["assistant"]}]}, "unknown input kind 'assistant'"),
-        ({"rules": [{"when": "x", "reply": [], "on": []}]}, "rules[0].on: must be a non-empty list"),
-        ({"rules": [{"when": "x", "reply": {"text": "a"}}]}, "rules[0].reply: must be a list of events"),
+        (
+            {"rules": [{"when": "x", "reply": [], "then": 1}]},
+            "rules[0]: unknown key 'then'; allowed: when, reply, on",
+        ),
+        (
+            {"rules": [{"when": "x", "reply": [], "on": ["assistant"]}]},
+            "rules[0].on[0]: 'assistant' is not one of 'user', 'tool_result' or 'event'",
+        ),
+        ({"rules": [{"when": "x", "reply": [], "on": []}]}, "rules[0].on: must not be empty"),
+        ({"rules": [{"when": "x", "reply": {"text": "a"}}]}, "rules[0].reply: must be a list, got an object"),
         ({"default": [{"txt": "hi"}]}, "default[0]: an event needs exactly one of"),
         ({"default": [{"text": "a", "error": "b"}]}, "found 'text' and 'error'"),
-        ({"default": [{"text": "a", "delay": 1}]}, "default[0]: unknown keys ['delay'] in a 'text' event"),
+        ({"default": [{"text": "a", "delay": 1}]}, "default[0]: unknown key 'delay'"),
         ({"default": [{"text": 5}]}, "default[0].text: must be a string, got a number"),
         ({"default": [{"reasoning": "r", "signature": 1}]}, "default[0].signature: must be a string"),
         ({"default": [{"error": "e", "retryable": "yes"}]}, "default[0].retryable: must be true or false"),
-        ({"default": [{"tool_call": "get_time"}]}, "default[0].tool_call: must be an object"),
+        (
+            {"default": [{"tool_call": "get_time"}]},
+            "default[0].tool_call: must be a JSON object, got a string",
+        ),
         ({"default": [{"tool_call": {"arguments": {}}}]}, "default[0].tool_call: missing 'name'"),
         ({"default": [{"tool_call": {"name": ""}}]}, "default[0].tool_call.name: must not be empty"),
         (
             {"default": [{"tool_call": {"name": "t", "arguments": []}}]},
-            "tool_call.arguments: must be an object",
+            "tool_call.arguments: must be a JSON object, got a list",
         ),
-        ({"default": [{"tool_call": {"name": "t", "args": {}}}]}, "unknown keys ['args']"),
-        ({"default": [], "context_window": -1}, "context_window: must be a non-negative integer"),
-        ({"default": [], "context_window": True}, "context_window: must be a non-negative integer"),
+        (
+            {"default": [{"tool_call": {"name": "t", "args": {}}}]},
+            "default[0].tool_call: unknown key 'args'; allowed: name, arguments",
+        ),
+        ({"default": [], "context_window": -1}, "context_window: must be at least 0, got -1"),
+        ({"default": [], "context_window": True}, "context_window: must be a whole number, got True"),
         ({"rules": [{"when": "a", "reply": []}, {"when": "b", "reply": [None]}]}, "rules[1].reply[0]"),
     ],
 )
@@ -470,6 +483,36 @@ def test_bad_scripts_fail_with_clear_messages(tmp_path: Path, script: Any, fragm
     message = str(info.value)
     assert fragment in message
     assert message.startswith("scripted model: invalid script ")
+
+
+def test_every_problem_of_a_script_is_one_line_naming_its_place() -> None:
+    script = {
+        "rules": [
+            {"when": "(", "reply": [None, {"text": 1}], "on": "assistant"},
+            {"when": "ok", "reply": [{"text": "a", "signature": "s"}, {"tool_call": {"name": ""}}]},
+        ],
+        "default": [{"text": None}],
+        "context_window": True,
+        "colour": "red",
+    }
+    with pytest.raises(ConfigurationError) as info:
+        Script.from_dict(script)
+    lines = str(info.value).splitlines()
+    assert all(line.startswith("scripted model: invalid script 'inline': ") for line in lines)
+    problems = [line.removeprefix("scripted model: invalid script 'inline': ") for line in lines]
+    expected = [
+        "rules[0].when: bad regular expression '('",
+        "rules[0].reply[0]: must be a JSON object, got null",
+        "rules[0].reply[1].text: must be a string, got a number",
+        "rules[0].on[0]: 'assistant' is not one of",
+        "rules[1].reply[0]: keys ['signature'] do not belong in a 'text' event",
+        "rules[1].reply[1].tool_call.name: must not be empty",
+        "default[0].text: must not be null",
+        "context_window: must be a whole number, got True",
+        "unknown key 'colour'; allowed: rules, default, context_window, description",
+    ]
+    assert len(problems) == len(expected)
+    assert all(problem.startswith(start) for problem, start in zip(problems, expected, strict=True))
 
 
 def test_bad_file_script_names_the_path(tmp_path: Path) -> None:

@@ -1,11 +1,16 @@
-"""``STEPAGENT_MAX_RECEIVE_COUNT``: the worker's knowledge of the input queue's maxReceiveCount."""
+"""``STEPAGENT_MAX_RECEIVE_COUNT`` (the worker's knowledge of the input queue's maxReceiveCount) and
+``STEPAGENT_MCP_SERVERS`` (every bad value reported at once)."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import pytest
 
 from stepagent.aws.settings import DEFAULT_MAX_RECEIVE_COUNT, Settings
 from stepagent.errors import ConfigurationError
+from stepagent.tools.mcp_config import McpServer
 
 
 def test_max_receive_count_defaults_to_the_templates_and_reads_the_setting() -> None:
@@ -17,3 +22,48 @@ def test_max_receive_count_defaults_to_the_templates_and_reads_the_setting() -> 
 def test_an_invalid_max_receive_count_fails_naming_the_variable(raw: str) -> None:
     with pytest.raises(ConfigurationError, match=r"STEPAGENT_MAX_RECEIVE_COUNT=.*at least 1"):
         Settings.from_env({"STEPAGENT_MAX_RECEIVE_COUNT": raw})
+
+
+def test_mcp_servers_report_every_bad_value_one_line_each() -> None:
+    raw = json.dumps(
+        [
+            {"name": "files", "command": "mcp-files", "args": ["--root", 7], "env": {"TOKEN": 1}, "cwd": "/"},
+            {"name": "", "url": "https://mcp.example"},
+            {"name": "both", "command": "x", "url": "https://mcp.example"},
+            "search",
+        ]
+    )
+    with pytest.raises(ConfigurationError) as caught:
+        Settings.from_env({"STEPAGENT_MCP_SERVERS": raw})
+    assert str(caught.value).splitlines() == [
+        "STEPAGENT_MCP_SERVERS[0].args[1]: must be a string, got a number",
+        "STEPAGENT_MCP_SERVERS[0].env.TOKEN: must be a string, got a number",
+        "STEPAGENT_MCP_SERVERS[0]: unknown key 'cwd'; allowed: name, command, args, env, url, headers",
+        "STEPAGENT_MCP_SERVERS[1].name: must not be empty",
+        "STEPAGENT_MCP_SERVERS[2]: needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)",
+        "STEPAGENT_MCP_SERVERS[3]: must be a JSON object, got a string",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("[{", "STEPAGENT_MCP_SERVERS is not valid JSON"),
+        ('{"name": "a"}', "STEPAGENT_MCP_SERVERS: must be a list, got an object"),
+        (
+            '[{"name": "a", "command": "x"}, {"name": "a", "url": "http://h"}]',
+            "STEPAGENT_MCP_SERVERS names more than one server 'a'",
+        ),
+    ],
+)
+def test_mcp_servers_shape_errors(raw: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        Settings.from_env({"STEPAGENT_MCP_SERVERS": raw})
+
+
+def test_mcp_servers_parse_into_typed_entries() -> None:
+    raw = '[{"name": "files", "command": "mcp-files", "args": ["-v"], "env": {"K": "V"}}, {"name": "web", "url": "https://mcp.example", "headers": {"Authorization": "Bearer t"}}]'
+    assert Settings.from_env({"STEPAGENT_MCP_SERVERS": raw}).mcp_servers == (
+        McpServer(name="files", command="mcp-files", args=("-v",), env={"K": "V"}),
+        McpServer(name="web", url="https://mcp.example", headers={"Authorization": "Bearer t"}),
+    )

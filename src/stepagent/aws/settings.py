@@ -17,19 +17,17 @@ naming the closest valid one (a typo would otherwise be silently ignored).
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from stepagent.agent_config import AGENT_SETTING_NAMES, AgentConfig, agent_config_from_env, search_roots
 from stepagent.core.thread_cache import DEFAULT_CACHE_BYTES
 from stepagent.errors import ConfigurationError
 from stepagent.providers.prices import CATALOG_PRICES, PRICES_SETTING, PriceTable, parse_prices
-from stepagent.tools.mcp_config import McpServer
+from stepagent.tools.mcp_config import McpServer, parse_mcp_servers
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +164,7 @@ class Settings:
             callback_secret=get("STEPAGENT_CALLBACK_SECRET"),
             callback_secret_id=get("STEPAGENT_CALLBACK_SECRET_ID"),
             provider_api_key_id=get("STEPAGENT_PROVIDER_API_KEY_ID"),
-            mcp_servers=_mcp_servers(get("STEPAGENT_MCP_SERVERS")),
+            mcp_servers=parse_mcp_servers(get("STEPAGENT_MCP_SERVERS")),
             endpoint_url=get("AWS_ENDPOINT_URL"),
             scheduler_role_arn=get("STEPAGENT_SCHEDULER_ROLE_ARN"),
             scheduler_dlq_arn=get("STEPAGENT_SCHEDULER_DLQ_ARN"),
@@ -249,45 +247,3 @@ def _positive_int(name: str, raw: str | None) -> int | None:
     if value < 1:
         raise ConfigurationError(f"{name}={raw!r} is invalid: expected a whole number of at least 1")
     return value
-
-
-def _mcp_servers(raw: str | None) -> tuple[McpServer, ...]:
-    if raw is None:
-        return ()
-    try:
-        data: Any = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConfigurationError(f"STEPAGENT_MCP_SERVERS is not valid JSON: {exc}") from None
-    if not isinstance(data, list):
-        raise ConfigurationError("STEPAGENT_MCP_SERVERS must be a JSON list of server objects")
-    servers: list[McpServer] = []
-    for index, entry in enumerate(data):
-        where = f"STEPAGENT_MCP_SERVERS[{index}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
-            raise ConfigurationError(f"{where} needs a non-empty string 'name'")
-        has_command, has_url = isinstance(entry.get("command"), str), isinstance(entry.get("url"), str)
-        if has_command == has_url:
-            raise ConfigurationError(
-                f"{where} needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)"
-            )
-        args = entry.get("args", [])
-        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-            raise ConfigurationError(f"{where}.args must be a list of strings")
-        for key in ("env", "headers"):
-            value = entry.get(key, {})
-            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-                raise ConfigurationError(f"{where}.{key} must be an object of strings")
-        servers.append(
-            McpServer(
-                name=entry["name"],
-                command=entry.get("command"),
-                args=tuple(args),
-                env=dict(entry.get("env", {})),
-                url=entry.get("url"),
-                headers=dict(entry.get("headers", {})),
-            )
-        )
-    names = [s.name for s in servers]
-    if len(names) != len(set(names)):
-        raise ConfigurationError("STEPAGENT_MCP_SERVERS has two servers with the same name")
-    return tuple(servers)

@@ -21,12 +21,14 @@ Guarantees:
 
 from __future__ import annotations
 
+import functools
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from stepagent.errors import ConfigurationError
 from stepagent.providers.base import Usage
@@ -170,51 +172,60 @@ def parse_prices(raw: str | None) -> PriceTable:
         raise ConfigurationError(
             f'{PRICES_SETTING} must be a JSON object like {{"openai:gpt-4o": {{"input": 2.5, "output": 10}}}}'
         )
-    problems: list[str] = []
-    overrides: dict[str, ModelPrice] = {}
-    for model, entry in data.items():
-        parsed = _entry(model, entry, problems)
-        if parsed is not None:
-            overrides[model] = parsed
+    problems = [
+        f"{PRICES_SETTING}: {model!r} is not <provider>:<model id> (e.g. 'anthropic:claude-sonnet-4-5')"
+        for model in data
+        if ":" not in model
+    ]
+    try:
+        specs = _price_model().validate_python(data)
+    except ValidationError as error:
+        problems += _price_lines(error)
     if problems:
         raise ConfigurationError("\n".join(problems))
-    return PriceTable(overrides)
-
-
-def _entry(model: str, entry: Any, problems: list[str]) -> ModelPrice | None:
-    where = f"{PRICES_SETTING}: {model!r}"
-    if ":" not in model:
-        problems.append(f"{where} is not <provider>:<model id> (e.g. 'anthropic:claude-sonnet-4-5')")
-        return None
-    if not isinstance(entry, dict):
-        problems.append(f"{where} must be an object with input, output, cache_read, cache_write")
-        return None
-    unknown = sorted(set(entry) - set(_FIELDS))
-    if unknown:
-        problems.append(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(_FIELDS)})")
-    rates: dict[str, float] = {}
-    for name in _FIELDS:
-        value = entry.get(name)
-        if value is None:
-            if name in ("input", "output"):
-                problems.append(f"{where}: {name} is required (dollars per million tokens)")
-            continue
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < 0
-        ):
-            problems.append(
-                f"{where}: {name}={value!r} is invalid: dollars per million tokens, a number >= 0"
+    return PriceTable(
+        {
+            model: ModelPrice(
+                float(spec.input),
+                float(spec.output),
+                float(spec.input if spec.cache_read is None else spec.cache_read),
+                float(spec.input if spec.cache_write is None else spec.cache_write),
             )
-            continue
-        rates[name] = float(value)
-    if "input" not in rates or "output" not in rates or unknown:
-        return None
-    return ModelPrice(
-        rates["input"],
-        rates["output"],
-        rates.get("cache_read", rates["input"]),
-        rates.get("cache_write", rates["input"]),
+            for model, spec in specs.items()
+        }
     )
+
+
+@functools.cache
+def _price_model() -> TypeAdapter[dict[str, Any]]:
+    """``STEPAGENT_PRICES``' shape, created on first use (most deployments rely on the catalog)."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    Rate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+    class _Price(BaseModel):
+        model_config = ConfigDict(strict=True, extra="forbid")
+        input: Rate
+        output: Rate
+        cache_read: Rate | None = None
+        cache_write: Rate | None = None
+
+    return TypeAdapter(dict[str, _Price])
+
+
+def _price_lines(error: ValidationError) -> list[str]:
+    lines = []
+    for detail in error.errors(include_url=False):
+        model, *rest = detail["loc"]
+        where = f"{PRICES_SETTING}: {model!r}"
+        if not rest:
+            lines.append(f"{where} must be an object with {', '.join(_FIELDS)}")
+        elif detail["type"] == "missing":
+            lines.append(f"{where}: {rest[0]} is required (dollars per million tokens)")
+        elif detail["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown field {rest[0]!r} (known: {', '.join(_FIELDS)})")
+        else:
+            lines.append(
+                f"{where}: {rest[0]}={detail['input']!r} is invalid: dollars per million tokens, a number >= 0"
+            )
+    return lines

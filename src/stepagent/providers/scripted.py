@@ -2,7 +2,8 @@
 
 Users test their agents offline with it (``STEPAGENT_MODEL=scripted:<path to a JSON script>``). Guarantees:
 the same request always yields the same events (no network, no clock, no randomness, no sleeping), and a bad
-script fails at load with a :class:`~stepagent.errors.ConfigurationError` naming the file and the problem.
+script fails at load with a :class:`~stepagent.errors.ConfigurationError` naming the file and every problem
+(pydantic models, strict types, no unknown keys), one line each, each naming its place (``rules[1].when``).
 
 Script format::
 
@@ -66,8 +67,12 @@ import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from stepagent.config_errors import error_lines
 from stepagent.errors import ConfigurationError, ProviderError
 from stepagent.history_items import (
     AssistantText,
@@ -95,9 +100,6 @@ from stepagent.providers.base import (
 from stepagent.providers.window import fit_request
 
 InputKind = Literal["user", "tool_result", "event"]
-_INPUT_KINDS: tuple[InputKind, ...] = ("user", "tool_result", "event")
-_TOP_KEYS = frozenset({"rules", "default", "context_window", "description"})
-_RULE_KEYS = frozenset({"when", "reply", "on", "description"})
 _EVENT_KEYS: dict[str, frozenset[str]] = {
     "text": frozenset({"text"}),
     "reasoning": frozenset({"reasoning", "signature"}),
@@ -105,7 +107,7 @@ _EVENT_KEYS: dict[str, frozenset[str]] = {
     "error": frozenset({"error", "retryable"}),
     "output": frozenset({"output"}),
 }
-_TOOL_CALL_KEYS = frozenset({"name", "arguments"})
+_ALL_EVENT_KEYS = frozenset().union(*_EVENT_KEYS.values())
 _THREAD_ID = "{thread_id}"
 _THREAD_STACK = "{thread_stack}"
 _QUOTE_LIMIT = 200
@@ -197,148 +199,130 @@ def load_script(path: str | os.PathLike[str]) -> Script:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Validation
+# Validation: the script's JSON shape as pydantic models (strict types, no unknown keys), every problem
+# reported at once, one line each.
+
+_STRICT = ConfigDict(extra="forbid", strict=True, defer_build=True)
 
 
-class _Invalid(Exception):
-    """A problem at a location inside the script; turned into one ConfigurationError by the caller."""
+def _invalid(message: str) -> PydanticCustomError:
+    return PydanticCustomError("config", message)
 
-    def __init__(self, where: str, problem: str) -> None:
-        super().__init__(f"{where}: {problem}" if where else problem)
+
+class _ToolCallSpec(BaseModel):
+    model_config = _STRICT
+    name: Annotated[str, Field(min_length=1)]
+    arguments: dict[str, Any] = {}
+
+
+class _EventSpec(BaseModel):
+    """Every key an event may have; exactly one kind must be present and only that kind's keys."""
+
+    model_config = _STRICT
+    text: str | None = None
+    reasoning: str | None = None
+    signature: str | None = None
+    tool_call: _ToolCallSpec | None = None
+    error: str | None = None
+    retryable: bool = False
+    output: Any = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_kind(cls, data: object) -> object:
+        if isinstance(data, dict):
+            kinds = [kind for kind in _EVENT_KEYS if kind in data]
+            if len(kinds) != 1:
+                found = "none" if not kinds else " and ".join(repr(k) for k in kinds)
+                raise _invalid(
+                    "an event needs exactly one of 'text', 'reasoning', 'tool_call', 'error', 'output' "
+                    f"(found {found})"
+                )
+            stray = sorted(set(data) & _ALL_EVENT_KEYS - _EVENT_KEYS[kinds[0]])
+            if stray:
+                raise _invalid(
+                    f"keys {stray} do not belong in a {kinds[0]!r} event; "
+                    f"allowed: {sorted(_EVENT_KEYS[kinds[0]])}"
+                )
+        return data
+
+    @field_validator("text", "reasoning", "tool_call", "error", mode="before")
+    @classmethod
+    def _not_null(cls, value: object) -> object:
+        if value is None:
+            raise _invalid("must not be null")
+        return value
+
+    def event(self) -> ScriptEvent:
+        given = self.model_fields_set
+        if "output" in given:
+            # A structured answer: the value's JSON text, streamed like any text.
+            return TextEvent(json.dumps(self.output, ensure_ascii=False))
+        if self.text is not None:
+            return TextEvent(self.text)
+        if self.reasoning is not None:
+            return ReasoningEvent(self.reasoning, self.signature)
+        if self.error is not None:
+            return ErrorEvent(self.error, self.retryable)
+        assert self.tool_call is not None  # _one_kind admits nothing else
+        return ToolCallEvent(self.tool_call.name, self.tool_call.arguments)
+
+
+class _RuleSpec(BaseModel):
+    model_config = _STRICT
+    when: str
+    reply: list[_EventSpec]
+    on: Annotated[list[InputKind], Field(min_length=1)] | None = None
+    description: str | None = None
+
+    @field_validator("on", mode="before")
+    @classmethod
+    def _one_kind_alone(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("when")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise _invalid(f"bad regular expression {value!r}: {exc}") from None
+        return value
+
+
+class _ScriptSpec(BaseModel):
+    model_config = _STRICT
+    rules: list[_RuleSpec] = []
+    default: list[_EventSpec] | None = None
+    context_window: Annotated[int, Field(ge=0)] = 0
+    description: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _something_to_say(cls, data: object) -> object:
+        if isinstance(data, dict) and "rules" not in data and "default" not in data:
+            raise _invalid("the script needs 'rules', 'default' or both")
+        return data
 
 
 def _parse_script(data: object, source: str) -> Script:
     try:
-        return _parse_top(data, source)
-    except _Invalid as exc:
-        raise ConfigurationError(f"scripted model: invalid script {source!r}: {exc}") from None
-
-
-def _parse_top(data: object, source: str) -> Script:
-    if not isinstance(data, dict):
-        raise _Invalid("", f"the script must be a JSON object, got {_json_type(data)}")
-    unknown = sorted(set(data) - _TOP_KEYS)
-    if unknown:
-        raise _Invalid("", f"unknown top-level keys {unknown}; expected {sorted(_TOP_KEYS)}")
-    if "rules" not in data and "default" not in data:
-        raise _Invalid("", "the script needs 'rules', 'default' or both")
-    rules_raw = data.get("rules", [])
-    if not isinstance(rules_raw, list):
-        raise _Invalid("rules", f"must be a list, got {_json_type(rules_raw)}")
-    rules = tuple(_parse_rule(raw, f"rules[{index}]") for index, raw in enumerate(rules_raw))
-    default = _parse_reply(data["default"], "default") if "default" in data else None
-    window = data.get("context_window", 0)
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise _Invalid("context_window", f"must be a non-negative integer (tokens), got {window!r}")
-    return Script(rules=rules, default=default, context_window=window, source=source)
-
-
-def _parse_rule(raw: object, where: str) -> Rule:
-    if not isinstance(raw, dict):
-        raise _Invalid(where, f"a rule must be an object, got {_json_type(raw)}")
-    unknown = sorted(set(raw) - _RULE_KEYS)
-    if unknown:
-        raise _Invalid(where, f"unknown keys {unknown}; a rule has 'when', 'reply' and optionally 'on'")
-    if "when" not in raw:
-        raise _Invalid(where, "missing 'when' (a regular expression)")
-    if "reply" not in raw:
-        raise _Invalid(where, "missing 'reply' (a list of events)")
-    when = raw["when"]
-    if not isinstance(when, str):
-        raise _Invalid(f"{where}.when", f"must be a string (a regular expression), got {_json_type(when)}")
-    try:
-        pattern = re.compile(when)
-    except re.error as exc:
-        raise _Invalid(f"{where}.when", f"bad regular expression {when!r}: {exc}") from None
-    return Rule(when=pattern, reply=_parse_reply(raw["reply"], f"{where}.reply"), on=_parse_on(raw, where))
-
-
-def _parse_on(raw: dict[str, Any], where: str) -> frozenset[InputKind] | None:
-    if "on" not in raw:
-        return None
-    on = raw["on"]
-    if isinstance(on, str):
-        on = [on]
-    if not isinstance(on, list) or not on:
-        raise _Invalid(f"{where}.on", f"must be a non-empty list of {list(_INPUT_KINDS)}")
-    kinds: set[InputKind] = set()
-    for value in on:
-        if value not in _INPUT_KINDS:
-            raise _Invalid(
-                f"{where}.on", f"unknown input kind {value!r}; expected one of {list(_INPUT_KINDS)}"
-            )
-        kinds.add(value)
-    return frozenset(kinds)
-
-
-def _parse_reply(raw: object, where: str) -> tuple[ScriptEvent, ...]:
-    if not isinstance(raw, list):
-        raise _Invalid(where, f"must be a list of events, got {_json_type(raw)}")
-    return tuple(_parse_event(event, f"{where}[{index}]") for index, event in enumerate(raw))
-
-
-def _parse_event(raw: object, where: str) -> ScriptEvent:
-    if not isinstance(raw, dict):
-        raise _Invalid(where, f"an event must be an object, got {_json_type(raw)}")
-    kinds = [kind for kind in _EVENT_KEYS if kind in raw]
-    if len(kinds) != 1:
-        found = "none" if not kinds else " and ".join(repr(k) for k in kinds)
-        raise _Invalid(
-            where,
-            f"an event needs exactly one of 'text', 'reasoning', 'tool_call', 'error', 'output' (found {found})",
+        spec = _ScriptSpec.model_validate(data)
+    except ValidationError as error:
+        lines = error_lines(error, _ScriptSpec)
+        raise ConfigurationError(
+            "\n".join(f"scripted model: invalid script {source!r}: {line}" for line in lines)
+        ) from None
+    rules = tuple(
+        Rule(
+            when=re.compile(rule.when),
+            reply=tuple(event.event() for event in rule.reply),
+            on=frozenset(rule.on) if rule.on is not None else None,
         )
-    kind = kinds[0]
-    unknown = sorted(set(raw) - _EVENT_KEYS[kind])
-    if unknown:
-        raise _Invalid(
-            where, f"unknown keys {unknown} in a {kind!r} event; allowed: {sorted(_EVENT_KEYS[kind])}"
-        )
-    if kind == "text":
-        return TextEvent(_string(raw["text"], f"{where}.text"))
-    if kind == "output":
-        # A structured answer: the value's JSON text, streamed like any text.
-        return TextEvent(json.dumps(raw["output"], ensure_ascii=False))
-    if kind == "reasoning":
-        signature = raw.get("signature")
-        if signature is not None:
-            signature = _string(signature, f"{where}.signature")
-        return ReasoningEvent(_string(raw["reasoning"], f"{where}.reasoning"), signature)
-    if kind == "error":
-        retryable = raw.get("retryable", False)
-        if not isinstance(retryable, bool):
-            raise _Invalid(f"{where}.retryable", f"must be true or false, got {retryable!r}")
-        return ErrorEvent(_string(raw["error"], f"{where}.error"), retryable)
-    return _parse_tool_call(raw["tool_call"], f"{where}.tool_call")
-
-
-def _parse_tool_call(raw: object, where: str) -> ToolCallEvent:
-    if not isinstance(raw, dict):
-        raise _Invalid(where, f"must be an object with 'name' and 'arguments', got {_json_type(raw)}")
-    unknown = sorted(set(raw) - _TOOL_CALL_KEYS)
-    if unknown:
-        raise _Invalid(where, f"unknown keys {unknown}; a tool call has 'name' and 'arguments'")
-    if "name" not in raw:
-        raise _Invalid(where, "missing 'name'")
-    name = _string(raw["name"], f"{where}.name")
-    if not name:
-        raise _Invalid(f"{where}.name", "must not be empty")
-    arguments = raw.get("arguments", {})
-    if not isinstance(arguments, dict):
-        raise _Invalid(f"{where}.arguments", f"must be an object, got {_json_type(arguments)}")
-    return ToolCallEvent(name, arguments)
-
-
-def _string(value: object, where: str) -> str:
-    if not isinstance(value, str):
-        raise _Invalid(where, f"must be a string, got {_json_type(value)}")
-    return value
-
-
-def _json_type(value: object) -> str:
-    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number"}
-    if value is None:
-        return "null"
-    return names.get(type(value), "a number" if isinstance(value, float) else type(value).__name__)
+        for rule in spec.rules
+    )
+    default = tuple(event.event() for event in spec.default) if spec.default is not None else None
+    return Script(rules=rules, default=default, context_window=spec.context_window, source=source)
 
 
 # ----------------------------------------------------------------------------------------------------------
