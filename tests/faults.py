@@ -47,9 +47,7 @@ class Faults:
     def attach(self, target: Any) -> Faults:
         """Install on a client (``client.meta.events``) or a session (an aioboto3 session or the runtime's
         ``AwsSession``: every client it creates afterwards)."""
-        if hasattr(target, "meta"):
-            events = target.meta.events
-        else:
-            events = getattr(target, "session", target).events
+        session = getattr(target, "session", target)
+        events = target.meta.events if hasattr(target, "meta") else session.events
         events.register("before-call", self.hook)
         return self
