@@ -1,22 +1,24 @@
 """``dlq redrive`` and :class:`stepagent.client.Client` under transient AWS failures (throttling, 5xx), on
 moto with the faults injected in front of the real clients (tests/faults.py): each call that failed is
-tried again through the one backoff rule, nothing is lost and nothing arrives twice."""
+tried again through the one backoff rule, nothing is lost and nothing arrives twice. And the tool runner's
+retry decision, which is ``errors.classify``'s."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pytest
 
 from stepagent.aws.dlq import redrive
 from stepagent.aws.settings import Settings
+from stepagent.aws.tool_runner import ToolCallMessage, handle_tool_batch
 from stepagent.backoff import Backoff
 from stepagent.client import Client
-from stepagent.errors import QueueError
+from stepagent.errors import QueueError, ToolError
 from stepagent.messages import InputMessage
-from stepagent.senders.sqs import SqsSender
+from stepagent.senders.sqs import SqsQueues, SqsSender
 from tests.conftest import DynamoEnv, aws_client, moto_endpoint, unique_name
 from tests.faults import Faults
 
@@ -112,3 +114,42 @@ async def test_the_client_sends_and_reads_through_throttling(dynamo: DynamoEnv, 
         assert faults.injected == 5
     sent = await drain(sqs, queue)
     assert [json.loads(m["Body"])["id"] for m in sent] == [message_id]  # once, despite two failed tries
+
+
+class Broken:
+    """A tool runner entry whose run fails outside the error tree (a bug, a lost connection)."""
+
+    async def invoke(self, arguments: Mapping[str, Any]) -> str:
+        raise ConnectionResetError("peer reset")
+
+
+class Refusing:
+    async def invoke(self, arguments: Mapping[str, Any]) -> str:
+        raise ToolError("the city is unknown")
+
+
+async def test_the_tool_runner_retries_a_failed_run_alone_and_answers_the_rest(sqs: Any) -> None:
+    queue = await fifo_queue(sqs)
+    records = [
+        {
+            "messageId": "t-broken",
+            "body": ToolCallMessage("conv-b", "call-b", None, "broken", {}, []).to_json(),
+        },
+        {
+            "messageId": "t-refusing",
+            "body": ToolCallMessage("conv-r", "call-r", None, "refusing", {}, []).to_json(),
+        },
+    ]
+    result = await handle_tool_batch(
+        {"Records": records},
+        {"broken": Broken(), "refusing": Refusing()},
+        SqsQueues(sqs),
+        SqsSender(sqs, queue),
+    )
+    # classify: a ConnectionResetError is "retry" (the record goes back), a ToolError is the model's result.
+    assert result == {"batchItemFailures": [{"itemIdentifier": "t-broken"}]}
+    [answered] = await drain(sqs, queue)
+    assert (
+        "Error: the city is unknown" in answered["Body"]
+        and json.loads(answered["Body"])["group_id"] == "conv-r"
+    )
