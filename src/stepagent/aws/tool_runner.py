@@ -31,6 +31,7 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
+from stepagent.aws.lambda_events import BatchItemFailure, BatchResponse, SqsEvent, SqsRecord
 from stepagent.aws.metrics import DimensionedSink, publish_tool_latency
 from stepagent.errors import MalformedMessageError, classify
 from stepagent.messages import InputMessage, ToolResult
@@ -150,19 +151,19 @@ async def run_tool_call(
 
 
 async def handle_tool_batch(
-    event: dict[str, Any],
+    event: SqsEvent,
     tools: Mapping[str, Invocable],
     queues: SqsQueues,
     sender: SqsSender,
     remaining_ms: Callable[[], int] | None = None,
     tracer: Tracer | None = None,
     metrics: DimensionedSink | None = None,
-) -> dict[str, Any]:
+) -> BatchResponse:
     """Run every queued call concurrently and send each result to its thread. Never raises for a
     partial failure. With a ``tracer``, each run is an ``execute_tool`` span in the trace of the step that
     dispatched it, and the result carries that trace on. ``metrics`` receives each run's ``ToolLatency``."""
 
-    async def one(record: dict[str, Any]) -> dict[str, str] | None:
+    async def one(record: SqsRecord) -> BatchItemFailure | None:
         message_id = str(record.get("messageId", ""))
         try:
             call = ToolCallMessage.parse(await queues.resolve(str(record.get("body", ""))))

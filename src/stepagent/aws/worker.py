@@ -44,6 +44,7 @@ from typing import Any, Protocol
 from aws_lambda_powertools import Logger
 
 from stepagent.agent_config import profile_name
+from stepagent.aws.lambda_events import BatchResponse, SqsEvent, SqsRecord, SqsRecordAttributes
 from stepagent.aws.live import LiveText
 from stepagent.aws.metrics import ModelTiming, publish_usage
 from stepagent.aws.outputs import (
@@ -173,7 +174,7 @@ class Worker:
         self.live = live if live is not None else LiveText.disabled()
         self.max_receive_count = max_receive_count
 
-    async def handle(self, event: dict[str, Any]) -> dict[str, Any]:
+    async def handle(self, event: SqsEvent) -> BatchResponse:
         records = list(await asyncio.gather(*(self._parse(raw) for raw in event.get("Records", []))))
         threads: dict[str, list[Record]] = {}
         for record in records:
@@ -189,8 +190,8 @@ class Worker:
 
     # ---- parsing -----------------------------------------------------------------------------------------
 
-    async def _parse(self, raw: dict[str, Any]) -> Record:
-        attributes = raw.get("attributes") or {}
+    async def _parse(self, raw: SqsRecord) -> Record:
+        attributes: SqsRecordAttributes = raw.get("attributes") or {}
         record_id = str(raw.get("messageId", ""))
         body = raw.get("body")
         group = attributes.get("MessageGroupId")
