@@ -2,7 +2,7 @@
 of the output queue receives, checked by the type checker where they are made.
 
 Guarantees: each event kind has its own type with a ``Literal`` ``type``; :data:`OutputEvent` is their
-union (with the RAP receiver's ``view_update``, :class:`~stepagent.rap.receiver.ViewUpdateOutput`). The thread context (``thread_id``, ``root_thread_id``, ``metadata``) is added when an event is
+union. The thread context (``thread_id``, ``root_thread_id``, ``metadata``) is added when an event is
 published, so these types leave it out. ``args``, ``output`` and the tool-facing values stay open JSON
 (``Any``): they are whatever the model or a tool produced.
 """
@@ -10,8 +10,6 @@ published, so these types leave it out. ``args``, ``output`` and the tool-facing
 from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
-
-from stepagent.rap.receiver import ViewUpdateOutput
 
 
 class TextEvent(TypedDict):
@@ -110,6 +108,17 @@ class TurnCompleteOutput(TypedDict):
     output: NotRequired[Any]
 
 
+class ViewUpdateEvent(TypedDict):
+    """A RAP tool's live view of its work (``content`` is the tool's JSON). The RAP receiver builds it as
+    :class:`~stepagent.rap.receiver.ViewUpdateOutput`, the same shape (TypedDicts match by shape), which is
+    not imported here so that a worker's cold start does not load the RAP modules."""
+
+    type: Literal["view_update"]
+    event_id: str
+    view_type: str
+    content: Any
+
+
 OutputEvent = (
     TextEvent
     | ToolCallEvent
@@ -120,5 +129,5 @@ OutputEvent = (
     | UserChoiceCompleteOutput
     | LimitReachedOutput
     | TurnCompleteOutput
-    | ViewUpdateOutput
+    | ViewUpdateEvent
 )
