@@ -27,7 +27,8 @@ from stepagent.errors import TransactionConflictError
 
 T = TypeVar("T")
 
-#: How the commands and the client retry a transient failure: five runs over about six seconds at most.
+#: How the commands and the client retry a transient failure: five runs, waits of 0.2, 0.4, 0.8 and 1.6 s
+#: (jittered down by up to a fifth) between them.
 TRANSIENT_BACKOFF = Backoff(attempts=5, base=0.2, cap=3.0)
 
 #: Error codes AWS uses for "slow down" (DynamoDB, SQS, S3 and the generic ones).
