@@ -31,8 +31,9 @@ T = TypeVar("T")
 #: (jittered down by up to a fifth) between them.
 TRANSIENT_BACKOFF = Backoff(attempts=5, base=0.2, cap=3.0)
 
-#: Error codes AWS uses for "slow down" (DynamoDB, SQS, S3 and the generic ones).
-_THROTTLING = frozenset(
+#: Error codes AWS answers with for "slow down" and "try later" (DynamoDB, SQS, S3 and the generic ones),
+#: some of them sent with a 4xx status.
+_TRANSIENT_CODES = frozenset(
     {
         "Throttling",
         "ThrottlingException",
@@ -63,7 +64,7 @@ def is_transient(error: BaseException) -> bool:
         if isinstance(seen, ClientError):
             code = str(seen.response.get("Error", {}).get("Code", ""))
             status = seen.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return code in _THROTTLING or (isinstance(status, int) and status >= 500)
+            return code in _TRANSIENT_CODES or (isinstance(status, int) and status >= 500)
         seen = seen.__cause__
     return False
 
