@@ -26,6 +26,7 @@ from typing import Any
 
 from stepagent import texts
 from stepagent.agent_config import AgentConfig
+from stepagent.aws.lambda_events import SqsRecord
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.aws.worker import CountingMetrics, Worker
 from stepagent.core.completion import RetryPolicy
@@ -248,7 +249,7 @@ class Workload:
         ):
             self.tool_results += 1
         self.steps += 1
-        record = {
+        record: SqsRecord = {
             "messageId": f"record-{self.steps}",
             "body": message.to_json(),
             "attributes": {

@@ -6,7 +6,8 @@ Guarantees: :meth:`Backoff.delay` for attempt ``n`` (1-based: the wait after the
 retries spread apart and never wait longer than the nominal delay), or a non-negative ``retry_after``
 capped at ``cap`` when the server gave one. :meth:`Backoff.allows` says whether attempt ``n + 1`` may
 happen: at most ``attempts`` in all, and only if the wait leaves more than ``margin`` seconds of the
-caller's ``remaining`` time (a Lambda's).
+caller's ``remaining`` time (a Lambda's). :func:`retry` is the loop itself, for callers that only wait
+between attempts.
 
 Why not tenacity, stamina or backoff: they own the loop (decorators and their own exception routing),
 while the loops here differ in what happens between attempts (the model completion keeps its streaming
@@ -17,8 +18,13 @@ ship in the Lambda layer.
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,3 +49,28 @@ class Backoff:
         if attempt >= self.attempts:
             return False
         return remaining is None or remaining - delay > margin
+
+
+async def retry(
+    operation: Callable[[], Awaitable[T]],
+    *,
+    when: Callable[[BaseException], bool],
+    backoff: Backoff,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """Run ``operation``; each time it raises an error ``when`` accepts, wait :meth:`Backoff.delay` and run it
+    again, ``backoff.attempts`` runs at most. Any other error, and the last accepted one, is raised as is.
+    For loops that have nothing to do between attempts but wait (the others compute with :class:`Backoff`
+    themselves); ``operation`` must be safe to run again after a failure."""
+    attempt = 1
+    while True:
+        try:
+            return await operation()
+        except Exception as error:
+            if not when(error):
+                raise
+            delay = backoff.delay(attempt)
+            if not backoff.allows(attempt, delay):
+                raise
+        await sleep(delay)
+        attempt += 1

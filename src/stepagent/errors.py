@@ -18,6 +18,7 @@ Every error the runtime raises on purpose derives from :class:`StepagentError` a
     │   ├── ConcurrentWriteError           another writer advanced the thread's head first
     │   └── QueueError                     sending to a queue failed
     │   └── CallbackError                  a RAP callback could not be delivered (the tool-server SDK)
+    │       └── CallbackRefusedError  reject   the receiver refused it (4xx): resending cannot help
     ├── ProviderError             retry or reject, by ``retryable``: the model provider failed
     ├── ToolError                 result   becomes an ``Error: ...`` tool result for the model
     └── InvariantViolation        retry    a bug: a runtime rule was broken (never silently ignored)
@@ -27,8 +28,8 @@ Every error the runtime raises on purpose derives from :class:`StepagentError` a
 ``disposition`` values: ``"fatal"`` (stop the process), ``"reject"`` (drop the input with a clear error
 event), ``"retry"`` (fail the record so the queue redelivers it), ``"result"`` (report to the model).
 
-:func:`classify` is the one rule that turns *any* exception into a disposition; the worker and the RAP
-receiver decide through it. Exceptions outside the tree are ``"retry"`` (a transient failure of a library
+:func:`classify` is the one rule that turns *any* exception into a disposition; the worker, local mode,
+the tool runner, the RAP receiver and the RAP server's callbacks decide through it. Exceptions outside the tree are ``"retry"`` (a transient failure of a library
 or the network, or a bug that a fix and a redrive will get past), except the two that only bad input
 raises: ``RecursionError`` (nesting too deep) and ``UnicodeError`` (text that is not encodable).
 """
@@ -110,7 +111,7 @@ class RetriesExhaustedError(StepagentError):
 class TransientError(StepagentError):
     """A failure that may succeed on retry (store, queue, network)."""
 
-    default_disposition = "retry"
+    default_disposition: ClassVar[Disposition] = "retry"
 
 
 class StoreError(TransientError):
@@ -134,7 +135,18 @@ class QueueError(TransientError):
 
 
 class CallbackError(TransientError):
-    """A RAP callback could not be delivered to the receiver (raised by the tool-server SDK)."""
+    """A RAP callback could not be delivered to the receiver (raised by the tool-server SDK).
+    ``retry_after``: the seconds the receiver asked the sender to wait (``Retry-After``), if it did."""
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class CallbackRefusedError(CallbackError):
+    """The receiver refused a RAP callback (a 4xx answer): sending the same body again cannot help."""
+
+    default_disposition = "reject"
 
 
 class ProviderError(StepagentError):

@@ -1,22 +1,27 @@
-"""Lifecycle commands under DynamoDB ``TransactionConflict`` (another transaction touched an item at the same
-moment): ``import`` and ``rewind`` retry through the one backoff rule instead of giving up, on moto with the
-conflicts injected in front of the real client."""
+"""Lifecycle commands under transient DynamoDB failures, on moto with the faults injected in front of the real
+client: ``import`` and ``rewind`` retry a ``TransactionConflict`` (another transaction touched an item at the
+same moment), ``export`` retries throttling and 5xx answers, all through the one backoff rule, instead of
+giving up; an export that does give up leaves no partial file."""
 
 from __future__ import annotations
 
+import argparse
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
+from stepagent.aws.transient import retry_transient
 from stepagent.backoff import Backoff
-from stepagent.errors import TransactionConflictError
+from stepagent.errors import StoreError, TransactionConflictError
 from stepagent.ids import derived_id
-from stepagent.lifecycle import import_tree
-from stepagent.lifecycle.commands import retry_conflicts
+from stepagent.lifecycle import export_lines, import_tree
+from stepagent.lifecycle.commands import add_lifecycle_commands, run_lifecycle_command
 from stepagent.lifecycle.rewind import rewind_thread
-from tests.conftest import DynamoEnv
+from tests.conftest import DynamoEnv, moto_endpoint
+from tests.faults import Faults
 from tests.lifecycle import build_tree, export_to, rename, transcript
 
 
@@ -67,7 +72,7 @@ async def test_an_import_retries_conflicts_and_completes(dynamo: DynamoEnv, tmp_
 
     client = ConflictingClient(dynamo.client, 3)
     retried_conv, retried_state = dynamo.stores(client=client)
-    result = await retry_conflicts(
+    result = await retry_transient(
         lambda: import_tree(retried_conv, retried_state, path, new_root="copy"), sleep=no_sleep
     )
     assert result.root_thread_id == "copy" and client.calls > 3
@@ -91,7 +96,7 @@ async def test_a_rewind_retries_conflicts_and_a_lasting_conflict_is_reported(dyn
         sleeps.append(seconds)
 
     with pytest.raises(TransactionConflictError):
-        await retry_conflicts(
+        await retry_transient(
             lambda: rewind_thread(lasting_conv, lasting_state, ids["root"], 2),
             backoff=Backoff(attempts=3, base=0.2),
             sleep=sleep,
@@ -101,9 +106,82 @@ async def test_a_rewind_retries_conflicts_and_a_lasting_conflict_is_reported(dyn
 
     client = ConflictingClient(dynamo.client, 2)
     retried_conv, retried_state = dynamo.stores(client=client)
-    result = await retry_conflicts(
+    result = await retry_transient(
         lambda: rewind_thread(retried_conv, retried_state, ids["root"], 2), sleep=no_sleep
     )
     assert result.effective <= 2 and result.dropped_rows > 0
     after = await conv.get_thread(ids["root"])
     assert after is not None and after.tail == result.effective
+
+
+@pytest.fixture
+def settings_env(dynamo: DynamoEnv, monkeypatch: pytest.MonkeyPatch) -> DynamoEnv:
+    monkeypatch.setenv("STEPAGENT_CONVERSATION_TABLE", dynamo.conversation_table)
+    monkeypatch.setenv("STEPAGENT_STATE_TABLE", dynamo.state_table)
+    monkeypatch.setenv("STEPAGENT_BLOB_BUCKET", dynamo.bucket)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint())
+    return dynamo
+
+
+def throttle_sessions(monkeypatch: pytest.MonkeyPatch, faults: Faults) -> None:
+    """Every AWS session the command opens gets ``faults`` (its clients are created from it)."""
+    import stepagent.aws.clients as clients
+
+    original = clients.aws_session
+
+    def session(*args: Any, **kwargs: Any) -> Any:
+        opened = original(*args, **kwargs)
+        faults.attach(opened)
+        return opened
+
+    monkeypatch.setattr(clients, "aws_session", session)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_lifecycle_commands(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+async def test_export_rides_out_throttling_and_never_writes_a_partial_file(
+    settings_env: DynamoEnv,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    conv, state = settings_env.stores()
+    ids = await build_tree(conv, state)
+    expected = (await export_to(conv, state, ids["root"], tmp_path / "clean.jsonl")).read_text()
+
+    # Without the retry, the first throttled read ends the export.
+    Faults({"Query": 1}).attach(settings_env.client)
+    with pytest.raises(StoreError, match="ThrottlingException"):
+        _ = [line async for line in export_lines(conv, state, ids["root"])]
+
+    # A pass that fails after its first rows were read is run again from the start: the file is whole,
+    # with no line twice.
+    faults = Faults({"GetItem": 1, "Query": 2}, after={"Query": 3})
+    throttle_sessions(monkeypatch, faults)
+    monkeypatch.setattr("stepagent.aws.transient.TRANSIENT_BACKOFF", Backoff(attempts=5, base=0.01))
+    out = tmp_path / "tree.jsonl"
+    assert await run_lifecycle_command(parse("export", ids["root"], "--output", str(out))) == 0
+    assert faults.injected == 3 and out.read_text() == expected
+    assert await run_lifecycle_command(parse("export", ids["root"])) == 0  # to stdout, faults spent
+    assert capsys.readouterr().out == expected
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".stepagent-export-")] == []
+
+
+async def test_export_under_lasting_throttling_fails_and_leaves_the_old_file(
+    settings_env: DynamoEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conv, state = settings_env.stores()
+    ids = await build_tree(conv, state)
+    out = tmp_path / "tree.jsonl"
+    out.write_text("the previous export\n")
+    faults = Faults({"Query": 100}, code="ServiceUnavailable", status=503)
+    throttle_sessions(monkeypatch, faults)
+    monkeypatch.setattr("stepagent.aws.transient.TRANSIENT_BACKOFF", Backoff(attempts=3, base=0.01))
+    with pytest.raises(StoreError, match="ServiceUnavailable"):
+        await run_lifecycle_command(parse("export", ids["root"], "--output", str(out)))
+    assert out.read_text() == "the previous export\n"
+    assert sorted(os.listdir(tmp_path)) == ["tree.jsonl"]

@@ -4,10 +4,12 @@ the deadline — and that the model completion's and the RAP client's retries ar
 from __future__ import annotations
 
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from stepagent.backoff import Backoff
+from stepagent.aws.transient import is_transient
+from stepagent.backoff import Backoff, retry
 from stepagent.core.completion import RetryPolicy
-from stepagent.errors import ProviderError
+from stepagent.errors import ProviderError, StoreError, TransactionConflictError
 from stepagent.tools.rap_http import RAP_BACKOFF, RapHttp
 
 
@@ -49,3 +51,67 @@ def test_the_completions_retry_policy_is_this_rule(retry_after: float | None) ->
 def test_the_rap_client_uses_the_shared_rule_with_jitter() -> None:
     assert isinstance(RAP_BACKOFF, Backoff) and RAP_BACKOFF.jitter > 0
     assert RapHttp(client=None).retry is RAP_BACKOFF  # type: ignore[arg-type]
+
+
+async def test_retry_runs_again_only_on_what_it_is_told_to_and_stops_after_the_attempts() -> None:
+    waits: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    calls = 0
+
+    async def flaky() -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            raise TimeoutError("slow")
+        return "done"
+
+    rule = Backoff(attempts=4, base=1.0, jitter=0.0)
+    assert await retry(flaky, when=lambda e: isinstance(e, TimeoutError), backoff=rule, sleep=sleep) == "done"
+    assert calls == 3 and waits == [1.0, 2.0]
+
+    calls, waits[:] = -10, []
+    with pytest.raises(TimeoutError):
+        await retry(flaky, when=lambda e: isinstance(e, TimeoutError), backoff=rule, sleep=sleep)
+    assert calls == -6 and waits == [1.0, 2.0, 4.0]  # four runs, three waits, the last error raised
+
+    calls = 0
+    with pytest.raises(TimeoutError):  # an error the predicate refuses is raised at once
+        await retry(flaky, when=lambda e: False, backoff=rule, sleep=sleep)
+    assert calls == 1
+
+
+def aws_error(code: str, status: int) -> ClientError:
+    return ClientError({"Error": {"Code": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "Op")
+
+
+def wrapped(cause: BaseException) -> StoreError:
+    try:
+        raise StoreError("DynamoDB Query failed") from cause
+    except StoreError as error:
+        return error
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (aws_error("ThrottlingException", 400), True),
+        (aws_error("ProvisionedThroughputExceededException", 400), True),
+        (aws_error("RequestLimitExceeded", 400), True),
+        (aws_error("InternalServerError", 500), True),
+        (aws_error("ServiceUnavailable", 503), True),
+        (wrapped(aws_error("ThrottlingException", 400)), True),  # as the stores and senders raise it
+        (TransactionConflictError("another transaction touched it"), True),
+        (EndpointConnectionError(endpoint_url="http://localhost:1"), True),
+        (ReadTimeoutError(endpoint_url="http://localhost:1"), True),
+        (aws_error("ResourceNotFoundException", 400), False),  # a missing table: no wait helps
+        (wrapped(aws_error("AccessDeniedException", 400)), False),
+        (aws_error("ValidationException", 400), False),
+        (StoreError("no blob bucket is configured"), False),
+        (ValueError("bad"), False),
+    ],
+)
+def test_which_aws_failures_are_transient(error: BaseException, transient: bool) -> None:
+    assert is_transient(error) is transient

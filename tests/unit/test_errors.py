@@ -7,6 +7,7 @@ import pytest
 from stepagent import errors
 from stepagent.errors import (
     CallbackError,
+    CallbackRefusedError,
     ChoiceAnswerError,
     ConfigurationError,
     CorruptDataError,
@@ -32,6 +33,7 @@ from stepagent.errors import (
         (RetriesExhaustedError("x", attempts=5), "reject"),
         (StoreError("x"), "retry"),
         (CallbackError("x"), "retry"),
+        (CallbackRefusedError("HTTP 403"), "reject"),
         (ProviderError("x", retryable=True), "retry"),
         (ProviderError("x", retryable=False), "reject"),
         (ToolError("x"), "result"),

@@ -36,7 +36,7 @@ import base64
 import binascii
 import json
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -276,7 +276,7 @@ class TreeEvents:
         usage = Usage(input_tokens=record.input_tokens, output_tokens=record.output_tokens)
         return await self._emit(thread, turn_complete_event(thread, record.version, usage, record.model))
 
-    async def _emit(self, thread: str, event: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    async def _emit(self, thread: str, event: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         if self._metadata is None:
             metadata = await self.reader.state.get_metadata(self.root)
             self._metadata = metadata if metadata is not None else {}

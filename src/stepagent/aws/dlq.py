@@ -10,7 +10,9 @@ Guarantees:
   queue, the same message group, so its thread's order is kept) and deletes it from the DLQ only after the
   send succeeded: a crash in between leaves a duplicate in the source queue, which the worker's dedup by
   logical id (or the tool call id) absorbs, never a loss. The FIFO dedup id is the original one with a
-  ``:redrive`` suffix, so SQS's five-minute dedup window cannot swallow a quick redrive.
+  ``:redrive`` suffix, so SQS's five-minute dedup window cannot swallow a quick redrive. A send or delete
+  that fails transiently (throttling, a 5xx) is tried again through the one backoff rule
+  (:func:`~stepagent.aws.transient.retry_transient`).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from stepagent.aws.transient import retry_transient
 from stepagent.errors import ConfigurationError
 
 QUEUES = ("input", "tool")
@@ -95,13 +99,16 @@ def _letter(queue: str, message: dict[str, Any]) -> DeadLetter:
 async def _receive(sqs: Any, dlq_url: str, queue: str, limit: int) -> list[DeadLetter]:
     letters: dict[str, DeadLetter] = {}
     while len(letters) < limit:
-        found = await sqs.receive_message(
-            QueueUrl=dlq_url,
-            MaxNumberOfMessages=min(10, limit - len(letters)),
-            VisibilityTimeout=_LIST_HOLD_SECONDS,
-            MessageSystemAttributeNames=["All"],
-            MessageAttributeNames=["All"],
-            WaitTimeSeconds=0,
+        found = await retry_transient(
+            partial(
+                sqs.receive_message,
+                QueueUrl=dlq_url,
+                MaxNumberOfMessages=min(10, limit - len(letters)),
+                VisibilityTimeout=_LIST_HOLD_SECONDS,
+                MessageSystemAttributeNames=["All"],
+                MessageAttributeNames=["All"],
+                WaitTimeSeconds=0,
+            )
         )
         messages = found.get("Messages", [])
         fresh = [m for m in messages if m["MessageId"] not in letters]
@@ -114,8 +121,13 @@ async def _receive(sqs: Any, dlq_url: str, queue: str, limit: int) -> list[DeadL
 
 async def _release(sqs: Any, dlq_url: str, letters: Sequence[DeadLetter]) -> None:
     for letter in letters:
-        await sqs.change_message_visibility(
-            QueueUrl=dlq_url, ReceiptHandle=letter.receipt_handle, VisibilityTimeout=0
+        await retry_transient(
+            partial(
+                sqs.change_message_visibility,
+                QueueUrl=dlq_url,
+                ReceiptHandle=letter.receipt_handle,
+                VisibilityTimeout=0,
+            )
         )
 
 
@@ -144,6 +156,10 @@ async def redrive(
             send["MessageGroupId"] = letter.group_id
             base = letter.dedup_id or letter.message_id
             send["MessageDeduplicationId"] = (base + ":redrive")[-_MAX_DEDUP_ID:]
-        await sqs.send_message(**send)
-        await sqs.delete_message(QueueUrl=dlq_url, ReceiptHandle=letter.receipt_handle)
+        # Both calls are safe to repeat (the dedup id, a receipt handle), so a throttled or 5xx one is tried
+        # again rather than stopping a redrive half-way.
+        await retry_transient(partial(sqs.send_message, **send))
+        await retry_transient(
+            partial(sqs.delete_message, QueueUrl=dlq_url, ReceiptHandle=letter.receipt_handle)
+        )
     return chosen

@@ -23,12 +23,13 @@ import asyncio
 import os
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from aws_lambda_powertools import Logger, Metrics
 
 from stepagent import telemetry
 from stepagent.aws.clients import aws_session
+from stepagent.aws.lambda_events import BatchResponse, SqsEvent
 from stepagent.aws.layer_check import check_layer
 from stepagent.aws.metrics import EmfMetrics
 from stepagent.aws.runtime import TIMER_RELAY, TOOL_RUNNER, WORKER, AwsRuntime, RemainingMs
@@ -44,7 +45,7 @@ OTLP_HEADERS_SECRET_ID = "STEPAGENT_OTLP_HEADERS_SECRET_ID"
 
 logger = Logger(service="stepagent")
 
-Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
+Handler = Callable[[dict[str, Any], Any], BatchResponse]
 
 _loop: asyncio.AbstractEventLoop | None = None
 _runtimes: dict[str, AwsRuntime] = {}
@@ -108,8 +109,10 @@ def _handler(role: str) -> Handler:
     if handler is not None:
         return handler
 
-    def invoke(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    def invoke(raw: dict[str, Any], context: Any) -> BatchResponse:
         built = runtime(role)
+        # Lambda's SQS event, as it arrives: the handlers check every value they read.
+        event = cast(SqsEvent, raw)
         logger.append_keys(aws_request_id=getattr(context, "aws_request_id", None), role=role)
         if role == WORKER:
             call = built.handle_sqs_batch(event, _remaining(context))
@@ -130,17 +133,17 @@ def _handler(role: str) -> Handler:
     return invoke
 
 
-def worker_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+def worker_handler(event: dict[str, Any], context: Any) -> BatchResponse:
     """SQS FIFO input batch → steps. Returns ``{"batchItemFailures": [...]}``."""
     return _handler(WORKER)(event, context)
 
 
-def tool_runner_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+def tool_runner_handler(event: dict[str, Any], context: Any) -> BatchResponse:
     """Tool-queue batch → function-tool runs → results on the input queue."""
     return _handler(TOOL_RUNNER)(event, context)
 
 
-def timer_relay_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+def timer_relay_handler(event: dict[str, Any], context: Any) -> BatchResponse:
     """Delay-queue batch → wake-ups on the input queue."""
     return _handler(TIMER_RELAY)(event, context)
 

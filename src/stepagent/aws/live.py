@@ -32,6 +32,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+from stepagent.aws.output_events import OutputEvent
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.core.step import ThreadStep
 from stepagent.events import (
@@ -240,7 +241,7 @@ class NoticingPublisher(OutputPublisher):
     async def publish(
         self,
         thread_id: str,
-        events: Sequence[dict[str, Any]],
+        events: Sequence[OutputEvent],
         *,
         context: tuple[str, Any] | None = None,
     ) -> None:
@@ -248,7 +249,7 @@ class NoticingPublisher(OutputPublisher):
         await self._notice(thread_id, events)
         await super().publish(thread_id, events, context=context)
 
-    async def _notice(self, thread_id: str, events: Sequence[dict[str, Any]]) -> None:
+    async def _notice(self, thread_id: str, events: Sequence[OutputEvent]) -> None:
         store = self.live.store
         if store is None:
             return

@@ -34,8 +34,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from stepagent.aws.output_events import (
+    ErrorEvent,
+    OutputEvent,
+    TurnCompleteOutput,
+    UsageCounts,
+)
 from stepagent.core.step import StepInput
 from stepagent.events import (
     AgentEvent,
@@ -100,10 +106,10 @@ def row_event_id(thread_id: str, row: StoredRow, kind: str) -> str:
     return event_id(thread_id, str(row.order), kind, f"epoch-{row.epoch}")
 
 
-def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[dict[str, Any]]:
+def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[OutputEvent]:
     """``text``, ``tool_call``, ``tool_result`` and ``event`` (a report or subscription event folded into
     the thread) events, without the thread context, for committed rows."""
-    out: list[dict[str, Any]] = []
+    out: list[OutputEvent] = []
     for row in rows:
         item = row.item
         if isinstance(item, AssistantText) and item.text:
@@ -131,7 +137,9 @@ def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[dict[str, Any]
                     }
                 )
         elif isinstance(item, ToolResultItem | EventItem):
-            kind = "tool_result" if isinstance(item, ToolResultItem) else "event"
+            kind: Literal["tool_result", "event"] = (
+                "tool_result" if isinstance(item, ToolResultItem) else "event"
+            )
             original = item.result.id if isinstance(item, ToolResultItem) else item.tool_call_id
             out.append(
                 {
@@ -155,10 +163,10 @@ def _source_id(inputs: Sequence[StepInput], kind: type[Any], content_id: str) ->
 
 def step_events(
     thread_id: str, events: Sequence[AgentEvent], inputs: Sequence[StepInput]
-) -> list[dict[str, Any]]:
+) -> list[OutputEvent]:
     """The output events of one successful step, in the order they happened."""
     last_id = inputs[-1].message_id if inputs else "redrive"
-    out: list[dict[str, Any]] = []
+    out: list[OutputEvent] = []
     for event in events:
         if isinstance(event, TurnCommitted):
             out.extend(row_events(thread_id, event.rows))
@@ -238,9 +246,9 @@ def turn_complete_event(
     *,
     cost_usd: float | None = None,
     output: _OutputValue | None = None,
-) -> dict[str, Any]:
+) -> TurnCompleteOutput:
     """The ``turn_complete`` event of the step whose commit produced head ``version``."""
-    counts: dict[str, Any] = {
+    counts: UsageCounts = {
         "input_tokens": usage.input_tokens,
         "output_tokens": usage.output_tokens,
         "cache_read_tokens": usage.cache_read_tokens,
@@ -248,7 +256,7 @@ def turn_complete_event(
     }
     if cost_usd is not None:
         counts["cost_usd"] = cost_usd
-    event = {
+    event: TurnCompleteOutput = {
         "type": "turn_complete",
         "event_id": event_id(thread_id, f"v{version}", "turn_complete"),
         "usage": counts,
@@ -263,15 +271,15 @@ async def replay_turn_complete(
     conversation: ConversationStore,
     thread_id: str,
     message_ids: Sequence[str],
-    published: Sequence[dict[str, Any]] = (),
-) -> list[dict[str, Any]]:
+    published: Sequence[OutputEvent] = (),
+) -> list[OutputEvent]:
     """``turn_complete`` events of recent steps that answered ``message_ids`` (one bounded read of the
     usage records near the head; used only on redelivery), minus those already in ``published``."""
     info = await conversation.get_thread(thread_id)
     if info is None:
         return []
     wanted, seen = set(message_ids), {event["event_id"] for event in published}
-    out = []
+    out: list[OutputEvent] = []
     async for record in conversation.usage_records(
         thread_id, after_version=max(0, info.version - REPLAY_WINDOW)
     ):
@@ -307,12 +315,12 @@ def error_event(
     *,
     attempt: int | None = None,
     attempts: int | None = None,
-) -> dict[str, Any]:
+) -> ErrorEvent:
     """An ``error`` event caused by the input ``source_id``: ``attempt`` is the failed attempt of a
     retried input (each attempt's event has its own id), ``attempts`` how many were made before giving up."""
     kind = "error-retrying" if retrying else "error"
     parts = (source_id, kind) if attempt is None or attempt <= 1 else (source_id, kind, str(attempt))
-    event: dict[str, Any] = {
+    event: ErrorEvent = {
         "type": "error",
         "event_id": event_id(thread_id, *parts),
         "message": message,
@@ -360,7 +368,7 @@ class OutputPublisher:
     async def publish(
         self,
         thread_id: str,
-        events: Sequence[dict[str, Any]],
+        events: Sequence[OutputEvent],
         *,
         context: tuple[str, Any] | None = None,
     ) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 from stepagent.agent_config import AgentConfig
 from stepagent.aws.clients import LazyClient, aws_session, client
 from stepagent.aws.inbox import InboxSender
+from stepagent.aws.lambda_events import BatchResponse, SqsEvent
 from stepagent.aws.live import LiveText, NoticingPublisher
 from stepagent.aws.secrets import provider_environment, resolve_secrets
 from stepagent.aws.settings import Settings
@@ -345,8 +346,8 @@ class AwsRuntime:
     # ---- handlers -----------------------------------------------------------------------------------------
 
     async def handle_sqs_batch(
-        self, event: dict[str, Any], remaining_ms: RemainingMs | None = None
-    ) -> dict[str, Any]:
+        self, event: SqsEvent, remaining_ms: RemainingMs | None = None
+    ) -> BatchResponse:
         """The worker: one input-queue batch → steps → output events."""
         token = _REMAINING.set(remaining_ms)
         try:
@@ -355,8 +356,8 @@ class AwsRuntime:
             _REMAINING.reset(token)
 
     async def handle_tool_batch(
-        self, event: dict[str, Any], remaining_ms: RemainingMs | None = None
-    ) -> dict[str, Any]:
+        self, event: SqsEvent, remaining_ms: RemainingMs | None = None
+    ) -> BatchResponse:
         """The tool runner: run queued function-tool calls and send their results."""
         return await handle_tool_batch(
             event,
@@ -369,8 +370,8 @@ class AwsRuntime:
         )
 
     async def handle_delay_batch(
-        self, event: dict[str, Any], remaining_ms: RemainingMs | None = None
-    ) -> dict[str, Any]:
+        self, event: SqsEvent, remaining_ms: RemainingMs | None = None
+    ) -> BatchResponse:
         """The timer relay: forward due delay-queue wake-ups to the input queue."""
         return await handle_delay_batch(event, self.queues, self.sender)
 

@@ -35,6 +35,7 @@ from zoneinfo import ZoneInfo
 from aws_lambda_powertools import Logger
 from botocore.exceptions import BotoCoreError, ClientError
 
+from stepagent.aws.lambda_events import BatchItemFailure, BatchResponse, SqsEvent, SqsRecord
 from stepagent.errors import MalformedMessageError, PayloadTooLargeError, QueueError
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.senders.sqs import SqsQueues, SqsSender, record_traceparent
@@ -172,7 +173,7 @@ class AwsTimers:
 # The timer relay
 
 
-async def relay_record(record: dict[str, Any], queues: SqsQueues, sender: SqsSender) -> None:
+async def relay_record(record: SqsRecord, queues: SqsQueues, sender: SqsSender) -> None:
     """Forward one delay-queue record to the input queue."""
     body = await queues.resolve(str(record.get("body", "")))
     try:
@@ -196,10 +197,10 @@ async def relay_record(record: dict[str, Any], queues: SqsQueues, sender: SqsSen
         await sender.send(message, dedup_id)
 
 
-async def handle_delay_batch(event: dict[str, Any], queues: SqsQueues, sender: SqsSender) -> dict[str, Any]:
+async def handle_delay_batch(event: SqsEvent, queues: SqsQueues, sender: SqsSender) -> BatchResponse:
     """The timer relay: forward every record; report the ones that failed (they retry, then go to the
     delay queue's DLQ). Never raises for a partial failure."""
-    failures: list[dict[str, str]] = []
+    failures: list[BatchItemFailure] = []
     for record in event.get("Records", []):
         message_id = str(record.get("messageId", ""))
         try:

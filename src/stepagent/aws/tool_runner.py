@@ -13,8 +13,11 @@ Guarantees:
   the thread keeps one result (SQS FIFO dedup, then the thread's own answered-call dedup).
 - With a tracer, each run is an ``execute_tool {name}`` span, the child of the dispatching step's span
   (the tool message's ``traceparent`` attribute), and the result message carries that trace on.
-- A record whose result could not be sent, or whose body is unreadable, is reported in
-  ``batchItemFailures``: it is retried and ends in the tool DLQ, never silently dropped.
+- What becomes an ``Error: ...`` result and what is retried follows :func:`~stepagent.errors.classify`
+  (a :class:`~stepagent.errors.ToolError` is a result; anything else a tool raises fails that record
+  alone). A record whose result could not be sent, whose tool failed that way, or whose body is
+  unreadable is reported in ``batchItemFailures``: it is retried and ends in the tool DLQ, never silently
+  dropped, and the batch's other records are answered.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from typing import Any
 
 from aws_lambda_powertools import Logger
 
+from stepagent.aws.lambda_events import BatchItemFailure, BatchResponse, SqsEvent, SqsRecord
 from stepagent.aws.metrics import DimensionedSink, publish_tool_latency
-from stepagent.errors import MalformedMessageError, ToolError
+from stepagent.errors import MalformedMessageError, classify
 from stepagent.messages import InputMessage, ToolResult
 from stepagent.senders.sqs import SqsQueues, SqsSender, record_traceparent
 from stepagent.tools.base import ToolContext
@@ -137,31 +141,37 @@ async def run_tool_call(
         if time_limit is None:
             return await function_tool.invoke(call.arguments)
         return await asyncio.wait_for(function_tool.invoke(call.arguments), max(time_limit, 0.001))
-    except ToolError as exc:
-        return f"Error: {exc}"
     except TimeoutError:
         return f"Error: tool '{call.tool_name}' did not finish within the tool runner's time limit"
+    except Exception as exc:
+        # What the model is told and what is retried is errors.classify's rule, as everywhere.
+        if classify(exc) == "result":
+            return f"Error: {exc}"
+        raise
 
 
 async def handle_tool_batch(
-    event: dict[str, Any],
+    event: SqsEvent,
     tools: Mapping[str, Invocable],
     queues: SqsQueues,
     sender: SqsSender,
     remaining_ms: Callable[[], int] | None = None,
     tracer: Tracer | None = None,
     metrics: DimensionedSink | None = None,
-) -> dict[str, Any]:
+) -> BatchResponse:
     """Run every queued call concurrently and send each result to its thread. Never raises for a
     partial failure. With a ``tracer``, each run is an ``execute_tool`` span in the trace of the step that
     dispatched it, and the result carries that trace on. ``metrics`` receives each run's ``ToolLatency``."""
 
-    async def one(record: dict[str, Any]) -> dict[str, str] | None:
+    async def one(record: SqsRecord) -> BatchItemFailure | None:
         message_id = str(record.get("messageId", ""))
         try:
             call = ToolCallMessage.parse(await queues.resolve(str(record.get("body", ""))))
-        except Exception:  # unreadable: retry, then the tool DLQ keeps it for inspection
-            logger.exception("unreadable tool message", extra={"message_id": message_id})
+        except Exception as exc:
+            # Bad input ("reject") has no thread to tell and no copy of its own to keep: reporting it too
+            # lets the queue move it to the tool DLQ, where it stays for inspection, never dropped.
+            verdict = "rejected" if classify(exc) == "reject" else "failed; will be retried"
+            logger.exception(f"unreadable tool message ({verdict})", extra={"message_id": message_id})
             return {"itemIdentifier": message_id}
         logger.thread_safe_append_keys(thread_id=call.thread_id, tool_call_id=call.tool_call_id)
         limit = None if remaining_ms is None else remaining_ms() / 1000.0 - TIME_MARGIN_S
@@ -169,7 +179,11 @@ async def handle_tool_batch(
         with continuing(record_traceparent(record)):
             async with traced(tracer, f"execute_tool {call.tool_name}", attributes) as span:
                 started = time.monotonic()
-                text = await run_tool_call(tools, call, limit)
+                try:
+                    text = await run_tool_call(tools, call, limit)
+                except Exception:  # classify says retry: this record alone goes back to the queue
+                    logger.exception("tool run failed; will be retried", extra={"message_id": message_id})
+                    return {"itemIdentifier": message_id}
                 if metrics is not None:
                     publish_tool_latency(metrics, call.tool_name, (time.monotonic() - started) * 1000.0)
                 if capture_content(tracer):

@@ -44,6 +44,7 @@ from typing import Any, Protocol
 from aws_lambda_powertools import Logger
 
 from stepagent.agent_config import profile_name
+from stepagent.aws.lambda_events import BatchResponse, SqsEvent, SqsRecord, SqsRecordAttributes
 from stepagent.aws.live import LiveText
 from stepagent.aws.metrics import ModelTiming, publish_usage
 from stepagent.aws.outputs import (
@@ -55,6 +56,7 @@ from stepagent.aws.outputs import (
     row_events,
     step_events,
 )
+from stepagent.backoff import Backoff
 from stepagent.core.step import StepInput, ThreadStep
 from stepagent.errors import (
     ConcurrentWriteError,
@@ -91,8 +93,9 @@ def body_traceparent(body: str) -> str | None:
     return found if isinstance(found, str) else None
 
 
-#: Attempts per thread when another writer keeps winning the head-version race.
-MAX_STEP_ATTEMPTS = 3
+#: Runs per thread when another writer keeps winning the head-version race (three), a short jittered
+#: wait apart so two workers that collided do not collide again at once.
+RACE_BACKOFF = Backoff(attempts=3, base=0.05, cap=0.5)
 _MAX_ATTRIBUTE_CHARS = 4_000
 _UNROUTABLE_GROUP = "stepagent-unroutable"
 #: Log field: the line's content also went to the thread as an ``error`` event (a chat at a terminal,
@@ -171,7 +174,7 @@ class Worker:
         self.live = live if live is not None else LiveText.disabled()
         self.max_receive_count = max_receive_count
 
-    async def handle(self, event: dict[str, Any]) -> dict[str, Any]:
+    async def handle(self, event: SqsEvent) -> BatchResponse:
         records = list(await asyncio.gather(*(self._parse(raw) for raw in event.get("Records", []))))
         threads: dict[str, list[Record]] = {}
         for record in records:
@@ -187,8 +190,8 @@ class Worker:
 
     # ---- parsing -----------------------------------------------------------------------------------------
 
-    async def _parse(self, raw: dict[str, Any]) -> Record:
-        attributes = raw.get("attributes") or {}
+    async def _parse(self, raw: SqsRecord) -> Record:
+        attributes: SqsRecordAttributes = raw.get("attributes") or {}
         record_id = str(raw.get("messageId", ""))
         body = raw.get("body")
         group = attributes.get("MessageGroupId")
@@ -319,7 +322,7 @@ class Worker:
         steps: list[ThreadStep] = []
         # A lost head-version race means another writer advanced the thread: re-run from a fresh load;
         # the logical-id dedup absorbs whatever that writer already did.
-        for attempt in range(1, MAX_STEP_ATTEMPTS + 1):
+        for attempt in range(1, RACE_BACKOFF.attempts + 1):
             observer = StepEvents()
             live = self.live.step(thread_id)  # the partial text clients poll (aws/live.py)
             timing = ModelTiming(live.observing(observer))
@@ -333,11 +336,13 @@ class Worker:
                 break
             except ConcurrentWriteError:
                 self.metrics.add_metric("WriteConflicts", "Count", 1)
-                if attempt == MAX_STEP_ATTEMPTS:
+                delay = RACE_BACKOFF.delay(attempt)
+                if not RACE_BACKOFF.allows(attempt, delay):
                     raise
                 logger.warning("lost the thread's head-version race; re-running")
             finally:
                 await live.close()
+            await asyncio.sleep(delay)
         history = steps[-1].history if steps else None
         profile = profile_name(history.metadata) if history is not None else None
         publish_usage(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import uuid
@@ -14,6 +15,7 @@ from pydantic import ValidationError
 
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.settings import Settings
+from stepagent.aws.transient import retry_transient
 from stepagent.client.http import HttpApi
 from stepagent.client.watch import Cursor, StoreReader, TreeWatch
 from stepagent.errors import ChoiceAnswerError, ConfigurationError, StepagentError
@@ -166,7 +168,8 @@ class Client:
             self._cursors[thread], self._notice_seqs[thread] = await self._snapshot(thread)
         message_id = str(uuid.uuid4())
         message = InputMessage.user_text(thread, text, id=message_id, metadata=metadata)
-        await self._sender.send(message, message_id)
+        # The same message id on every try: the runtime absorbs a copy an earlier, failed-looking try sent.
+        await retry_transient(functools.partial(self._sender.send, message, message_id))
         self._awaited.setdefault(thread, set()).add(message_id)
         return message_id
 
@@ -286,7 +289,11 @@ class Client:
         self._require_open()
         if self._http is not None:
             return await self._http.history(thread)
-        return [item async for item in tree_items(self.conversation, thread)]
+
+        async def read() -> list[Item]:
+            return [item async for item in tree_items(self.conversation, thread)]
+
+        return await retry_transient(read)
 
     # ---- approvals --------------------------------------------------------------------------------------
 
@@ -318,11 +325,14 @@ class Client:
         except ValidationError as error:
             reason = error.errors()[0]["msg"]
             raise ClientError(f"invalid approval for {tool_call_id}: {reason}") from None
-        target = await self._waiting_thread(thread, tool_call_id) or thread
+        target = (
+            await retry_transient(functools.partial(self._waiting_thread, thread, tool_call_id)) or thread
+        )
         if thread not in self._cursors:
             self._cursors[thread], self._notice_seqs[thread] = await self._snapshot(thread)
         message_id = message_id or str(uuid.uuid4())
-        await self._sender.send(InputMessage(content=body, group_id=target, id=message_id), message_id)
+        decision_message = InputMessage(content=body, group_id=target, id=message_id)
+        await retry_transient(functools.partial(self._sender.send, decision_message, message_id))
         if target == thread:
             self._awaited.setdefault(thread, set()).add(message_id)
         else:
@@ -394,6 +404,9 @@ class Client:
 
     async def _snapshot(self, thread: str) -> tuple[Cursor, dict[str, int]]:
         """Where the tree is now: each thread's last order and how many notices it has had."""
+        return await retry_transient(functools.partial(self._read_snapshot, thread))
+
+    async def _read_snapshot(self, thread: str) -> tuple[Cursor, dict[str, int]]:
         cursor: Cursor = {}
         pending = [thread]
         while pending:

@@ -20,7 +20,12 @@ from urllib.parse import quote
 
 import httpx
 
+from stepagent.backoff import Backoff
 from stepagent.errors import StepagentError
+
+#: A dropped event stream is reopened (from the last event id) after a jittered wait of 0.4 s, doubling up
+#: to 5 s; six connection failures in a row end it.
+RECONNECT_BACKOFF = Backoff(attempts=6, base=0.4, cap=5.0)
 
 Item = dict[str, Any]
 _KINDS = {"text": "assistant", "tool_call": "tool_call", "tool_result": "tool_result", "event": "event"}
@@ -179,9 +184,10 @@ class HttpApi:
                 return
             except (httpx.TransportError, httpx.RemoteProtocolError):
                 failures += 1
-                if failures > 5:
+                delay = RECONNECT_BACKOFF.delay(failures)
+                if not RECONNECT_BACKOFF.allows(failures, delay):
                     raise
-                await asyncio.sleep(min(5.0, 0.2 * 2**failures))
+                await asyncio.sleep(delay)
 
 
 async def _parse(response: httpx.Response) -> AsyncIterator[tuple[str, Item]]:

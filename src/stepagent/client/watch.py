@@ -32,7 +32,7 @@ from typing import Any
 from stepagent.history_items import ApprovalItem, ToolCallItem, ToolResultItem
 from stepagent.stores.base import ThreadInfo
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
-from stepagent.stores.dynamodb_io import DynamoIo, Item, item_key
+from stepagent.stores.dynamodb_io import BATCH_BACKOFF, DynamoIo, Item, item_key
 from stepagent.stores.dynamodb_layout import HEAD_SK, head_inbox, info_from_item
 from stepagent.stores.dynamodb_live import LIVE_SK, LiveState, decode_live
 from stepagent.transcript import describe
@@ -93,7 +93,7 @@ class StoreReader:
                 },
                 self.state_table: {"Keys": [item_key(t, LIVE_SK) for t in chunk], "ConsistentRead": True},
             }
-            for attempt in range(8):
+            for attempt in range(1, BATCH_BACKOFF.attempts + 1):
                 response = await self.io.call("BatchGetItem", self.conversation_table, RequestItems=request)
                 for table, items in response.get("Responses", {}).items():
                     for item in items:
@@ -106,7 +106,7 @@ class StoreReader:
                 request = response.get("UnprocessedKeys") or {}
                 if not request:
                     break
-                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+                await asyncio.sleep(BATCH_BACKOFF.delay(attempt))
         return found
 
 

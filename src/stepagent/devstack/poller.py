@@ -12,20 +12,22 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+from stepagent.aws.lambda_events import BatchResponse, SqsEvent, SqsRecord, SqsRecordAttributes
 
 log = logging.getLogger(__name__)
 
-BatchHandler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+BatchHandler = Callable[[SqsEvent], Awaitable[BatchResponse]]
 
 
-def lambda_record(message: dict[str, Any], queue_arn: str) -> dict[str, Any]:
+def lambda_record(message: dict[str, Any], queue_arn: str) -> SqsRecord:
     """An SQS message as Lambda's event source hands it to the function."""
     return {
         "messageId": message["MessageId"],
         "receiptHandle": message["ReceiptHandle"],
         "body": message["Body"],
-        "attributes": dict(message.get("Attributes", {})),
+        "attributes": cast(SqsRecordAttributes, dict(message.get("Attributes", {}))),
         "messageAttributes": {
             name: {
                 "stringValue": value.get("StringValue"),
@@ -77,7 +79,7 @@ class SqsEventSource:
         arn = await self._arn()
         self.in_flight = len(messages)
         try:
-            event = {"Records": [lambda_record(m, arn) for m in messages]}
+            event: SqsEvent = {"Records": [lambda_record(m, arn) for m in messages]}
             try:
                 result = await self.handler(event)
                 failed = {item["itemIdentifier"] for item in result.get("batchItemFailures", [])}

@@ -2,8 +2,8 @@
 
 ``usage THREAD [--json] [--stack NAME]`` prints the token totals of a thread tree
 (:func:`stepagent.usage.thread_usage`). They read the same settings as the handlers (``STEPAGENT_CONVERSATION_TABLE``, ``STEPAGENT_STATE_TABLE``,
-``STEPAGENT_BLOB_BUCKET``, ``AWS_ENDPOINT_URL``). ``export`` streams lines to stdout (or ``--output``) one at
-a time; ``import`` reads a file twice (validate, then write), so standard input (``-``) is first spooled to
+``STEPAGENT_BLOB_BUCKET``, ``AWS_ENDPOINT_URL``). ``export`` writes the lines to a spool file, then to stdout (or
+``--output``, replaced at once), so a failure never leaves a partial export; ``import`` reads a file twice (validate, then write), so standard input (``-``) is first spooled to
 a temporary file. Failures a person can fix raise :class:`~stepagent.errors.StepagentError` subclasses with
 a one-line message; ``cli.main`` prints them.
 """
@@ -11,19 +11,17 @@ a one-line message; ``cli.main`` prints them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any
 
-from stepagent.backoff import Backoff
-from stepagent.errors import TransactionConflictError
+from stepagent.aws.transient import retry_transient
 from stepagent.lifecycle.export import LifecycleError, export_lines
 from stepagent.lifecycle.importer import ImportLimits, import_tree
 from stepagent.lifecycle.rewind import rewind_thread
@@ -118,39 +116,11 @@ def add_lifecycle_commands(subparsers: Any) -> None:
     usage.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
 
 
-#: How the lifecycle commands retry an operation a concurrent transaction cancelled.
-CONFLICT_BACKOFF = Backoff(attempts=5, base=0.2, cap=3.0)
-
-T = TypeVar("T")
-
-
-async def retry_conflicts(
-    operation: Callable[[], Awaitable[T]],
-    *,
-    backoff: Backoff = CONFLICT_BACKOFF,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> T:
-    """Run ``operation``, again (after a jittered wait) each time DynamoDB cancels one of its transactions
-    because another one touched the same item (:class:`~stepagent.errors.TransactionConflictError`): nothing
-    of a cancelled transaction is written, and an import, a rewind or a replacement interrupted between two
-    transactions is completed or redone by running it again. ``backoff.attempts`` runs at most; the last
-    conflict is raised."""
-    attempt = 1
-    while True:
-        try:
-            return await operation()
-        except TransactionConflictError:
-            delay = backoff.delay(attempt)
-            if not backoff.allows(attempt, delay):
-                raise
-        await sleep(delay)
-        attempt += 1
-
-
 async def run_lifecycle_command(args: argparse.Namespace) -> int:
-    """Run the parsed ``export``/``import``/``rewind``/``usage`` command; the exit status. The writing ones
-    (``import``, ``rewind``) retry a transaction another writer's cancelled (:func:`retry_conflicts`);
-    ``export`` and ``usage`` only read."""
+    """Run the parsed ``export``/``import``/``rewind``/``usage`` command; the exit status. ``export``,
+    ``import`` and ``rewind`` run again, after a jittered wait, while they fail transiently (throttling, a
+    5xx, a transaction another writer's cancelled: :func:`~stepagent.aws.transient.retry_transient`); each
+    is safe to run again."""
     async with _stores(getattr(args, "stack", None)) as (conversation, state):
         if args.command == "usage":
             return await _usage(conversation, args)
@@ -184,19 +154,53 @@ async def _stores(stack: str | None = None) -> AsyncIterator[tuple[ConversationS
 
 
 async def _export(conversation: ConversationStore, state: StateStore, args: argparse.Namespace) -> int:
-    if await conversation.get_thread(args.thread) is None:
+    if await retry_transient(lambda: conversation.get_thread(args.thread)) is None:
         print(f"stepagent: no thread {args.thread!r}", file=sys.stderr)
         return 1
-    sink: IO[str] = sys.stdout if args.output is None else _open_output(args.output)
-    try:
-        async for line in export_lines(conversation, state, args.thread):
-            sink.write(line)
-            sink.write("\n")
-        sink.flush()
-    finally:
-        if sink is not sys.stdout:
-            sink.close()
+    # The lines go to a spool first, so a pass that fails half-way (and is run again) never leaves a
+    # partial export behind: stdout gets the whole file or nothing, and --output is replaced at once.
+    with _spool(args.output) as spool:
+
+        async def write_all() -> None:
+            spool.seek(0)
+            spool.truncate()
+            async for line in export_lines(conversation, state, args.thread):
+                spool.write(line)
+                spool.write("\n")
+
+        await retry_transient(write_all)
+        _deliver(spool, args.output)
     return 0
+
+
+@contextmanager
+def _spool(output: str | None) -> Iterator[IO[str]]:
+    """A temporary file beside ``output`` (so it can be renamed over it) or in the temporary directory."""
+    folder = Path(tempfile.gettempdir()) if output is None else Path(output).resolve().parent
+    try:
+        spool = tempfile.NamedTemporaryFile(  # noqa: SIM115 -- closed below, kept for the rename
+            "w+", encoding="utf-8", dir=folder, prefix=".stepagent-export-", delete=False
+        )
+    except OSError as exc:
+        raise LifecycleError(f"cannot write {output or folder}: {exc.strerror or exc}") from None
+    try:
+        with spool:
+            yield spool
+    finally:
+        Path(spool.name).unlink(missing_ok=True)
+
+
+def _deliver(spool: IO[str], output: str | None) -> None:
+    spool.flush()
+    if output is None:
+        spool.seek(0)
+        shutil.copyfileobj(spool, sys.stdout)
+        sys.stdout.flush()
+        return
+    try:
+        os.replace(spool.name, output)
+    except OSError as exc:
+        raise LifecycleError(f"cannot write {output}: {exc.strerror or exc}") from None
 
 
 async def _usage(conversation: ConversationStore, args: argparse.Namespace) -> int:
@@ -213,13 +217,6 @@ async def _usage(conversation: ConversationStore, args: argparse.Namespace) -> i
     return 0
 
 
-def _open_output(path: str) -> IO[str]:
-    try:
-        return Path(path).open("w", encoding="utf-8")
-    except OSError as exc:
-        raise LifecycleError(f"cannot write {path}: {exc.strerror or exc}") from None
-
-
 async def _import(conversation: ConversationStore, state: StateStore, args: argparse.Namespace) -> int:
     limits = ImportLimits(args.max_line_bytes, args.max_rows, args.max_threads)
     with tempfile.TemporaryDirectory() as spool_dir:
@@ -227,7 +224,7 @@ async def _import(conversation: ConversationStore, state: StateStore, args: argp
         if path == "-":  # two passes need a file that can be read twice
             path = str(Path(spool_dir) / "import.jsonl")
             _spool_stdin(path)
-        result = await retry_conflicts(
+        result = await retry_transient(
             lambda: import_tree(
                 conversation,
                 state,
@@ -251,7 +248,7 @@ def _spool_stdin(path: str) -> None:
 
 
 async def _rewind(conversation: ConversationStore, state: StateStore, args: argparse.Namespace) -> int:
-    result = await retry_conflicts(
+    result = await retry_transient(
         lambda: rewind_thread(
             conversation, state, args.thread, args.order, expected_version=args.expected_version
         )

@@ -76,7 +76,7 @@ async def rewind_thread(
             return await _rewind_once(conversation, state, info, to_order)
         except TransactionConflictError:
             if attempt == attempts:
-                raise  # not a change of the thread: the caller may simply try again (retry_conflicts)
+                raise  # not a change of the thread: the caller may simply try again (retry_transient)
         except ConcurrentWriteError:
             if expected_version is not None or attempt == attempts:
                 raise ConcurrentWriteError(

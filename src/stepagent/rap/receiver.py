@@ -44,7 +44,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from pydantic import ValidationError
 
@@ -100,7 +100,7 @@ class ViewUpdate:
     view_type: str
     content: dict[str, Any] | None
 
-    def output_event(self) -> dict[str, Any]:
+    def output_event(self) -> ViewUpdateOutput:
         """The output-queue event (the publisher adds ``thread_id``, ``root_thread_id`` and ``metadata``).
         ``event_id`` depends on the content, so a retried POST is one event and a new state is another."""
         digest = hashlib.sha256(_canonical(self.content).encode()).hexdigest()
@@ -110,6 +110,15 @@ class ViewUpdate:
             "view_type": self.view_type,
             "content": self.content,
         }
+
+
+class ViewUpdateOutput(TypedDict):
+    """The ``view_update`` output event: a tool's live view of its work (``content`` is the tool's JSON)."""
+
+    type: Literal["view_update"]
+    event_id: str
+    view_type: str
+    content: Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from stepagent.backoff import Backoff
-from stepagent.errors import CallbackError, ToolError
+from stepagent.errors import CallbackError, CallbackRefusedError, ToolError, classify
 from stepagent.function_schema import TypedFunction, result_text
 from stepagent.rap.call import (
     DEFERRED,
@@ -193,27 +193,37 @@ class RapToolServer:
         return self._http
 
     async def post_callback(self, url: str, body: dict[str, Any]) -> None:
-        """POST a callback; retry 5xx and network errors with backoff; raise ``CallbackError`` on failure."""
-        problem = ""
+        """POST a callback; retry what :func:`~stepagent.errors.classify` says to (5xx answers and network
+        errors, after a jittered wait or the receiver's ``Retry-After``); raise ``CallbackError`` on failure
+        (:class:`~stepagent.errors.CallbackRefusedError` at once for a 4xx: resending cannot help)."""
         backoff = Backoff(attempts=self.callback_attempts, base=self.callback_backoff, cap=10.0)
-        retry_after: float | None = None
-        for attempt in range(1, backoff.attempts + 1):
-            if attempt > 1:
-                await asyncio.sleep(backoff.delay(attempt - 1, retry_after))
-            retry_after = None
+        attempt = 1
+        while True:
             try:
-                response = await self.http.post(url, json=body, headers=trace_attributes())
-            except httpx.HTTPError as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-                continue
-            if response.status_code < 300:
+                await self._post_once(url, body)
                 return
-            problem = f"HTTP {response.status_code}: {response.text[:200]}"
-            if response.status_code < 500:
-                break  # the receiver refused this callback: resending the same body cannot help
-            with contextlib.suppress(ValueError):
-                retry_after = float(response.headers.get("retry-after", ""))
-        raise CallbackError(f"{body['type']} callback for {body['group_id']} failed: {problem}")
+            except CallbackError as error:
+                delay = backoff.delay(attempt, error.retry_after)
+                if classify(error) != "retry" or not backoff.allows(attempt, delay):
+                    raise
+            await asyncio.sleep(delay)
+            attempt += 1
+
+    async def _post_once(self, url: str, body: dict[str, Any]) -> None:
+        failed = f"{body['type']} callback for {body['group_id']} failed"
+        try:
+            response = await self.http.post(url, json=body, headers=trace_attributes())
+        except httpx.HTTPError as exc:
+            raise CallbackError(f"{failed}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code < 300:
+            return
+        problem = f"{failed}: HTTP {response.status_code}: {response.text[:200]}"
+        if response.status_code < 500:
+            raise CallbackRefusedError(problem)
+        retry_after = None
+        with contextlib.suppress(ValueError):
+            retry_after = float(response.headers.get("retry-after", ""))
+        raise CallbackError(problem, retry_after=retry_after)
 
     # ---- running calls ------------------------------------------------------------------------------------
 

@@ -123,10 +123,6 @@ __all__ = ["DynamoConversationStore", "DynamoStateStore", "dynamo_stores"]
 REMEMBERED_HEADS = 256
 
 
-#: Tries of a commit transaction cancelled only by a conflict on an item other than the thread's head.
-CONFLICT_ATTEMPTS = 3
-
-
 def _conflict_on_head(reasons: Sequence[str]) -> bool:
     """Whether the conflict was on the head (the first action): another writer of this very thread."""
     return bool(reasons) and reasons[0] == "TransactionConflict"
@@ -513,7 +509,7 @@ class DynamoConversationStore:
         # A token derived from the content makes botocore's own retry of a transaction whose response was
         # lost idempotent (DynamoDB answers success for 10 minutes) instead of failing its version check.
         token = hashlib.sha256(json.dumps(actions, sort_keys=True).encode()).hexdigest()[:36]
-        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+        for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
             try:
                 await self._io.call(
                     "TransactWriteItems",
@@ -536,8 +532,8 @@ class DynamoConversationStore:
                     # metadata item (the conversation's spend): the head condition still guards this
                     # thread, so trying the same transaction again is safe and spares the step a re-run
                     # (which would repeat its model call).
-                    if attempt < CONFLICT_ATTEMPTS and not _conflict_on_head(reasons):
-                        await asyncio.sleep(0.02 * attempt)
+                    if attempt < CONFLICT_BACKOFF.attempts and not _conflict_on_head(reasons):
+                        await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
                         continue
                     raise TransactionConflictError(
                         f"thread {thread_id}: a concurrent transaction touched it"

@@ -66,7 +66,6 @@ MARKER_TTL_S = 30 * 24 * 3600
 PAYLOAD_ATTRIBUTES = ("blob", "body", "texts")
 _BATCH_GET_KEYS = 100
 _BATCH_WRITE_ITEMS = 25  # moto does not enforce this limit; AWS does, so chunk ourselves
-_MAX_BATCH_ATTEMPTS = 8
 _NUMBER_SIZE = 11
 
 
@@ -171,6 +170,11 @@ class ConditionFailed(Exception):
 #: A transaction DynamoDB cancelled for a conflict with another one (``TransactionConflict``: nothing was
 #: written) is tried again at once-ish, three times in all, spread apart by jitter.
 CONFLICT_BACKOFF = Backoff(attempts=3, base=0.02, cap=0.5)
+
+
+#: ``UnprocessedKeys``/``UnprocessedItems`` (DynamoDB throttled part of a batch) are sent again after a
+#: jittered, doubling wait from 50 ms up to 1 s, eight requests in all.
+BATCH_BACKOFF = Backoff(attempts=8, base=0.05, cap=1.0)
 
 
 class TransactionCancelled(Exception):
@@ -392,14 +396,14 @@ class DynamoIo:
         """One BatchGetItem ``request`` (at most 100 keys), retrying ``UnprocessedKeys`` with backoff; the
         found items by table. ``label`` names the table(s) in the metrics and the error."""
         found: dict[str, list[Item]] = {}
-        for attempt in range(_MAX_BATCH_ATTEMPTS):
+        for attempt in range(BATCH_BACKOFF.attempts):
             response = await self.call("BatchGetItem", label, RequestItems=request)
             for table, items in (response.get("Responses") or {}).items():
                 found.setdefault(table, []).extend(items)
             request = response.get("UnprocessedKeys") or {}
             if not request:
                 return found
-            await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+            await asyncio.sleep(BATCH_BACKOFF.delay(attempt + 1))
         raise StoreError(f"DynamoDB BatchGetItem on {label}: keys still unprocessed after retries")
 
     async def batch_put(self, table: str, items: Sequence[Item]) -> None:
@@ -418,12 +422,12 @@ class DynamoIo:
         for start in range(0, len(requests), _BATCH_WRITE_ITEMS):
             chunk = items[start : start + _BATCH_WRITE_ITEMS]
             request: Item = {table: list(requests[start : start + _BATCH_WRITE_ITEMS])}
-            for attempt in range(_MAX_BATCH_ATTEMPTS):
+            for attempt in range(BATCH_BACKOFF.attempts):
                 response = await self.call("BatchWriteItem", table, RequestItems=request)
                 request = response.get("UnprocessedItems") or {}
                 if not request:
                     break
-                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+                await asyncio.sleep(BATCH_BACKOFF.delay(attempt + 1))
             else:
                 raise StoreError(
                     f"DynamoDB BatchWriteItem on table {table}: items still unprocessed after retries"
