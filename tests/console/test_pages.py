@@ -6,9 +6,10 @@ from html.parser import HTMLParser
 
 from stepagent.aws.dlq import DeadLetter
 from stepagent.console import pages
-from stepagent.console.reads import ConversationPage, ThreadPage
+from stepagent.console.reads import ConversationList, ConversationPage, ConversationRow, ThreadPage
 from stepagent.console.status import StatusReport, ThreadFacts, thread_status
 from stepagent.stores.base import ThreadInfo, ThreadKind
+from stepagent.stores.dynamodb_roots import RootSummary
 
 EVIL = "<script>alert(1)</script><img src=x onerror=alert(2)>\"'><svg onload=alert(3)>"
 
@@ -96,7 +97,11 @@ def test_every_stored_text_is_escaped_in_the_conversation_page() -> None:
     )
     assert_inert(html.replace('<script src="/static/console.js"></script>', ""))
     assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") > 10
-    assert 'href="https://example.com/a?b=&lt;x&gt;&amp;c=&quot;"' in html
+    markup = _Markup()
+    markup.feed(html)
+    # the notice's http(s) link is kept, its hostile characters escaped inside the quoted attribute
+    assert 'https://example.com/a?b=<x>&c="' in markup.hrefs
+    assert "&lt;x&gt;&amp;c=" in html
     assert "refused a link that is not http(s)" in html
     assert 'rel="noopener noreferrer"' in html
 
@@ -107,6 +112,13 @@ def test_the_list_and_the_dlq_page_escape_too() -> None:
     assert_inert(html)
     confirm = pages.rewind_confirm(EVIL, EVIL, 3, 2, [{"order": 3, "kind": "user", "text": EVIL}], 4, "tok")
     assert_inert(confirm)
+    root = RootSummary(EVIL, 1_700_000_000_000, 3, 7, False, True)
+    status = thread_status(ThreadFacts(EVIL, ThreadInfo(EVIL, EVIL)))
+    listing = ConversationList([ConversationRow(root, {EVIL: EVIL}, status)], 30, False, 10, 10)
+    page = pages.conversations_page(listing, EVIL)
+    assert_inert(page)
+    assert page.count("&lt;script&gt;alert(1)&lt;/script&gt;") >= 4  # id, link text, metadata, query
+    assert "older conversations are missing" in page and ">newer</a>" in page and ">older</a>" in page
 
 
 def test_safe_url_and_paths() -> None:
