@@ -60,6 +60,7 @@ NOT_AT_IMPORT = (
     "mcp",
     "starlette",
     "uvicorn",
+    "jinja2",  # the web console's templates
     "sqlite3",
     "moto",
 )

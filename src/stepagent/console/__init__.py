@@ -9,7 +9,8 @@ timers; sending, answering, rewinding, exporting; the dead-letter queues with re
 - :mod:`~stepagent.console.status` — the status rules (idle, working, waiting on a tool / a timer / a
   choice, failed), pure;
 - :mod:`~stepagent.console.reads` — what a page reads, and what it costs;
-- :mod:`~stepagent.console.pages` — server-rendered HTML, every stored text escaped;
+- :mod:`~stepagent.console.pages` — server-rendered HTML from the Jinja2 templates in ``templates/``
+  (autoescaping on: every stored text escaped);
 - :mod:`~stepagent.console.app` — routes, JSON API, actions, CSRF token and loopback ``Host`` check;
 - :mod:`~stepagent.console.dead_letters` — the DLQs through :mod:`stepagent.aws.dlq`;
 - :mod:`~stepagent.console.server` — serving it (127.0.0.1 by default), the account in the header;
