@@ -128,6 +128,8 @@ async def test_list_tree_actions_guards_export_rewind_and_dlq() -> None:
         confirm = await c.http.get("/c/conv-b/rewind", params={"thread": "conv-b", "order": keep})
         assert confirm.status_code == 200 and f'name="order" value="{keep}"' in confirm.text
         assert "pick a color" in confirm.text  # what would be dropped
+        beyond = await c.http.get("/c/conv-b/rewind", params={"thread": "conv-b", "order": 10**6})
+        assert beyond.status_code == 400 and "<h1>Refused</h1>" in beyond.text  # the page says why
         unconfirmed = await c.post("/c/conv-b/rewind", {"thread": "conv-b", "order": keep})
         assert unconfirmed.status_code == 400
         done = await c.post("/c/conv-b/rewind", {"thread": "conv-b", "order": keep, "confirm": "yes"})

@@ -14,6 +14,7 @@ import urllib.request
 from typing import Any
 
 from stepagent.aws.settings import Settings
+from stepagent.console import pages
 from stepagent.console.server import describe_target, is_loopback
 from tests.integration.test_cli import ROOT, clean_env
 
@@ -96,9 +97,10 @@ async def test_the_header_names_the_account_on_aws_and_the_endpoint_locally() ->
     aws = Settings.from_env({"AWS_REGION": "eu-west-1"})
     header = await describe_target(aws, "prod", FakeSts())
     assert (
-        header
-        == "stack prod · AWS account 123456789012 (arn:aws:iam::123456789012:user/&lt;ann&gt;) · eu-west-1"
+        header == "stack prod · AWS account 123456789012 (arn:aws:iam::123456789012:user/<ann>) · eu-west-1"
     )
+    page = pages.layout("t", "", header=header, csrf="c")
+    assert "user/&lt;ann&gt;) · eu-west-1</span>" in page  # text: the page escapes it
     local = Settings.from_env({"AWS_ENDPOINT_URL": "http://127.0.0.1:4566"})
     assert await describe_target(local, None, None) == "local endpoint http://127.0.0.1:4566"
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")

@@ -93,7 +93,7 @@ def assert_inert(html: str) -> None:
 
 def test_every_stored_text_is_escaped_in_the_conversation_page() -> None:
     html = pages.layout(
-        "t", pages.conversation_page(hostile_page(), "tok"), header=pages.e(EVIL), csrf="tok", notice=EVIL
+        "t", pages.conversation_page(hostile_page(), "tok"), header=EVIL, csrf="tok", notice=EVIL
     )
     assert_inert(html.replace('<script src="/static/console.js"></script>', ""))
     assert html.count("&lt;script&gt;alert(1)&lt;/script&gt;") > 10
@@ -112,6 +112,9 @@ def test_the_list_and_the_dlq_page_escape_too() -> None:
     assert_inert(html)
     confirm = pages.rewind_confirm(EVIL, EVIL, 3, 2, [{"order": 3, "kind": "user", "text": EVIL}], 4, "tok")
     assert_inert(confirm)
+    for other in (pages.refused(EVIL), pages.not_found(EVIL)):
+        assert_inert(other)
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in other
     root = RootSummary(EVIL, 1_700_000_000_000, 3, 7, False, True)
     status = thread_status(ThreadFacts(EVIL, ThreadInfo(EVIL, EVIL)))
     listing = ConversationList([ConversationRow(root, {EVIL: EVIL}, status)], 30, False, 10, 10)

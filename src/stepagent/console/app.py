@@ -346,7 +346,7 @@ def build_app(console: ConsoleState) -> Starlette:
     async def refused(request: Request, error: Exception) -> Response:
         if request.url.path.startswith("/api/"):
             return r.json_response({"error": str(error)}, 400)
-        return r.html(f"<h1>Refused</h1><p>{pages.e(error)}</p>", "Refused", status=400)
+        return r.html(pages.refused(str(error)), "Refused", status=400)
 
     app = Starlette(routes=routes, exception_handlers={StepagentError: refused})
 

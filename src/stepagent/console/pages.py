@@ -11,7 +11,6 @@ that change something carry the process's CSRF token.
 from __future__ import annotations
 
 import functools
-import html
 import json
 import time
 from collections.abc import Iterable
@@ -25,11 +24,6 @@ from stepagent.aws.dlq import DeadLetter
 from stepagent.console.reads import ConversationList, ConversationPage, ThreadPage
 
 Item = dict[str, Any]
-
-
-def e(value: object) -> str:
-    """Escape text for HTML (element content and quoted attribute values)."""
-    return html.escape("" if value is None else str(value), quote=True)
 
 
 def safe_url(url: object) -> str | None:
@@ -84,12 +78,9 @@ def _render(template: str, **values: object) -> str:
 
 
 def layout(title: str, body: str, *, header: str, csrf: str, notice: str | None = None) -> str:
-    """A whole HTML page: ``body`` in the console's frame. ``body`` and ``header`` are trusted markup (a page
-    rendered here; the header built with :func:`e`) and are not escaped; ``notice`` is shown as a flash
-    message."""
-    return _render(
-        "layout.html", title=title, body=Markup(body), header=Markup(header), csrf=csrf, notice=notice
-    )
+    """A whole HTML page: ``body`` (a page rendered here: trusted markup, not escaped again) in the console's
+    frame; ``header`` (which deployment: text) and ``notice`` (a flash message) are escaped."""
+    return _render("layout.html", title=title, body=Markup(body), header=header, csrf=csrf, notice=notice)
 
 
 def _when(epoch_ms: int | None) -> str:
@@ -239,6 +230,11 @@ def dead_letters_page(
         href = f"{path('c', root)}#t-{thread}" if root else None
         rows.append({"letter": letter, "thread": thread, "href": href})
     return _render("dead_letters.html", rows=rows, problem=problem, csrf=csrf)
+
+
+def refused(error: str) -> str:
+    """The page of an action refused with a clear error (a bad rewind, an unknown thread...)."""
+    return _render("refused.html", error=error)
 
 
 def not_found(what: str) -> str:

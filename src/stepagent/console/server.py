@@ -40,9 +40,10 @@ def is_loopback(host: str) -> bool:
 
 
 async def describe_target(settings: Settings, stack: str | None, sts: Any) -> str:
-    """The header's HTML: which stack, endpoint or AWS account the console acts on (escaped)."""
+    """The header's text: which stack, endpoint or AWS account the console acts on (plain text: the page
+    template escapes it)."""
     if settings.endpoint_url:
-        return f"local endpoint {pages.e(settings.endpoint_url)}"
+        return f"local endpoint {settings.endpoint_url}"
     region = settings.region or "us-east-1"
     try:
         identity = await sts.get_caller_identity()
@@ -50,7 +51,7 @@ async def describe_target(settings: Settings, stack: str | None, sts: Any) -> st
     except Exception as error:
         account = f"AWS account unknown ({error})"
     where = f"stack {stack} · " if stack else ""
-    return pages.e(f"{where}{account} · {region}")
+    return f"{where}{account} · {region}"
 
 
 @contextlib.asynccontextmanager
