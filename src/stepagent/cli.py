@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import sys
-import uuid
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -413,21 +412,11 @@ def _local_api(args: argparse.Namespace) -> Any:
 
 
 async def _send(thread_id: str, text: str, stack: str | None = None) -> int:
-    from stepagent.aws.clients import aws_session, client
-    from stepagent.aws.settings import Settings
-    from stepagent.messages import InputMessage
-    from stepagent.senders.sqs import SqsSender
+    from stepagent.client import Client
 
-    settings: Settings = await _settings(stack)
-    settings.require("STEPAGENT_INPUT_QUEUE_URL")
-    assert settings.input_queue_url is not None
-    async with (
-        client(aws_session(settings), "sqs", settings) as sqs,
-        client(aws_session(settings), "s3", settings) as s3,
-    ):
-        sender = SqsSender(sqs, settings.input_queue_url, s3_client=s3, bucket=settings.blob_bucket)
-        message_id = str(uuid.uuid4())
-        await sender.send(InputMessage.user_text(thread_id, text, id=message_id), message_id)
+    settings = await _settings(stack)
+    async with Client(settings, require=("STEPAGENT_INPUT_QUEUE_URL",)) as client:
+        message_id = await client.send(thread_id, text)
     print(f"sent to thread {thread_id} (message {message_id})")
     return 0
 
@@ -468,27 +457,16 @@ async def _approve(args: argparse.Namespace) -> int:
 
 
 async def _history(thread_id: str, *, as_json: bool, stack: str | None = None) -> int:
-    from stepagent.aws.clients import aws_session, client
-    from stepagent.aws.settings import Settings
-    from stepagent.stores.dynamodb import dynamo_stores
-    from stepagent.transcript import tree_items
+    from stepagent.client import Client
 
-    settings: Settings = await _settings(stack)
-    settings.require("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE")
-    assert settings.conversation_table is not None and settings.state_table is not None
-    session = aws_session(settings)
-    async with client(session, "dynamodb", settings) as dynamodb, client(session, "s3", settings) as s3:
-        conversation, _ = dynamo_stores(
-            dynamodb,
-            conversation_table=settings.conversation_table,
-            state_table=settings.state_table,
-            s3_client=s3,
-            bucket=settings.blob_bucket,
-        )
+    settings = await _settings(stack)
+    tables = ("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE")
+    async with Client(settings, require=tables) as client:
+        conversation, _ = client.stores
         if await conversation.get_thread(thread_id) is None:
             print(f"stepagent: no thread {thread_id!r} in {settings.conversation_table}", file=sys.stderr)
             return 1
-        items = [item async for item in tree_items(conversation, thread_id)]
+        items = await client.history(thread_id)
         closed = set()
         for child in dict.fromkeys(i["thread_id"] for i in items):
             info = await conversation.get_thread(child)
