@@ -565,7 +565,10 @@ async def _show_letter(
 def format_transcript(
     items: Sequence[dict[str, Any]], *, root_id: str, closed: frozenset[str] | set[str] = frozenset()
 ) -> list[str]:
-    """Human-readable transcript lines under one header per thread (marked root and/or closed)."""
+    """Human-readable transcript lines under one header per thread (marked root and/or closed): each item
+    by its order, with the glyphs the chat shows (:func:`stepagent.transcript.item_glyph_text`), whole."""
+    from stepagent.transcript import item_glyph_text
+
     lines: list[str] = []
     current: str | None = None
     for item in items:
@@ -574,17 +577,10 @@ def format_transcript(
             current = thread
             marks = [m for m, on in (("root", thread == root_id), ("closed", thread in closed)) if on]
             lines.append(f"── thread {thread}" + (f" ({', '.join(marks)})" if marks else ""))
-        kind = item["kind"]
-        prefix = f"{item['order']:>4} "
-        if kind == "tool_call":
-            approval = f"  [approval: {item['approval']}]" if "approval" in item else ""
-            lines.append(
-                f"{prefix}→ {item['name']}({json.dumps(item['args'], ensure_ascii=False)}){approval}"
-            )
-        elif kind in ("tool_result", "event"):
-            lines.append(f"{prefix}← {item.get('text', '')}")
-        else:
-            lines.append(f"{prefix}{kind}: {item.get('text', '')}")
+        body = item_glyph_text(item, limit=None) or f"{item['kind']}: {item.get('text', '')}"
+        if "approval" in item:
+            body += f"  [approval: {item['approval']}]"
+        lines.append(f"{item['order']:>4} {body}")
     return lines
 
 

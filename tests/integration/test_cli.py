@@ -92,7 +92,7 @@ def test_infra_create_send_and_history_against_an_existing_endpoint() -> None:
     assert children and children[0]["order"] == 1 and children[0]["kind"] == "tool_result"
 
     text = stepagent("history", thread, env=clean_env(**{**settings, **_local_tables()}))
-    assert f"── thread {thread} (root)" in text.stdout and "→ get_time({})" in text.stdout
+    assert f"── thread {thread} (root)" in text.stdout and "⚙ get_time()" in text.stdout
 
 
 def _local_tables() -> dict[str, str]:
