@@ -36,6 +36,10 @@ from stepagent.history_items import (
 )
 from stepagent.stores.base import ConversationStore
 
+#: One item of a thread tree's transcript or replies: ``thread_id``, ``kind``, ``order``, ``text``, ...
+#: (the ``stepagent history --json`` shape; ``stepagent.client.Item`` is this alias).
+Item = dict[str, Any]
+
 
 def describe(thread_id: str, order: int, item: HistoryItem) -> dict[str, Any]:
     """One transcript item for a stored row."""

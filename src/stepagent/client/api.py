@@ -27,9 +27,7 @@ from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore,
 from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_live import decode_live
 from stepagent.stores.metrics import StoreMetrics
-from stepagent.transcript import tree_items
-
-Item = dict[str, Any]
+from stepagent.transcript import Item, tree_items
 
 #: What a client needs of a deployment.
 REQUIRED_SETTINGS = ("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE", "STEPAGENT_INPUT_QUEUE_URL")

@@ -36,8 +36,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from stepagent.client.api import Client, ClientError, Item
-from stepagent.transcript import clip, item_line
+from stepagent.client.api import Client, ClientError
+from stepagent.transcript import Item, clip, item_line
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 PROMPT = "you > "
