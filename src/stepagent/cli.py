@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import sys
-import uuid
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -413,21 +412,11 @@ def _local_api(args: argparse.Namespace) -> Any:
 
 
 async def _send(thread_id: str, text: str, stack: str | None = None) -> int:
-    from stepagent.aws.clients import aws_session, client
-    from stepagent.aws.settings import Settings
-    from stepagent.messages import InputMessage
-    from stepagent.senders.sqs import SqsSender
+    from stepagent.client import Client
 
-    settings: Settings = await _settings(stack)
-    settings.require("STEPAGENT_INPUT_QUEUE_URL")
-    assert settings.input_queue_url is not None
-    async with (
-        client(aws_session(settings), "sqs", settings) as sqs,
-        client(aws_session(settings), "s3", settings) as s3,
-    ):
-        sender = SqsSender(sqs, settings.input_queue_url, s3_client=s3, bucket=settings.blob_bucket)
-        message_id = str(uuid.uuid4())
-        await sender.send(InputMessage.user_text(thread_id, text, id=message_id), message_id)
+    settings = await _settings(stack)
+    async with Client(settings, require=("STEPAGENT_INPUT_QUEUE_URL",)) as client:
+        message_id = await client.send(thread_id, text)
     print(f"sent to thread {thread_id} (message {message_id})")
     return 0
 
@@ -468,27 +457,16 @@ async def _approve(args: argparse.Namespace) -> int:
 
 
 async def _history(thread_id: str, *, as_json: bool, stack: str | None = None) -> int:
-    from stepagent.aws.clients import aws_session, client
-    from stepagent.aws.settings import Settings
-    from stepagent.stores.dynamodb import dynamo_stores
-    from stepagent.transcript import tree_items
+    from stepagent.client import Client
 
-    settings: Settings = await _settings(stack)
-    settings.require("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE")
-    assert settings.conversation_table is not None and settings.state_table is not None
-    session = aws_session(settings)
-    async with client(session, "dynamodb", settings) as dynamodb, client(session, "s3", settings) as s3:
-        conversation, _ = dynamo_stores(
-            dynamodb,
-            conversation_table=settings.conversation_table,
-            state_table=settings.state_table,
-            s3_client=s3,
-            bucket=settings.blob_bucket,
-        )
+    settings = await _settings(stack)
+    tables = ("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE")
+    async with Client(settings, require=tables) as client:
+        conversation, _ = client.stores
         if await conversation.get_thread(thread_id) is None:
             print(f"stepagent: no thread {thread_id!r} in {settings.conversation_table}", file=sys.stderr)
             return 1
-        items = [item async for item in tree_items(conversation, thread_id)]
+        items = await client.history(thread_id)
         closed = set()
         for child in dict.fromkeys(i["thread_id"] for i in items):
             info = await conversation.get_thread(child)
@@ -587,7 +565,10 @@ async def _show_letter(
 def format_transcript(
     items: Sequence[dict[str, Any]], *, root_id: str, closed: frozenset[str] | set[str] = frozenset()
 ) -> list[str]:
-    """Human-readable transcript lines under one header per thread (marked root and/or closed)."""
+    """Human-readable transcript lines under one header per thread (marked root and/or closed): each item
+    by its order, with the glyphs the chat shows (:func:`stepagent.transcript.item_glyph_text`), whole."""
+    from stepagent.transcript import item_glyph_text
+
     lines: list[str] = []
     current: str | None = None
     for item in items:
@@ -596,17 +577,10 @@ def format_transcript(
             current = thread
             marks = [m for m, on in (("root", thread == root_id), ("closed", thread in closed)) if on]
             lines.append(f"── thread {thread}" + (f" ({', '.join(marks)})" if marks else ""))
-        kind = item["kind"]
-        prefix = f"{item['order']:>4} "
-        if kind == "tool_call":
-            approval = f"  [approval: {item['approval']}]" if "approval" in item else ""
-            lines.append(
-                f"{prefix}→ {item['name']}({json.dumps(item['args'], ensure_ascii=False)}){approval}"
-            )
-        elif kind in ("tool_result", "event"):
-            lines.append(f"{prefix}← {item.get('text', '')}")
-        else:
-            lines.append(f"{prefix}{kind}: {item.get('text', '')}")
+        body = item_glyph_text(item, limit=None) or f"{item['kind']}: {item.get('text', '')}"
+        if "approval" in item:
+            body += f"  [approval: {item['approval']}]"
+        lines.append(f"{item['order']:>4} {body}")
     return lines
 
 

@@ -9,11 +9,18 @@ A call that waited for a person's decision carries ``approval``: ``pending`` whi
 ``approved``, ``edited`` (its ``args`` are then the edited ones), ``rejected`` or ``responded``; the
 decision rows themselves are not listed (their orders are skipped). A waiting call that user text
 interrupted was never decided and carries no ``approval``.
+
+One rendering of items as text lines serves every place that shows them (``stepagent history``, the
+terminal chat, ``tail``, the test helper's transcript): :func:`item_glyph_text` gives an item's glyph and
+content — ``>`` model text, ``⚙`` a tool call, ``←`` its result, ``✉`` a report or event, ``?`` a
+question, ``🔑`` a link to open, ``!`` an error, ``⏹`` a limit, ``✔``/``✎``/``✗``/``↩`` a person's
+decision — and :func:`item_line` puts who said it in front.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from stepagent.history_items import (
@@ -28,6 +35,10 @@ from stepagent.history_items import (
     UserItem,
 )
 from stepagent.stores.base import ConversationStore
+
+#: One item of a thread tree's transcript or replies: ``thread_id``, ``kind``, ``order``, ``text``, ...
+#: (the ``stepagent history --json`` shape; ``stepagent.client.Item`` is this alias).
+Item = dict[str, Any]
 
 
 def describe(thread_id: str, order: int, item: HistoryItem) -> dict[str, Any]:
@@ -116,3 +127,57 @@ async def tree_items(store: ConversationStore, root_id: str) -> AsyncIterator[di
         async for item in thread_items(store, thread_id):
             yield item
         pending[0:0] = [child.thread_id for child in await store.children(thread_id)]
+
+
+def clip(text: str, limit: int = 300) -> str:
+    """``text`` on one line (white space folded), cut to ``limit`` characters with an ellipsis."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_VERDICTS = {"approved": "✔ approved", "edited": "✎ edited", "rejected": "✗ rejected"}
+
+
+def item_glyph_text(item: Mapping[str, Any], *, limit: int | None = 300) -> str | None:
+    """An item's glyph and content (``None`` for kinds that are not lines: user text, whose line depends on
+    who reads it, reasoning, summaries, partial text, idle markers). Results, events and decision messages
+    are put on one line and cut to ``limit`` characters (``None``: shown whole, as stored)."""
+    kind = item.get("kind")
+    text = str(item.get("text", ""))
+    shown = text if limit is None else clip(text, limit)
+    if kind == "assistant":
+        return f"> {text}"
+    if kind == "tool_call":
+        args = json.dumps(item.get("args") or {}, ensure_ascii=False)
+        return f"⚙ {item.get('name')}({'' if args == '{}' else args})"
+    if kind == "approval":
+        line = f"{_VERDICTS.get(str(item.get('approval')), '↩ answered')} {item.get('tool_call_id')}"
+        if item.get("approval") == "edited":
+            line += " → " + json.dumps(item.get("args") or {}, ensure_ascii=False)
+        return line + (f": {shown}" if text else "")
+    if kind == "tool_result":
+        return f"← {shown}"
+    if kind == "event":
+        return f"✉ {shown}"
+    if kind == "error":
+        return f"! {text}" + (" (retrying)" if item.get("retrying") else "")
+    if kind == "limit":
+        return f"⏹ {text}"
+    if kind == "oauth":
+        return f"🔑 authorise at {item.get('auth_url')}"
+    if kind == "choice":
+        choices = ", ".join(f"{i}: {c}" for i, c in enumerate(item.get("choices", [])))
+        return f"? {item.get('prompt')} [{choices}]"
+    return None
+
+
+def item_line(item: Mapping[str, Any], root: str) -> str | None:
+    """The line of a reply item as a conversation shows it, prefixed by who said it (``agent`` for the
+    root thread, ``[child <id>]`` for a child); ``None``: nothing to show."""
+    thread = str(item.get("thread_id", ""))
+    who = "agent" if thread == root else f"[child {thread[:8]}]"
+    if item.get("kind") == "user":
+        text = item.get("text", "")
+        return f"{who} · user: {text}" if thread != root else f"user > {text}"
+    body = item_glyph_text(item)
+    return None if body is None else f"{who} {body}"

@@ -68,12 +68,15 @@ def test_infra_create_send_and_history_against_an_existing_endpoint() -> None:
     for key in ("STEPAGENT_INPUT_QUEUE_URL", "STEPAGENT_OUTPUT_QUEUE_URL", "STEPAGENT_BLOB_BUCKET"):
         assert settings[key]
 
-    env = clean_env(**settings)
-    sent = stepagent("send", "t-cli", "hello there", env=env)
+    # Each command needs only its own resources: send the input queue, history the tables.
+    tables = ("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE")
+    queue_only = clean_env(**{k: v for k, v in settings.items() if k not in tables})
+    sent = stepagent("send", "t-cli", "hello there", env=queue_only)
     assert sent.returncode == 0, sent.stderr
     assert "sent to thread t-cli" in sent.stdout
 
-    missing = stepagent("history", "t-cli", "--json", env=env)
+    no_queue = clean_env(**{k: v for k, v in settings.items() if k != "STEPAGENT_INPUT_QUEUE_URL"})
+    missing = stepagent("history", "t-cli", "--json", env=no_queue)
     assert missing.returncode == 1  # nothing has processed the message: the thread does not exist yet
     assert "no thread 't-cli'" in missing.stderr
 
@@ -92,7 +95,7 @@ def test_infra_create_send_and_history_against_an_existing_endpoint() -> None:
     assert children and children[0]["order"] == 1 and children[0]["kind"] == "tool_result"
 
     text = stepagent("history", thread, env=clean_env(**{**settings, **_local_tables()}))
-    assert f"── thread {thread} (root)" in text.stdout and "→ get_time({})" in text.stdout
+    assert f"── thread {thread} (root)" in text.stdout and "⚙ get_time()" in text.stdout
 
 
 def _local_tables() -> dict[str, str]:

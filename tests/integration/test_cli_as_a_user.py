@@ -16,6 +16,7 @@ import pytest
 from stepagent.cli import format_transcript
 from stepagent.errors import ConfigurationError
 from stepagent.tools.functions import load_toolset
+from stepagent.transcript import item_line
 from tests.conftest import moto_endpoint
 from tests.integration.test_cli import clean_env, stepagent
 
@@ -124,6 +125,31 @@ def test_the_text_transcript_marks_closed_threads() -> None:
     ]
     lines = format_transcript(items, root_id="root", closed={"child"})
     assert lines[0] == "── thread root (root)" and "── thread child (closed)" in lines
+
+
+def test_history_text_uses_the_glyphs_the_chat_shows() -> None:
+    """One rendering: `stepagent history` marks each kind as the chat does, results shown whole."""
+    long_result = "line one\nline two " + "x" * 400
+    items = [
+        {"thread_id": "root", "order": 1, "kind": "user", "text": "hi"},
+        {"thread_id": "root", "order": 2, "kind": "tool_call", "name": "send", "args": {"to": "b"}},
+        {"thread_id": "root", "order": 3, "kind": "tool_result", "text": long_result},
+        {"thread_id": "root", "order": 4, "kind": "event", "text": "report"},
+        {"thread_id": "root", "order": 5, "kind": "assistant", "text": "done"},
+        {"thread_id": "root", "order": 6, "kind": "reasoning", "text": "hmm"},
+    ]
+    items[1]["approval"] = "approved"
+    lines = format_transcript(items, root_id="root")
+    assert lines[1:] == [
+        "   1 user: hi",
+        '   2 ⚙ send({"to": "b"})  [approval: approved]',
+        f"   3 ← {long_result}",
+        "   4 ✉ report",
+        "   5 > done",
+        "   6 reasoning: hmm",
+    ]
+    assert item_line(items[1], "root") == 'agent ⚙ send({"to": "b"})'
+    assert item_line(items[3], "root") == "agent ✉ report"
 
 
 def test_os_environ_is_untouched() -> None:

@@ -31,6 +31,7 @@ from stepagent import telemetry
 from stepagent.aws.clients import aws_session
 from stepagent.aws.lambda_events import BatchResponse, SqsEvent
 from stepagent.aws.layer_check import check_layer
+from stepagent.aws.log_keys import LogKeys
 from stepagent.aws.metrics import EmfMetrics
 from stepagent.aws.runtime import TIMER_RELAY, TOOL_RUNNER, WORKER, AwsRuntime, RemainingMs
 from stepagent.aws.secrets import read_secret
@@ -43,7 +44,10 @@ if TYPE_CHECKING:
 #: of its trace backend out of the function's configuration.
 OTLP_HEADERS_SECRET_ID = "STEPAGENT_OTLP_HEADERS_SECRET_ID"
 
+#: The one powertools logger: JSON lines for CloudWatch on the ``stepagent`` logger, which every module's
+#: ``logging.getLogger(__name__)`` records reach; the task's keys (:mod:`stepagent.aws.log_keys`) join them.
 logger = Logger(service="stepagent")
+logger.registered_handler.addFilter(LogKeys())
 
 Handler = Callable[[dict[str, Any], Any], BatchResponse]
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 from collections.abc import Awaitable, Callable
@@ -32,7 +33,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from aws_lambda_powertools import Logger
 from botocore.exceptions import BotoCoreError, ClientError
 
 from stepagent.aws.lambda_events import BatchItemFailure, BatchResponse, SqsEvent, SqsRecord
@@ -42,7 +42,7 @@ from stepagent.senders.sqs import SqsQueues, SqsSender, record_traceparent
 from stepagent.tools.sleep import Clock, utc_now
 from stepagent.tracing import continuing, trace_attributes
 
-logger = Logger(service="stepagent")
+logger = logging.getLogger(__name__)
 
 MAX_DELAY_SECONDS = 900
 SCHEDULE_PREFIX = "stepagent-"

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aws_lambda_powertools import Logger
-
 from stepagent.aws.lambda_events import BatchItemFailure, BatchResponse, SqsEvent, SqsRecord
+from stepagent.aws.log_keys import append_keys
 from stepagent.aws.metrics import DimensionedSink, publish_tool_latency
 from stepagent.errors import MalformedMessageError, classify
 from stepagent.messages import InputMessage, ToolResult
@@ -47,7 +47,7 @@ from stepagent.tracing import (
     traced,
 )
 
-logger = Logger(service="stepagent")
+logger = logging.getLogger(__name__)
 
 TOOL_MESSAGE_VERSION = 1
 #: Seconds kept back from the Lambda's remaining time to send the result after a tool times out.
@@ -173,7 +173,7 @@ async def handle_tool_batch(
             verdict = "rejected" if classify(exc) == "reject" else "failed; will be retried"
             logger.exception(f"unreadable tool message ({verdict})", extra={"message_id": message_id})
             return {"itemIdentifier": message_id}
-        logger.thread_safe_append_keys(thread_id=call.thread_id, tool_call_id=call.tool_call_id)
+        append_keys(thread_id=call.thread_id, tool_call_id=call.tool_call_id)
         limit = None if remaining_ms is None else remaining_ms() / 1000.0 - TIME_MARGIN_S
         attributes = tool_attributes(call.tool_name, call.tool_call_id, call.thread_id)
         with continuing(record_traceparent(record)):

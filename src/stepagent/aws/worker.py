@@ -37,15 +37,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aws_lambda_powertools import Logger
-
 from stepagent.agent_config import profile_name
 from stepagent.aws.lambda_events import BatchResponse, SqsEvent, SqsRecord, SqsRecordAttributes
 from stepagent.aws.live import LiveText
+from stepagent.aws.log_keys import append_keys
 from stepagent.aws.metrics import ModelTiming, publish_usage
 from stepagent.aws.outputs import (
     OutputPublisher,
@@ -71,7 +71,7 @@ from stepagent.modes.step_mode import AgentSystem
 from stepagent.senders.sqs import SqsQueues, record_traceparent
 from stepagent.tracing import TRACEPARENT
 
-logger = Logger(service="stepagent")
+logger = logging.getLogger(__name__)
 
 
 def rejection(error: BaseException) -> StepagentError | None:
@@ -237,7 +237,7 @@ class Worker:
     async def _thread(self, thread_id: str, records: list[Record]) -> list[str]:
         """Process one thread's records in order; return the ids of those that must be retried."""
         # Each thread runs in its own task (gather), so these log keys stay with it.
-        logger.thread_safe_append_keys(thread_id=None if thread_id.startswith("\x00") else thread_id)
+        append_keys(thread_id=None if thread_id.startswith("\x00") else thread_id)
         for record in records:
             if record.failed is not None and self._last_attempt(record):
                 record.rejected, record.failed = self._give_up(record, record.failed), None
@@ -316,7 +316,7 @@ class Worker:
 
     async def _step_and_publish(self, thread_id: str, records: Sequence[Record]) -> None:
         inputs = [StepInput(r.message, r.logical_id, r.traceparent) for r in records if r.message is not None]
-        logger.thread_safe_append_keys(message_ids=[i.message_id for i in inputs])
+        append_keys(message_ids=[i.message_id for i in inputs])
         observer = StepEvents()
         timing = ModelTiming(observer)
         steps: list[ThreadStep] = []

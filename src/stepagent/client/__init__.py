@@ -39,8 +39,9 @@ Guarantees:
   (:func:`stepagent.aws.transient.retry_transient`); a send keeps its message id, so a repeat is absorbed.
 """
 
-from stepagent.client.api import Client, ClientError, Item
+from stepagent.client.api import Client, ClientError
 from stepagent.client.sync import SyncClient
 from stepagent.client.watch import Cursor
+from stepagent.transcript import Item
 
 __all__ = ["Client", "ClientError", "Cursor", "Item", "SyncClient"]

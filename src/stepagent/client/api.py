@@ -27,9 +27,7 @@ from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore,
 from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_live import decode_live
 from stepagent.stores.metrics import StoreMetrics
-from stepagent.transcript import tree_items
-
-Item = dict[str, Any]
+from stepagent.transcript import Item, tree_items
 
 #: What a client needs of a deployment.
 REQUIRED_SETTINGS = ("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE", "STEPAGENT_INPUT_QUEUE_URL")
@@ -47,7 +45,9 @@ class Client:
     Give exactly one of ``settings`` (explicit), ``stack`` (a CloudFormation stack's outputs, read when the
     client opens) or neither (the ``STEPAGENT_*`` settings and ``AWS_ENDPOINT_URL`` of ``environ``, by
     default the process environment). ``poll_interval`` is the pause between two reads while following a
-    thread (seconds).
+    thread (seconds). ``require`` narrows the settings opening insists on (the CLI's ``send`` needs only
+    the input queue, its ``history`` only the tables); what is not configured is not opened, and a
+    method that needs it then fails.
     """
 
     def __init__(
@@ -59,6 +59,7 @@ class Client:
         poll_interval: float = 0.25,
         api_url: str | None = None,
         token: str | None = None,
+        require: tuple[str, ...] = REQUIRED_SETTINGS,
     ) -> None:
         if settings is not None and stack is not None:
             raise ConfigurationError("give the client settings or a stack name, not both")
@@ -69,6 +70,8 @@ class Client:
         self._given = settings
         self._stack_name = stack
         self._environ = dict(os.environ if environ is None else environ)
+        self._required = require
+        self._reads = False
         self.poll_interval = poll_interval
         #: Every read and write the client made (requests, bytes), as the stores count them.
         self.metrics = StoreMetrics()
@@ -107,13 +110,22 @@ class Client:
 
                 env.update(await stack_environment(self._stack_name, Settings.from_env(env)))
             settings = Settings.from_env(env)
-        settings.require(*REQUIRED_SETTINGS)
+        settings.require(*self._required)
         self.settings = settings
+        tables = bool(settings.conversation_table and settings.state_table)
         exit_stack = contextlib.AsyncExitStack()
         try:
             session = aws_session(settings)
-            dynamodb = await exit_stack.enter_async_context(client(session, "dynamodb", settings))
-            sqs = await exit_stack.enter_async_context(client(session, "sqs", settings))
+            dynamodb = (
+                await exit_stack.enter_async_context(client(session, "dynamodb", settings))
+                if tables
+                else None
+            )
+            sqs = (
+                await exit_stack.enter_async_context(client(session, "sqs", settings))
+                if settings.input_queue_url
+                else None
+            )
             s3 = (
                 await exit_stack.enter_async_context(client(session, "s3", settings))
                 if settings.blob_bucket
@@ -123,20 +135,23 @@ class Client:
             await exit_stack.aclose()
             raise
         self._exit = exit_stack
-        self.conversation, self.state = dynamo_stores(
-            dynamodb,
-            conversation_table=str(settings.conversation_table),
-            state_table=str(settings.state_table),
-            s3_client=s3,
-            bucket=settings.blob_bucket,
-            metrics=self.metrics,
-        )
-        self._reader = StoreReader(
-            self.conversation, self.state, DynamoIo(dynamodb, None, None, self.metrics)
-        )
-        self._sender = SqsSender(
-            sqs, str(settings.input_queue_url), s3_client=s3, bucket=settings.blob_bucket
-        )
+        if dynamodb is not None:
+            self.conversation, self.state = dynamo_stores(
+                dynamodb,
+                conversation_table=str(settings.conversation_table),
+                state_table=str(settings.state_table),
+                s3_client=s3,
+                bucket=settings.blob_bucket,
+                metrics=self.metrics,
+            )
+            self._reader = StoreReader(
+                self.conversation, self.state, DynamoIo(dynamodb, None, None, self.metrics)
+            )
+        self._reads = dynamodb is not None
+        if sqs is not None:
+            self._sender = SqsSender(
+                sqs, str(settings.input_queue_url), s3_client=s3, bucket=settings.blob_bucket
+            )
         return self
 
     async def close(self) -> None:
@@ -164,7 +179,9 @@ class Client:
         self._require_open()
         if self._http is not None:
             return await self._http.send(thread, text, metadata)
-        if thread not in self._cursors:
+        # Where the tree was before this message, so replies() shows its answer (a send-only client
+        # follows nothing).
+        if self._reads and thread not in self._cursors:
             self._cursors[thread], self._notice_seqs[thread] = await self._snapshot(thread)
         message_id = str(uuid.uuid4())
         message = InputMessage.user_text(thread, text, id=message_id, metadata=metadata)

@@ -22,12 +22,12 @@ import httpx
 
 from stepagent.backoff import Backoff
 from stepagent.errors import StepagentError
+from stepagent.transcript import Item
 
 #: A dropped event stream is reopened (from the last event id) after a jittered wait of 0.4 s, doubling up
 #: to 5 s; six connection failures in a row end it.
 RECONNECT_BACKOFF = Backoff(attempts=6, base=0.4, cap=5.0)
 
-Item = dict[str, Any]
 _KINDS = {"text": "assistant", "tool_call": "tool_call", "tool_result": "tool_result", "event": "event"}
 
 

@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from stepagent.aws.settings import Settings
-from stepagent.client.api import Client, Item
+from stepagent.client.api import Client
+from stepagent.transcript import Item
 
 T = TypeVar("T")
 

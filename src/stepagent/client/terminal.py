@@ -5,7 +5,8 @@ What a person gets:
 
 - **Committed output as lines**: ``>`` model text, ``⚙`` a tool call, ``←`` its result, ``✉`` a report or
   event, ``?`` a question, ``🔑`` a link to open, ``!`` an error; a child thread's lines start with
-  ``[child <id>]``.
+  ``[child <id>]`` (the one rendering of :func:`stepagent.transcript.item_line`, which ``stepagent
+  history`` shares).
 - **A clean prompt while the agent works** (at a terminal): input is read concurrently, character by
   character, on the prompt line, which stays the last line; output lines and the status line above it are
   redrawn around what you are typing. Typing a message while the agent works sends it at once (it
@@ -35,52 +36,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from stepagent.client.api import Client, ClientError, Item
+from stepagent.client.api import Client, ClientError
+from stepagent.transcript import Item, clip, item_line
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 PROMPT = "you > "
 _CLEAR_LINE = "\r\x1b[K"
 _UP = "\x1b[1A"
-
-
-def _clip(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def item_line(item: Item, root: str) -> str | None:
-    """The line printed for a reply item (``None``: nothing to print)."""
-    thread = str(item.get("thread_id", ""))
-    who = "agent" if thread == root else f"[child {thread[:8]}]"
-    kind = item.get("kind")
-    text = str(item.get("text", ""))
-    if kind == "assistant":
-        return f"{who} > {text}"
-    if kind == "user":
-        return f"{who} · user: {text}" if thread != root else f"user > {text}"
-    if kind == "tool_call":
-        args = json.dumps(item.get("args") or {}, ensure_ascii=False)
-        return f"{who} ⚙ {item.get('name')}({'' if args == '{}' else args})"
-    if kind == "approval":
-        verdict = {"approved": "✔ approved", "edited": "✎ edited", "rejected": "✗ rejected"}
-        line = f"{who} {verdict.get(str(item.get('approval')), '↩ answered')} {item.get('tool_call_id')}"
-        if item.get("approval") == "edited":
-            line += " → " + json.dumps(item.get("args") or {}, ensure_ascii=False)
-        return line + (f": {_clip(text)}" if text else "")
-    if kind == "tool_result":
-        return f"{who} ← {_clip(text)}"
-    if kind == "event":
-        return f"{who} ✉ {_clip(text)}"
-    if kind == "error":
-        return f"{who} ! {text}" + (" (retrying)" if item.get("retrying") else "")
-    if kind == "limit":
-        return f"{who} ⏹ {text}"
-    if kind == "oauth":
-        return f"{who} 🔑 authorise at {item.get('auth_url')}"
-    if kind == "choice":
-        choices = ", ".join(f"{i}: {c}" for i, c in enumerate(item.get("choices", [])))
-        return f"{who} ? {item.get('prompt')} [{choices}]"
-    return None  # reasoning, summaries, partial text and idle markers are not lines
 
 
 APPROVAL_QUESTION = "approve? [y]es [n]o [e]dit [r]espond"
@@ -92,7 +54,7 @@ def approval_line(item: Item, root: str) -> str:
     thread = str(item.get("thread_id", ""))
     who = "" if thread == root else f"[child {thread[:8]}] "
     args = json.dumps(item.get("args") or {}, ensure_ascii=False, separators=(",", ":"))
-    return f"{who}⏸ {item.get('name')}({_clip(args, 200)})  {APPROVAL_QUESTION}"
+    return f"{who}⏸ {item.get('name')}({clip(args, 200)})  {APPROVAL_QUESTION}"
 
 
 def parse_decision(line: str) -> tuple[str, dict[str, Any] | None, str | None]:

@@ -32,7 +32,7 @@ from typing import Any
 from stepagent.history_items import ApprovalItem, ToolCallItem, ToolResultItem
 from stepagent.stores.base import ThreadInfo
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
-from stepagent.stores.dynamodb_io import BATCH_BACKOFF, DynamoIo, Item, item_key
+from stepagent.stores.dynamodb_io import BATCH_BACKOFF, DynamoIo, DynamoItem, item_key
 from stepagent.stores.dynamodb_layout import HEAD_SK, head_inbox, info_from_item
 from stepagent.stores.dynamodb_live import LIVE_SK, LiveState, decode_live
 from stepagent.transcript import describe
@@ -42,7 +42,7 @@ _BATCH_THREADS = 50  # two keys per thread, BatchGetItem takes 100
 
 
 @dataclass(slots=True)
-class ThreadView:
+class WatchedThread:
     """What a watch knows of one thread."""
 
     info: ThreadInfo | None = None
@@ -80,13 +80,15 @@ class StoreReader:
         self.conversation_table = conversation.table
         self.state_table = state.table
 
-    async def heads_and_live(self, thread_ids: Iterable[str]) -> dict[str, tuple[Item | None, Item | None]]:
+    async def heads_and_live(
+        self, thread_ids: Iterable[str]
+    ) -> dict[str, tuple[DynamoItem | None, DynamoItem | None]]:
         """``{thread: (HEAD item, LIVE item)}``: one consistent ``BatchGetItem`` per 50 threads."""
         ids = list(dict.fromkeys(thread_ids))
-        found: dict[str, tuple[Item | None, Item | None]] = {t: (None, None) for t in ids}
+        found: dict[str, tuple[DynamoItem | None, DynamoItem | None]] = {t: (None, None) for t in ids}
         for start in range(0, len(ids), _BATCH_THREADS):
             chunk = ids[start : start + _BATCH_THREADS]
-            request: Item = {
+            request: DynamoItem = {
                 self.conversation_table: {
                     "Keys": [item_key(t, HEAD_SK) for t in chunk],
                     "ConsistentRead": True,
@@ -136,9 +138,9 @@ class TreeWatch:
         self.cursor = cursor
         self.awaited = awaited if awaited is not None else set()
         self.partial = partial
-        self.threads: dict[str, ThreadView] = {root: ThreadView()}
+        self.threads: dict[str, WatchedThread] = {root: WatchedThread()}
         for thread, seq in (notice_seq or {}).items():
-            self.threads.setdefault(thread, ThreadView()).notice_seq = seq
+            self.threads.setdefault(thread, WatchedThread()).notice_seq = seq
         self._last_signature: tuple[Any, ...] | None = None
         self._awaited_checked_at: int | None = None
 
@@ -196,7 +198,7 @@ class TreeWatch:
         """Whether the last poll saw the tree idle (the next one confirms it)."""
         return self._last_signature is not None
 
-    async def _catch_up(self, thread: str, view: ThreadView) -> list[dict[str, Any]]:
+    async def _catch_up(self, thread: str, view: WatchedThread) -> list[dict[str, Any]]:
         """New rows, new children and pending choices of a thread whose head moved."""
         assert view.info is not None
         version = view.info.version
@@ -228,7 +230,7 @@ class TreeWatch:
                 self.cursor[thread] = row.order
         for child in await self.reader.conversation.children(thread):
             if child.thread_id not in self.threads:
-                self.threads[child.thread_id] = ThreadView(notice_seq=0)
+                self.threads[child.thread_id] = WatchedThread(notice_seq=0)
         choices = await self.reader.state.pending_choices(thread)
         for choice in choices:
             if choice.id not in view.choices:
@@ -247,7 +249,7 @@ class TreeWatch:
         view.listed_at = version
         return out
 
-    def _notices(self, thread: str, view: ThreadView) -> list[dict[str, Any]]:
+    def _notices(self, thread: str, view: WatchedThread) -> list[dict[str, Any]]:
         live = view.live
         if view.notice_seq is None:
             view.notice_seq = live.notice_seq  # notices from before this watch began are old news
@@ -279,7 +281,7 @@ class TreeWatch:
         view.notice_seq = live.notice_seq
         return out
 
-    def _partial(self, thread: str, view: ThreadView) -> list[dict[str, Any]]:
+    def _partial(self, thread: str, view: WatchedThread) -> list[dict[str, Any]]:
         live = view.live
         current = view.info is not None and live.partial_after(view.info.version)
         if view.info is None and live.version == 0 and live.phase is not None:

@@ -35,10 +35,9 @@ from stepagent.stores.base import ThreadInfo
 from stepagent.stores.dynamodb_layout import head_inbox, info_from_item
 from stepagent.stores.dynamodb_live import LiveState, decode_live
 from stepagent.stores.dynamodb_roots import RootSummary, scan_roots
-from stepagent.transcript import describe, thread_items
+from stepagent.transcript import Item, describe, thread_items
 from stepagent.usage import UsageReport, thread_usage
 
-Item = dict[str, Any]
 T = TypeVar("T")
 
 #: Rows read from the end of each thread for the list's status (the pending call is among the last few).

@@ -78,15 +78,13 @@ class ShownAsEvent(logging.Filter):
 
 
 def adopt_powertools_loggers(stream: TextIO | None = None, *, debug: bool = False) -> None:
-    """Make the powertools loggers (the stdlib logger ``stepagent`` with a JSON handler on stdout, shared
-    by every ``Logger(service="stepagent")``) print human lines on stderr. powertools configures that
-    handler once, when the first such ``Logger`` is created, so the modules that create one are imported
-    first; the handler is kept (powertools needs it), only its stream, formatter and filter change. Unless
-    ``debug``, lines already shown as ``error`` events are left out (:class:`ShownAsEvent`)."""
-    import stepagent.aws.lambda_entry
-    import stepagent.aws.timers
-    import stepagent.aws.tool_runner
-    import stepagent.aws.worker  # noqa: F401 - imported for their module-level Logger
+    """Make the powertools logger (the stdlib logger ``stepagent`` with a JSON handler on stdout, set up
+    once at the handler edge, :mod:`stepagent.aws.lambda_entry`, and reached by every ``stepagent.*``
+    module's records) print human lines on stderr. The edge is imported first so that handler exists; it
+    is kept (powertools needs it, and it carries the task's log keys), only its stream, formatter and
+    filter change. Unless ``debug``, lines already shown as ``error`` events are left out
+    (:class:`ShownAsEvent`)."""
+    import stepagent.aws.lambda_entry  # noqa: F401 - imported for the one powertools Logger it configures
 
     for handler in logging.getLogger("stepagent").handlers:
         if isinstance(handler, logging.StreamHandler):

@@ -55,10 +55,10 @@ from stepagent.events import AgentEvent, Observer
 from stepagent.history_items import HistoryItem
 from stepagent.messages import InputMessage
 from stepagent.modes.local_driver import (
-    DeadLetter,
     Idle,
     LifecycleEvent,
     Live,
+    LocalDeadLetter,
     LocalObserver,
     ReplaySnapshot,
     ThreadDriver,
@@ -76,11 +76,11 @@ from stepagent.tools.sleep import InProcessTimers, Sleep, SleepUntil
 from stepagent.tracing import Tracer, current_traceparent
 
 __all__ = [
-    "DeadLetter",
     "Idle",
     "LifecycleEvent",
     "Live",
     "LocalAgentSystem",
+    "LocalDeadLetter",
     "LocalSender",
     "LocalSystemClosed",
     "ReplaySnapshot",
@@ -199,7 +199,7 @@ class LocalAgentSystem:
         self.config = config
         self.agent = AgentSystem(conversation, state, config)
         #: Batches that could not be processed (steps that kept failing, inputs left at shutdown).
-        self.dead_letters: list[DeadLetter] = []
+        self.dead_letters: list[LocalDeadLetter] = []
         self._observer = LocalObserver(observer)
         self._retry_delays = tuple(step_retry_delays)
         self._drivers: dict[str, ThreadDriver] = {}
@@ -373,7 +373,9 @@ class LocalAgentSystem:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._router
         if self._inbox:
-            self.dead_letters.append(DeadLetter(list(self._inbox), "the system shut down before routing"))
+            self.dead_letters.append(
+                LocalDeadLetter(list(self._inbox), "the system shut down before routing")
+            )
             self._inbox.clear()
         self._closed = True
         for view in list(self._observer.views.values()):
@@ -399,7 +401,7 @@ class LocalAgentSystem:
                     await self._route(item)
                 except Exception:  # a bug; keep routing the other threads
                     log.exception("routing an input for thread %s failed", item.message.group_id)
-                    self.dead_letters.append(DeadLetter([item], "routing failed"))
+                    self.dead_letters.append(LocalDeadLetter([item], "routing failed"))
                 finally:
                     self._routing = False
                     self._changed.set()
@@ -411,13 +413,15 @@ class LocalAgentSystem:
         driver = self._drivers.get(thread_id)
         if driver is not None:
             if not driver.deliver(item):
-                self.dead_letters.append(DeadLetter([item], "the system shut down before this input ran"))
+                self.dead_letters.append(
+                    LocalDeadLetter([item], "the system shut down before this input ran")
+                )
             return
         if not item.message.is_user_text and not await self._admit(thread_id):
             log.info("dropped an input for unknown or closed thread %s", thread_id)
             return
         if self._closing:
-            self.dead_letters.append(DeadLetter([item], "the system shut down before routing"))
+            self.dead_letters.append(LocalDeadLetter([item], "the system shut down before routing"))
             return
         driver = ThreadDriver(
             thread_id,
@@ -448,7 +452,7 @@ class LocalAgentSystem:
             del self._drivers[thread_id]
         leftovers = driver.take_leftovers()
         if leftovers:  # shutdown (or a driver bug) left inputs that never ran
-            self.dead_letters.append(DeadLetter(leftovers, "the driver exited before these inputs ran"))
+            self.dead_letters.append(LocalDeadLetter(leftovers, "the driver exited before these inputs ran"))
         self._emit_lifecycle(Idle(thread_id))
         self._observer.release(thread_id)
         self._changed.set()

@@ -102,7 +102,7 @@ class ReplaySnapshot:
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetter:
+class LocalDeadLetter:
     """A batch whose step kept failing (or could not run because the system shut down)."""
 
     inputs: list[StepInput]
@@ -124,7 +124,7 @@ _CLEARS_THINKING = (
 
 
 @dataclass(slots=True)
-class ThreadView:
+class ObservedThread:
     """What a replay of one thread needs, kept current by :class:`LocalObserver`.
 
     ``version`` moves on every event and step boundary and ``choices_version`` on every pending-choice
@@ -149,18 +149,18 @@ class ThreadView:
 
 
 class LocalObserver:
-    """The observer every local step reports to: updates the thread's :class:`ThreadView`, hands the event
+    """The observer every local step reports to: updates the thread's :class:`ObservedThread`, hands the event
     to the thread's subscribers, then to the user's observer. It runs synchronously inside the step (no
     await), so a snapshot taken between two awaits of a step is consistent with the events around it."""
 
     def __init__(self, forward: Observer | None = None) -> None:
         self.forward = forward
-        self.views: dict[str, ThreadView] = {}
+        self.views: dict[str, ObservedThread] = {}
 
-    def view(self, thread_id: str) -> ThreadView:
+    def view(self, thread_id: str) -> ObservedThread:
         view = self.views.get(thread_id)
         if view is None:
-            view = self.views[thread_id] = ThreadView(thread_id)
+            view = self.views[thread_id] = ObservedThread(thread_id)
         return view
 
     def release(self, thread_id: str) -> None:
@@ -241,7 +241,7 @@ class ThreadDriver:
         agent: AgentSystem,
         observer: LocalObserver,
         on_exit: Callable[[ThreadDriver], None],
-        on_dead_letter: Callable[[DeadLetter], None],
+        on_dead_letter: Callable[[LocalDeadLetter], None],
         retry_delays: Sequence[float] = (0.05, 0.25, 1.0),
     ) -> None:
         self.thread_id = thread_id
@@ -364,7 +364,7 @@ class ThreadDriver:
                 log.warning("thread %s: %s (retrying: %s)", self.thread_id, message, retry)
                 self._observer.on_event(self.thread_id, StepFailed(message=message, retrying=retry))
                 if not retry:
-                    self._on_dead_letter(DeadLetter(list(batch), message))
+                    self._on_dead_letter(LocalDeadLetter(list(batch), message))
                     return self._awaiting(started)
                 # An interruption or shutdown cuts the wait short: the re-run then stops its completion
                 # at once but still commits the batch.

@@ -80,7 +80,7 @@ from stepagent.stores.dynamodb_io import (
     AwsClient,
     ConditionFailed,
     DynamoIo,
-    Item,
+    DynamoItem,
     TransactionCancelled,
     Write,
     fits,
@@ -154,9 +154,9 @@ class DynamoConversationStore:
         self.metrics = metrics if metrics is not None else StoreMetrics()
         self.page_size = page_size
         self._io = DynamoIo(client, s3_client, bucket, self.metrics, blobs)
-        self._heads: OrderedDict[str, Item] = OrderedDict()
+        self._heads: OrderedDict[str, DynamoItem] = OrderedDict()
 
-    def _remember(self, thread_id: str, head: Item | None) -> None:
+    def _remember(self, thread_id: str, head: DynamoItem | None) -> None:
         """Keep ``head`` as the thread's head at its version (``None`` forgets it)."""
         self._heads.pop(thread_id, None)
         if head is not None and JOURNAL_ATTR not in head:
@@ -164,7 +164,7 @@ class DynamoConversationStore:
             while len(self._heads) > REMEMBERED_HEADS:
                 self._heads.popitem(last=False)
 
-    def _remembered(self, thread_id: str, version: int) -> Item | None:
+    def _remembered(self, thread_id: str, version: int) -> DynamoItem | None:
         """The remembered head of ``thread_id`` if it is at ``version``. Safe to use for a commit
         conditioned on ``version``: everything a commit reads from the head (tail, epoch, generation,
         deferred set) changes only together with the version."""
@@ -193,7 +193,7 @@ class DynamoConversationStore:
         item = await self._read_head(thread_id)
         return info_from_item(item) if item else None
 
-    async def _read_head(self, thread_id: str) -> Item | None:
+    async def _read_head(self, thread_id: str) -> DynamoItem | None:
         """The head, after completing any journal it names (see :mod:`~stepagent.stores.dynamodb_journal`),
         so whoever reads a thread sees all of its last commit or none of it."""
         item = await self._get_head(thread_id)
@@ -201,11 +201,11 @@ class DynamoConversationStore:
             item = await roll_forward(self, item, HEAD_SK)
         return item
 
-    async def _get_head(self, thread_id: str) -> Item | None:
+    async def _get_head(self, thread_id: str) -> DynamoItem | None:
         response = await self._io.call(
             "GetItem", self.table, TableName=self.table, Key=item_key(thread_id, HEAD_SK), ConsistentRead=True
         )
-        item: Item | None = response.get("Item")
+        item: DynamoItem | None = response.get("Item")
         return item or None
 
     async def spawn_thread(
@@ -316,7 +316,7 @@ class DynamoConversationStore:
         """Rows ``first..last`` of ``generation`` (committed: ``last`` is at most the tail), gap-free."""
         if first > last:
             return
-        query: Item = {
+        query: DynamoItem = {
             "TableName": self.table,
             "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
             "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
@@ -354,7 +354,7 @@ class DynamoConversationStore:
     # ---- usage --------------------------------------------------------------------------------------------
 
     async def usage_records(self, thread_id: str, after_version: int = 0) -> AsyncIterator[UsageRecord]:
-        query: Item = {
+        query: DynamoItem = {
             "TableName": self.table,
             "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
             "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
@@ -423,7 +423,7 @@ class DynamoConversationStore:
         if info.version == 0:
             names["#pk"] = "pk"
             condition = "attribute_not_exists(#pk) OR #v = :e"
-        request: Item = {
+        request: DynamoItem = {
             "TableName": self.table,
             "Key": item_key(info.thread_id, HEAD_SK),
             "ConditionExpression": condition,

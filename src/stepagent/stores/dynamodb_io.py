@@ -53,7 +53,8 @@ from stepagent.stores.metrics import StoreMetrics
 #: The async AWS clients (aiobotocore's, :mod:`stepagent.aws.clients`) are untyped; this alias marks where
 #: one is expected (DynamoDB or S3, low-level).
 AwsClient: TypeAlias = Any
-Item: TypeAlias = dict[str, Any]
+#: A DynamoDB item in the low-level wire form (attribute name → typed value, ``{"S": "..."}``).
+DynamoItem: TypeAlias = dict[str, Any]
 
 #: Payloads (encoded rows, state JSON) larger than this many UTF-8 bytes go to S3 (items cap at 400 KB).
 INLINE_LIMIT = 350_000
@@ -79,7 +80,7 @@ def n_attr(value: int) -> dict[str, str]:
     return {"N": str(value)}
 
 
-def item_key(pk: str, sk: str) -> Item:
+def item_key(pk: str, sk: str) -> DynamoItem:
     """The primary key of item (``pk``, ``sk``) in either table."""
     return {"pk": s_attr(pk), "sk": s_attr(sk)}
 
@@ -113,25 +114,25 @@ class Write:
     """One write, usable both as a TransactWriteItems action and as a standalone PutItem/UpdateItem call."""
 
     kind: Literal["Put", "Update", "Delete", "ConditionCheck"]
-    request: Item
+    request: DynamoItem
     size: int
     is_row: bool = False
 
-    def action(self) -> Item:
+    def action(self) -> DynamoItem:
         return {self.kind: self.request}
 
 
 def put(
     table: str,
-    item: Item,
+    item: DynamoItem,
     condition: str | None = None,
     names: dict[str, str] | None = None,
-    values: Item | None = None,
+    values: DynamoItem | None = None,
     *,
     is_row: bool = False,
 ) -> Write:
     """A Put of ``item``, optionally conditioned; ``is_row`` marks a history row (its conflicts are debris)."""
-    request: Item = {"TableName": table, "Item": item}
+    request: DynamoItem = {"TableName": table, "Item": item}
     if condition is not None:
         request["ConditionExpression"] = condition
     if names:
@@ -141,16 +142,16 @@ def put(
     return Write("Put", request, item_size(item), is_row=is_row)
 
 
-def delete(table: str, key: Item) -> Write:
+def delete(table: str, key: DynamoItem) -> Write:
     """An unconditional Delete of the item at ``key``."""
     return Write("Delete", {"TableName": table, "Key": key}, item_size(key))
 
 
 def update(
-    table: str, key: Item, expression: str, names: dict[str, str], values: Item, **extra: Any
+    table: str, key: DynamoItem, expression: str, names: dict[str, str], values: DynamoItem, **extra: Any
 ) -> Write:
     """An Update of the item at ``key`` (``extra`` carries e.g. a ``ConditionExpression``)."""
-    request: Item = {
+    request: DynamoItem = {
         "TableName": table,
         "Key": key,
         "UpdateExpression": expression,
@@ -211,10 +212,10 @@ class DynamoIo:
             blobs = ContentBlobs(self.s3, bucket, metrics)
         self.blobs = blobs if self.s3 is not None else None
 
-    async def call(self, op: str, table: str, **kwargs: Any) -> Item:
+    async def call(self, op: str, table: str, **kwargs: Any) -> DynamoItem:
         self.metrics.count_call(op)
         try:
-            response: Item = await getattr(self.client, _SNAKE.sub("_", op).lower())(**kwargs)
+            response: DynamoItem = await getattr(self.client, _SNAKE.sub("_", op).lower())(**kwargs)
         except ClientError as exc:
             error = exc.response.get("Error", {})
             code = str(error.get("Code", ""))
@@ -231,9 +232,9 @@ class DynamoIo:
         self._count_read(response)
         return response
 
-    def _count_read(self, response: Item) -> None:
+    def _count_read(self, response: DynamoItem) -> None:
         """Items (and their estimated size) a read returned: ``Item``, ``Items`` or ``Responses``."""
-        items: list[Item] = []
+        items: list[DynamoItem] = []
         if response.get("Item"):
             items.append(response["Item"])
         items.extend(response.get("Items", ()))
@@ -250,7 +251,7 @@ class DynamoIo:
                 self.metrics.items_written += 1
                 self.metrics.bytes_written += write.size
 
-    async def payload(self, text: str, blob_key: str) -> Item:
+    async def payload(self, text: str, blob_key: str) -> DynamoItem:
         """``{"body": text}``; for a payload over :data:`INLINE_LIMIT` the skeleton in ``body`` and its
         shared texts in ``texts``, else (see the module docstring) ``{"blob": key}`` after putting it to S3
         under ``{blob_key}-{sha256[:16]}``."""
@@ -270,7 +271,7 @@ class DynamoIo:
         self.metrics.bytes_written += len(data)
         return {"blob": s_attr(key)}
 
-    async def _shared_texts(self, text: str) -> Item | None:
+    async def _shared_texts(self, text: str) -> DynamoItem | None:
         """The ``body`` + ``texts`` attributes of a JSON payload whose skeleton fits inline, after storing
         its texts; ``None`` for any other payload."""
         assert self.blobs is not None
@@ -290,7 +291,7 @@ class DynamoIo:
             refs.append({"path": path, "key": key_of(digest)})
         return {"body": s_attr(body), "texts": s_attr(json.dumps(refs, separators=(",", ":")))}
 
-    async def read_payload(self, item: Item, what: str) -> str:
+    async def read_payload(self, item: DynamoItem, what: str) -> str:
         if "texts" in item:
             return await self._read_shared(item, what)
         if "body" in item:
@@ -315,7 +316,7 @@ class DynamoIo:
             raise CorruptRowError(f"{what}: S3 object {key} does not match its content hash")
         return data.decode()
 
-    async def _read_shared(self, item: Item, what: str) -> str:
+    async def _read_shared(self, item: DynamoItem, what: str) -> str:
         """The payload of a ``body`` + ``texts`` item: each text read (or taken from the cache) once."""
         try:
             skeleton = json.loads(str(item["body"]["S"]))
@@ -343,26 +344,26 @@ class DynamoIo:
         except ValueError as exc:
             raise CorruptRowError(f"{what}: its texts do not fit its skeleton: {exc}") from None
 
-    async def _s3(self, op: str, key: str, **kwargs: Any) -> Item:
+    async def _s3(self, op: str, key: str, **kwargs: Any) -> DynamoItem:
         self.metrics.count_call(f"s3:{op}")
         try:
-            response: Item = await getattr(self.s3, _SNAKE.sub("_", op).lower())(
+            response: DynamoItem = await getattr(self.s3, _SNAKE.sub("_", op).lower())(
                 Bucket=self.bucket, Key=key, **kwargs
             )
         except (ClientError, BotoCoreError, OSError, TimeoutError) as exc:
             raise StoreError(f"S3 {op} {self.bucket}/{key} failed: {exc}") from exc
         return response
 
-    async def query_prefix(self, table: str, pk: str, prefix: str) -> list[Item]:
+    async def query_prefix(self, table: str, pk: str, prefix: str) -> list[DynamoItem]:
         """All items of ``pk`` whose sort key starts with ``prefix`` (small, bounded sets only)."""
-        kwargs: Item = {
+        kwargs: DynamoItem = {
             "TableName": table,
             "KeyConditionExpression": "#pk = :pk AND begins_with(#sk, :prefix)",
             "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
             "ExpressionAttributeValues": {":pk": s_attr(pk), ":prefix": s_attr(prefix)},
             "ConsistentRead": True,
         }
-        items: list[Item] = []
+        items: list[DynamoItem] = []
         while True:
             page = await self.call("Query", table, **kwargs)
             items.extend(page.get("Items", []))
@@ -370,32 +371,34 @@ class DynamoIo:
                 return items
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    async def batch_get(self, table: str, keys: Sequence[Item], *, keys_only: bool = False) -> list[Item]:
+    async def batch_get(
+        self, table: str, keys: Sequence[DynamoItem], *, keys_only: bool = False
+    ) -> list[DynamoItem]:
         """Consistent BatchGetItem in chunks of 100, retrying ``UnprocessedKeys`` with backoff."""
-        found: list[Item] = []
+        found: list[DynamoItem] = []
         for chunk in chunks(keys, _BATCH_GET_KEYS):
-            spec: Item = {"Keys": list(chunk), "ConsistentRead": True}
+            spec: DynamoItem = {"Keys": list(chunk), "ConsistentRead": True}
             if keys_only:
                 spec.update(ProjectionExpression="#sk", ExpressionAttributeNames={"#sk": "sk"})
             found.extend((await self._batch_get_request({table: spec}, table)).get(table, []))
         return found
 
-    async def batch_get_many(self, keys: Sequence[tuple[str, Item]]) -> dict[str, list[Item]]:
+    async def batch_get_many(self, keys: Sequence[tuple[str, DynamoItem]]) -> dict[str, list[DynamoItem]]:
         """Consistent BatchGetItem of ``(table, key)`` pairs over any tables: one request per 100 keys
         (plus retries of ``UnprocessedKeys``); the found items by table."""
-        found: dict[str, list[Item]] = {}
+        found: dict[str, list[DynamoItem]] = {}
         for chunk in chunks(keys, _BATCH_GET_KEYS):
-            request: Item = {}
+            request: DynamoItem = {}
             for table, key in chunk:
                 request.setdefault(table, {"Keys": [], "ConsistentRead": True})["Keys"].append(key)
             for table, items in (await self._batch_get_request(request, ",".join(request))).items():
                 found.setdefault(table, []).extend(items)
         return found
 
-    async def _batch_get_request(self, request: Item, label: str) -> dict[str, list[Item]]:
+    async def _batch_get_request(self, request: DynamoItem, label: str) -> dict[str, list[DynamoItem]]:
         """One BatchGetItem ``request`` (at most 100 keys), retrying ``UnprocessedKeys`` with backoff; the
         found items by table. ``label`` names the table(s) in the metrics and the error."""
-        found: dict[str, list[Item]] = {}
+        found: dict[str, list[DynamoItem]] = {}
         for attempt in range(BATCH_BACKOFF.attempts):
             response = await self.call("BatchGetItem", label, RequestItems=request)
             for table, items in (response.get("Responses") or {}).items():
@@ -406,11 +409,11 @@ class DynamoIo:
             await asyncio.sleep(BATCH_BACKOFF.delay(attempt + 1))
         raise StoreError(f"DynamoDB BatchGetItem on {label}: keys still unprocessed after retries")
 
-    async def batch_put(self, table: str, items: Sequence[Item]) -> None:
+    async def batch_put(self, table: str, items: Sequence[DynamoItem]) -> None:
         """BatchWriteItem in chunks of 25, retrying ``UnprocessedItems`` with backoff."""
         await self._batch_write(table, [{"PutRequest": {"Item": item}} for item in items], items)
 
-    async def batch_delete(self, table: str, keys: Sequence[Item]) -> None:
+    async def batch_delete(self, table: str, keys: Sequence[DynamoItem]) -> None:
         """BatchWriteItem deletes in chunks of 25 (absent keys are fine), retrying unprocessed ones."""
         unique = list({(str(k["pk"]["S"]), str(k["sk"]["S"])): k for k in keys}.values())
         await self._batch_write(table, [{"DeleteRequest": {"Key": key}} for key in unique], unique)
@@ -418,10 +421,12 @@ class DynamoIo:
     async def delete_blob(self, key: str) -> None:
         await self._s3("DeleteObject", key)
 
-    async def _batch_write(self, table: str, requests: Sequence[Item], items: Sequence[Item]) -> None:
+    async def _batch_write(
+        self, table: str, requests: Sequence[DynamoItem], items: Sequence[DynamoItem]
+    ) -> None:
         for start in range(0, len(requests), _BATCH_WRITE_ITEMS):
             chunk = items[start : start + _BATCH_WRITE_ITEMS]
-            request: Item = {table: list(requests[start : start + _BATCH_WRITE_ITEMS])}
+            request: DynamoItem = {table: list(requests[start : start + _BATCH_WRITE_ITEMS])}
             for attempt in range(BATCH_BACKOFF.attempts):
                 response = await self.call("BatchWriteItem", table, RequestItems=request)
                 request = response.get("UnprocessedItems") or {}
@@ -441,7 +446,7 @@ class DynamoIo:
         self.count_written([write])
 
 
-def marker_item(thread_id: str, sk: str) -> Item:
+def marker_item(thread_id: str, sk: str) -> DynamoItem:
     """A processed/answered marker item: its key and a TTL (``expires_at``) of ``MARKER_TTL_S``."""
     return {**item_key(thread_id, sk), "expires_at": n_attr(int(time.time()) + MARKER_TTL_S)}
 
@@ -453,7 +458,7 @@ async def payload_write(io: DynamoIo, table: str, pk: str, sk: str, text: str, s
     present = sorted(attrs)
     absent = [name for name in PAYLOAD_ATTRIBUTES if name not in attrs]
     names = {f"#p{i}": name for i, name in enumerate(present)} | {f"#a{i}": n for i, n in enumerate(absent)}
-    values: Item = {f":p{i}": attrs[name] for i, name in enumerate(present)}
+    values: DynamoItem = {f":p{i}": attrs[name] for i, name in enumerate(present)}
     expression = "SET " + ", ".join(f"#p{i} = :p{i}" for i in range(len(present)))
     if seq is not None:
         names["#seq"] = "seq"

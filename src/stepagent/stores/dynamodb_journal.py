@@ -39,7 +39,7 @@ from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError
 from stepagent.stores.dynamodb_io import (
     ConditionFailed,
     DynamoIo,
-    Item,
+    DynamoItem,
     Write,
     fits,
     item_key,
@@ -66,14 +66,14 @@ class JournalStore(Protocol):
 
     async def _transact(self, thread_id: str, writes: list[Write]) -> None: ...
 
-    async def _get_head(self, thread_id: str) -> Item | None: ...
+    async def _get_head(self, thread_id: str) -> DynamoItem | None: ...
 
 
 def _entry_sk(token: str, index: int) -> str:
     return f"{_ENTRY_PREFIX}{token}#{index:06d}"
 
 
-def _head_key(thread_id: str, head_sk: str) -> Item:
+def _head_key(thread_id: str, head_sk: str) -> DynamoItem:
     return item_key(thread_id, head_sk)
 
 
@@ -130,7 +130,7 @@ async def flip(
     # A fresh token per attempt: two writers from the same base never share entries, and the head names
     # exactly the entries of the flip that won.
     token = uuid.uuid4().hex[:16]
-    entries: list[Item] = []
+    entries: list[DynamoItem] = []
     for index, chunk in enumerate(chunks):
         sk = _entry_sk(token, index)
         payload = await store._io.payload(_encode(chunk), f"state/{thread_id}/{sk}")
@@ -140,7 +140,7 @@ async def flip(
     await _apply(store, thread_id, head_sk, token, chunks)
 
 
-async def roll_forward(store: JournalStore, head: Item, head_sk: str) -> Item:
+async def roll_forward(store: JournalStore, head: DynamoItem, head_sk: str) -> DynamoItem:
     """Complete the journal ``head`` names (a writer flipped it and may have died); the head without it."""
     thread_id = str(head["pk"]["S"])
     token = str(head[JOURNAL_ATTR]["S"])
@@ -171,7 +171,7 @@ async def _apply(
 ) -> None:
     names = {"#jt": JOURNAL_ATTR}
     values: dict[str, Any] = {":jt": s_attr(token)}
-    request: Item = {
+    request: DynamoItem = {
         "TableName": store.table,
         "Key": _head_key(thread_id, head_sk),
         "ConditionExpression": "#jt = :jt",

@@ -91,7 +91,7 @@ import binascii
 from stepagent.call_id_filter import CallIdFilter
 from stepagent.history_items import Summary
 from stepagent.stores.base import Commit, ThreadInfo, ThreadKind, UsageRecord
-from stepagent.stores.dynamodb_io import Item, Write, item_key, n_attr, s_attr, update
+from stepagent.stores.dynamodb_io import DynamoItem, Write, item_key, n_attr, s_attr, update
 
 __all__ = [
     "CALL_IDS_ATTRIBUTE",
@@ -155,17 +155,17 @@ def row_generation(sk: str) -> str:
     return parts[1][1:] if len(parts) == 3 else ""
 
 
-def head_generation(head: Item) -> str:
+def head_generation(head: DynamoItem) -> str:
     """The generation a head points at ("" for a history that was never replaced)."""
     return str(head["gen"]["S"]) if "gen" in head else ""
 
 
-def head_inbox(head: Item) -> frozenset[str]:
+def head_inbox(head: DynamoItem) -> frozenset[str]:
     """The logical ids of messages other threads sent this thread that it has not processed yet."""
     return frozenset(str(value) for value in head.get(INBOX_ATTRIBUTE, {}).get("SS", []))
 
 
-def head_set(head: Item, attribute: str) -> set[str]:
+def head_set(head: DynamoItem, attribute: str) -> set[str]:
     """A string-set attribute of the head (empty when absent)."""
     return {str(value) for value in head.get(attribute, {}).get("SS", [])}
 
@@ -175,14 +175,14 @@ def summary_sk(up_to: int) -> str:
     return f"S#{up_to:012d}"
 
 
-def summary_call_ids_attribute(summary: Summary) -> Item:
+def summary_call_ids_attribute(summary: Summary) -> DynamoItem:
     """The ``cid`` attribute a summary item carries (none when its filter is unknown)."""
     if summary.call_ids is None:
         return {}
     return {CALL_IDS_ATTRIBUTE: s_attr(base64.b64encode(summary.call_ids.encode()).decode("ascii"))}
 
 
-def summary_call_ids(item: Item) -> CallIdFilter | None:
+def summary_call_ids(item: DynamoItem) -> CallIdFilter | None:
     """The call-id filter of an ``S#`` or ``SUMMARY`` item (``None``: absent, unreadable, or of a format
     this build does not know — all of which mean unknown, never "no calls hidden")."""
     value = item.get(CALL_IDS_ATTRIBUTE, {}).get("S")
@@ -195,7 +195,7 @@ def summary_call_ids(item: Item) -> CallIdFilter | None:
     return CallIdFilter.decode(data)
 
 
-def info_from_item(item: Item) -> ThreadInfo:
+def info_from_item(item: DynamoItem) -> ThreadInfo:
     """The thread record and head encoded in a ``HEAD`` item."""
 
     def text(name: str) -> str | None:
@@ -222,11 +222,11 @@ def info_from_item(item: Item) -> ThreadInfo:
     )
 
 
-def head_item(info: ThreadInfo, *, fresh: bool = False) -> Item:
+def head_item(info: ThreadInfo, *, fresh: bool = False) -> DynamoItem:
     """The ``HEAD`` item of ``info`` (optional fields are omitted when unset; no generation). ``fresh``:
     a thread created with no state at all, so its state flags are exact from the start (empty sets, no
     summary)."""
-    item: Item = {
+    item: DynamoItem = {
         **item_key(info.thread_id, HEAD_SK),
         "root_id": s_attr(info.root_id),
         "kind": s_attr(info.kind.value),
@@ -264,9 +264,9 @@ _USAGE_COUNTS = (
 )
 
 
-def usage_item(thread_id: str, record: UsageRecord, version: int, tail: int | None = None) -> Item:
+def usage_item(thread_id: str, record: UsageRecord, version: int, tail: int | None = None) -> DynamoItem:
     """The ``U#`` item of ``record``, stored by the commit that produces head ``version`` (and ``tail``)."""
-    item: Item = {
+    item: DynamoItem = {
         **item_key(thread_id, usage_sk(version)),
         "step_id": s_attr(record.step_id),
         "model": s_attr(record.model),
@@ -283,7 +283,7 @@ def usage_item(thread_id: str, record: UsageRecord, version: int, tail: int | No
     return item
 
 
-def usage_from_item(item: Item) -> UsageRecord:
+def usage_from_item(item: DynamoItem) -> UsageRecord:
     """The :class:`UsageRecord` a ``U#`` item holds (its ``version`` from the sort key)."""
     counts = {name: int(item[attribute]["N"]) for attribute, name in _USAGE_COUNTS if attribute in item}
     return UsageRecord(
@@ -316,7 +316,11 @@ def head_update(
     ``commit`` also sets the turn flag, takes the ids it processed out of the ``inbox``, adds its
     intents to the open-intent set and sets the deferred set to ``deferred`` (``None``: unchanged)."""
     names = {"#v": "version", "#t": "tail"}
-    values: Item = {":nv": n_attr(info.version + 1), ":nt": n_attr(new_tail), ":e": n_attr(info.version)}
+    values: DynamoItem = {
+        ":nv": n_attr(info.version + 1),
+        ":nt": n_attr(new_tail),
+        ":e": n_attr(info.version),
+    }
     sets = ["#v = :nv", "#t = :nt"]
     removes: list[str] = []
     adds: list[str] = []
@@ -393,7 +397,7 @@ def head_update(
     )
 
 
-def deferred_after(head: Item | None, commit: Commit) -> set[str] | None:
+def deferred_after(head: DynamoItem | None, commit: Commit) -> set[str] | None:
     """The deferred-input set after ``commit`` (``None``: the commit does not change it). Exact because the
     commit is conditioned on the version of ``head``, and only versioned writes change deferrals."""
     if not commit.deferred_added and not commit.deferred_removed:
@@ -403,7 +407,7 @@ def deferred_after(head: Item | None, commit: Commit) -> set[str] | None:
     return (current | {d.message_id for d in commit.deferred_added}) - removed
 
 
-def head_after(head: Item, new: ThreadInfo, commit: Commit, deferred: set[str] | None) -> Item:
+def head_after(head: DynamoItem, new: ThreadInfo, commit: Commit, deferred: set[str] | None) -> DynamoItem:
     """The head item ``commit`` left (as far as a later commit reads it: version, tail, epoch, generation,
     deferred set; the inbox and intent sets for completeness)."""
     after = {k: v for k, v in head.items() if k not in ("journal", "journal_n")}  # dynamodb_journal's

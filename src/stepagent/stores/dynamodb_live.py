@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepagent.errors import StoreError
-from stepagent.stores.dynamodb_io import ConditionFailed, DynamoIo, Item, item_key, n_attr, s_attr, update
+from stepagent.stores.dynamodb_io import (
+    ConditionFailed,
+    DynamoIo,
+    DynamoItem,
+    item_key,
+    n_attr,
+    s_attr,
+    update,
+)
 
 LIVE_SK = "LIVE"
 #: The item outlives any step; the TTL only reclaims threads nobody talks to any more.
@@ -60,7 +68,7 @@ class LiveState:
         return list(self.notices[-fresh:]) if fresh else []
 
 
-def decode_live(item: Item | None) -> LiveState:
+def decode_live(item: DynamoItem | None) -> LiveState:
     """The ``LIVE`` item as a :class:`LiveState` (an empty state when there is none)."""
     if not item:
         return LiveState()
@@ -88,7 +96,7 @@ def decode_live(item: Item | None) -> LiveState:
     )
 
 
-def live_key(thread_id: str) -> Item:
+def live_key(thread_id: str) -> DynamoItem:
     """The key of a thread's ``LIVE`` item in the state table."""
     return item_key(thread_id, LIVE_SK)
 
@@ -115,7 +123,7 @@ class LiveStore:
             "#t": "tool",
             "#e": "expires_at",
         }
-        values: Item = {
+        values: DynamoItem = {
             ":v": n_attr(version),
             ":x": s_attr(text[offset:]),
             ":o": n_attr(offset),
@@ -148,9 +156,9 @@ class LiveStore:
 
     async def notice(self, thread_id: str, notice: dict[str, Any]) -> None:
         """Append ``notice`` (kept: the last :data:`NOTICES_KEPT`)."""
-        one: Item = {"L": [s_attr(json.dumps(notice, ensure_ascii=False, separators=(",", ":")))]}
+        one: DynamoItem = {"L": [s_attr(json.dumps(notice, ensure_ascii=False, separators=(",", ":")))]}
         names = {"#n": "notices", "#s": "notice_seq", "#e": "expires_at"}
-        values: Item = {
+        values: DynamoItem = {
             ":one": one,
             ":none": {"L": []},
             ":z": n_attr(0),

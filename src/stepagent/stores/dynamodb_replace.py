@@ -38,7 +38,7 @@ from stepagent.stores.base import HistoryEntry, Replacement, Rewind, StateCleanu
 from stepagent.stores.dynamodb_io import (
     ConditionFailed,
     DynamoIo,
-    Item,
+    DynamoItem,
     Write,
     delete,
     fits,
@@ -79,18 +79,18 @@ class ConversationTable(Protocol):
     state_table: str
     _io: DynamoIo
 
-    async def _read_head(self, thread_id: str) -> Item | None: ...
+    async def _read_head(self, thread_id: str) -> DynamoItem | None: ...
 
-    async def _get_head(self, thread_id: str) -> Item | None: ...
+    async def _get_head(self, thread_id: str) -> DynamoItem | None: ...
 
     async def _transact(self, thread_id: str, writes: list[Write]) -> None: ...
 
     async def latest_summary(self, thread_id: str, up_to: int | None = None) -> Summary | None: ...
 
-    def _remember(self, thread_id: str, head: Item | None) -> None: ...
+    def _remember(self, thread_id: str, head: DynamoItem | None) -> None: ...
 
 
-def _versioned_head(head: Item | None, thread_id: str, expected: int) -> None:
+def _versioned_head(head: DynamoItem | None, thread_id: str, expected: int) -> None:
     current = int(head["version"]["N"]) if head and "version" in head else 0
     if current != expected:
         raise ConcurrentWriteError(f"thread {thread_id} is at version {current}, not {expected}")
@@ -98,7 +98,7 @@ def _versioned_head(head: Item | None, thread_id: str, expected: int) -> None:
 
 def _cleanup_writes(
     store: ConversationTable, thread_id: str, cleanup: StateCleanup, added: set[str]
-) -> tuple[list[Item], list[Write], list[Write]]:
+) -> tuple[list[DynamoItem], list[Write], list[Write]]:
     """(marker keys to delete first, deletes that move with the head, writes that may follow it).
 
     ``added`` holds state sort keys the same transaction puts; they are not also deleted (one action per
@@ -242,7 +242,7 @@ class DynamoStaging:
         thread_id: str,
         generation: str,
         expected: int,
-        head: Item | None,
+        head: DynamoItem | None,
     ) -> None:
         self.thread_id = thread_id
         self.generation = generation
@@ -250,7 +250,7 @@ class DynamoStaging:
         self._expected = expected
         self._head = head
         self._count = 0
-        self._summaries: dict[int, Item] = {}
+        self._summaries: dict[int, DynamoItem] = {}
         self._blobs: list[str] = []
         self._flipped = False
         # A replaced history starts a new epoch (a brand-new thread never published anything: epoch 0).
@@ -259,7 +259,7 @@ class DynamoStaging:
     async def add(self, entries: AsyncIterable[HistoryEntry] | Iterable[HistoryEntry]) -> None:
         store, thread_id = self._store, self.thread_id
         cv = self._expected + 1
-        batch: list[Item] = []
+        batch: list[DynamoItem] = []
         size = 0
         async for entry in iterate_entries(entries):
             if isinstance(entry, Summary):
@@ -334,7 +334,7 @@ class DynamoStaging:
             "#fl": FLAGS_ATTRIBUTE,
             "#sv": SUMMARY_TOKEN_ATTRIBUTE,
         }
-        values: Item = {
+        values: DynamoItem = {
             ":nv": n_attr(new.version),
             ":nt": n_attr(new.tail),
             ":g": s_attr(self.generation),
@@ -395,9 +395,9 @@ class DynamoStaging:
 # ---- sweep -----------------------------------------------------------------------------------------------
 
 
-async def _keys(store: ConversationTable, thread_id: str, lo: str, hi: str) -> AsyncIterator[Item]:
+async def _keys(store: ConversationTable, thread_id: str, lo: str, hi: str) -> AsyncIterator[DynamoItem]:
     """Keys (and ``blob``) of the items with ``lo <= sk <= hi``, page by page."""
-    query: Item = {
+    query: DynamoItem = {
         "TableName": store.table,
         "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
         "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk", "#b": "blob"},
@@ -443,7 +443,7 @@ async def sweep_generations(
     ranges = ranges or [("R#g", "R#g~")]
     deleted = 0
     for lo, hi in ranges:
-        doomed: list[Item] = []
+        doomed: list[DynamoItem] = []
         async for key in _keys(store, thread_id, lo, hi):
             if row_generation(str(key["sk"]["S"])) == live:
                 continue

@@ -40,7 +40,7 @@ from stepagent.stores.base import KnownRows, StoredRow, ThreadSnapshot, known_st
 from stepagent.stores.dynamodb_io import (
     CONFLICT_BACKOFF,
     DynamoIo,
-    Item,
+    DynamoItem,
     TransactionCancelled,
     Write,
     item_key,
@@ -76,11 +76,11 @@ class SnapshotTable(Protocol):
     state_table: str
     _io: DynamoIo
 
-    async def _get_head(self, thread_id: str) -> Item | None: ...
+    async def _get_head(self, thread_id: str) -> DynamoItem | None: ...
 
     async def _transact(self, thread_id: str, writes: list[Write]) -> None: ...
 
-    def _remember(self, thread_id: str, head: Item | None) -> None: ...
+    def _remember(self, thread_id: str, head: DynamoItem | None) -> None: ...
 
     def _query_rows(
         self, thread_id: str, generation: str, first: int, last: int
@@ -104,7 +104,7 @@ async def open_thread(
     io, table, state_table = store._io, store.table, store.state_table
     processed_ids = list(dict.fromkeys(message_ids))
     answered_ids = list(dict.fromkeys(tool_call_ids))
-    keys: list[tuple[str, Item]] = [(table, item_key(thread_id, HEAD_SK))]
+    keys: list[tuple[str, DynamoItem]] = [(table, item_key(thread_id, HEAD_SK))]
     if known is None:
         keys.append((table, item_key(thread_id, LATEST_SUMMARY_SK)))
     keys.append((state_table, item_key(thread_id, _META_SK)))
@@ -161,22 +161,22 @@ async def open_thread(
     return snapshot
 
 
-async def _get(store: SnapshotTable, table: str, pk: str, sk: str) -> Item | None:
+async def _get(store: SnapshotTable, table: str, pk: str, sk: str) -> DynamoItem | None:
     response = await store._io.call(
         "GetItem", table, TableName=table, Key=item_key(pk, sk), ConsistentRead=True
     )
-    item: Item | None = response.get("Item")
+    item: DynamoItem | None = response.get("Item")
     return item or None
 
 
-async def _metadata(store: SnapshotTable, item: Item | None, root: str) -> Any:
+async def _metadata(store: SnapshotTable, item: DynamoItem | None, root: str) -> Any:
     if not has_metadata(item):
         return None
     assert item is not None
     return json.loads(await store._io.read_payload(item, f"metadata of {root}"))
 
 
-async def _summary(store: SnapshotTable, head: Item, copy: Item | None, order: int) -> Summary:
+async def _summary(store: SnapshotTable, head: DynamoItem, copy: DynamoItem | None, order: int) -> Summary:
     """The summary covering ``order``: the copy read with the head when its token is the head's, else
     the canonical ``S#`` item."""
     thread_id = str(head["pk"]["S"])

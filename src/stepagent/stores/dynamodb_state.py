@@ -36,7 +36,7 @@ from stepagent.stores.dynamodb_io import (
     AwsClient,
     ConditionFailed,
     DynamoIo,
-    Item,
+    DynamoItem,
     TransactionCancelled,
     Write,
     delete,
@@ -126,7 +126,7 @@ async def meta_writes(io: DynamoIo, table: str, root_id: str, commit: Commit) ->
             writes.append(await _metadata_write(io, table, root_id, metadata[1]))
         return writes
     names = {"#st": SPEND_TOKENS_ATTRIBUTE, "#sc": SPEND_COST_ATTRIBUTE}
-    values: Item = {":st": n_attr(usage.tokens), ":sc": n_attr(round((usage.cost_usd or 0.0) * _PICO))}
+    values: DynamoItem = {":st": n_attr(usage.tokens), ":sc": n_attr(round((usage.cost_usd or 0.0) * _PICO))}
     expression = "ADD #st :st, #sc :sc"
     if metadata is not None:
         base = await _metadata_write(io, table, root_id, metadata[1])
@@ -137,7 +137,7 @@ async def meta_writes(io: DynamoIo, table: str, root_id: str, commit: Commit) ->
     return writes
 
 
-def spend_from_item(item: Item | None) -> Spend:
+def spend_from_item(item: DynamoItem | None) -> Spend:
     """The conversation spend a root's ``META`` item holds (none: nothing spent yet)."""
     if not item:
         return Spend()
@@ -146,7 +146,7 @@ def spend_from_item(item: Item | None) -> Spend:
     return Spend(tokens, cost)
 
 
-def has_metadata(item: Item | None) -> bool:
+def has_metadata(item: DynamoItem | None) -> bool:
     """Whether a ``META`` item holds metadata (it may hold only the spend)."""
     return item is not None and any(name in item for name in PAYLOAD_ATTRIBUTES)
 
@@ -251,7 +251,7 @@ class DynamoStateStore:
         response = await self._io.call(
             "GetItem", self.table, TableName=self.table, Key=item_key(root_id, META_SK), ConsistentRead=True
         )
-        item: Item | None = response.get("Item")
+        item: DynamoItem | None = response.get("Item")
         if item is None or not has_metadata(item):
             return None
         return json.loads(await self._io.read_payload(item, f"metadata of {root_id}"))

@@ -48,7 +48,7 @@ from stepagent.testing.inprocess import InProcessQueueDriver
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import InProcessFunctionRunner, Invocable
-from stepagent.transcript import tree_items
+from stepagent.transcript import item_line, tree_items
 
 
 class ConversationFailed(StepagentError):
@@ -177,14 +177,15 @@ class Transcript:
         return list(dict.fromkeys(i["thread_id"] for i in self.items))
 
     def lines(self) -> list[str]:
-        """A readable rendering (for assertion messages and debugging)."""
+        """A readable rendering (for assertion messages and debugging), as the chat shows the items; kinds
+        the chat does not show (reasoning, summaries) as ``kind: text``."""
         out = []
         for item in self.items:
-            who = "" if item["thread_id"] == self.root_id else f"[{item['thread_id'][:8]}] "
-            detail = (
-                item.get("text", "") if item["kind"] != "tool_call" else f"{item['name']}({item['args']})"
-            )
-            out.append(f"{who}{item['kind']}: {detail}")
+            line = item_line(item, self.root_id)
+            if line is None:
+                who = "agent" if item["thread_id"] == self.root_id else f"[child {item['thread_id'][:8]}]"
+                line = f"{who} {item['kind']}: {item.get('text', '')}"
+            out.append(line)
         return out
 
 
