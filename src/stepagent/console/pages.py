@@ -22,8 +22,7 @@ from markupsafe import Markup
 
 from stepagent.aws.dlq import DeadLetter
 from stepagent.console.reads import ConversationList, ConversationPage, ThreadPage
-
-Item = dict[str, Any]
+from stepagent.transcript import Item
 
 
 def safe_url(url: object) -> str | None:
