@@ -18,7 +18,9 @@ Guarantees:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from stepagent.providers.base import ModelInfo
 
@@ -81,26 +83,34 @@ _DATE_SUFFIX = re.compile(r"-(?:\d{8}|\d{4}-\d{2}-\d{2})$")
 _BEDROCK_GEO = re.compile(r"^(?:us|eu|apac|global|jp|au|ca|us-gov)\.")
 _BEDROCK_VERSION = re.compile(r"-v\d+(?::\d+[a-z]*)?$")
 
+T = TypeVar("T")
+#: Per-family tables of models: ``anthropic`` (Claude, on any provider), ``openai``, ``bedrock`` (others).
+ModelFamilies = Mapping[str, Mapping[str, T]]
+_FAMILIES: ModelFamilies[CatalogEntry] = {"anthropic": _CLAUDE, "openai": _OPENAI, "bedrock": _BEDROCK_OTHER}
 
-def _family(model_id: str, table: dict[str, CatalogEntry]) -> CatalogEntry | None:
-    if model_id in table:
-        return table[model_id]
-    return table.get(_DATE_SUFFIX.sub("", model_id))
+
+def lookup_model(provider: str, model_id: str, families: ModelFamilies[T]) -> T | None:
+    """``provider``'s ``model_id`` looked up in per-family tables (keys ``anthropic``, ``openai`` and
+    ``bedrock``, the last for Bedrock models other than Claude), the one naming rule of the catalog and the
+    price table: ids are case-insensitive; a dated id (``-20250929``) falls back to its family; a Bedrock
+    id loses its inference-profile prefix (``us.``) and version suffix (``-v1:0``), and an
+    ``anthropic.`` Bedrock model is looked up as Claude."""
+    model = model_id.strip().lower()
+    if provider == "bedrock":
+        model = _BEDROCK_VERSION.sub("", _BEDROCK_GEO.sub("", model))
+        if model.startswith("anthropic."):
+            provider, model = "anthropic", model.removeprefix("anthropic.")
+    table = families.get(provider)
+    if table is None:
+        return None
+    if model in table:
+        return table[model]
+    return table.get(_DATE_SUFFIX.sub("", model))
 
 
 def catalog_entry(provider: str, model_id: str) -> CatalogEntry | None:
     """The catalog's entry for ``provider``'s ``model_id``, or ``None`` when the model is unknown."""
-    model = model_id.strip().lower()
-    if provider == "anthropic":
-        return _family(model, _CLAUDE)
-    if provider == "openai":
-        return _family(model, _OPENAI)
-    if provider == "bedrock":
-        bare = _BEDROCK_VERSION.sub("", _BEDROCK_GEO.sub("", model))
-        if bare.startswith("anthropic."):
-            return _family(bare.removeprefix("anthropic."), _CLAUDE)
-        return _family(bare, _BEDROCK_OTHER)
-    return None
+    return lookup_model(provider, model_id, _FAMILIES)
 
 
 def model_info(provider: str, model_id: str, *, context_window: int | None = None) -> ModelInfo:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -32,6 +31,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from stepagent.errors import ConfigurationError
 from stepagent.providers.base import Usage
+from stepagent.providers.catalog import ModelFamilies, lookup_model
 
 PRICES_SETTING = "STEPAGENT_PRICES"
 _MILLION = 1_000_000
@@ -103,31 +103,14 @@ _NOVA: dict[str, ModelPrice] = {
     "amazon.nova-micro": _p(0.035, 0.14, 0.00875),
 }
 
-_DATE_SUFFIX = re.compile(r"-(?:\d{8}|\d{4}-\d{2}-\d{2})$")
-_BEDROCK_GEO = re.compile(r"^(?:us|eu|apac|global|jp|au|ca|us-gov)\.")
-_BEDROCK_VERSION = re.compile(r"-v\d+(?::\d+[a-z]*)?$")
-
-
-def _family(model_id: str, table: Mapping[str, ModelPrice]) -> ModelPrice | None:
-    if model_id in table:
-        return table[model_id]
-    return table.get(_DATE_SUFFIX.sub("", model_id))
+_FAMILIES: ModelFamilies[ModelPrice] = {"anthropic": _CLAUDE, "openai": _OPENAI, "bedrock": _NOVA}
 
 
 def catalog_price(model: str) -> ModelPrice | None:
-    """The catalog's list price of ``model`` (``<provider>:<model id>``), or ``None`` when unknown."""
+    """The catalog's list price of ``model`` (``<provider>:<model id>``), or ``None`` when unknown; ids are
+    matched by the model catalog's naming rule (:func:`stepagent.providers.catalog.lookup_model`)."""
     provider, _, model_id = model.partition(":")
-    name = model_id.strip().lower()
-    if provider == "anthropic":
-        return _family(name, _CLAUDE)
-    if provider == "openai":
-        return _family(name, _OPENAI)
-    if provider == "bedrock":
-        bare = _BEDROCK_VERSION.sub("", _BEDROCK_GEO.sub("", name))
-        if bare.startswith("anthropic."):
-            return _family(bare.removeprefix("anthropic."), _CLAUDE)
-        return _family(bare, _NOVA)
-    return None
+    return lookup_model(provider, model_id, _FAMILIES)
 
 
 @dataclass(frozen=True, slots=True)
