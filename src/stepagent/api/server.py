@@ -20,6 +20,7 @@ from stepagent.api.app import ApiState, build_app
 from stepagent.api.auth import ApiAuthSettings, DevAuth, Verifier
 from stepagent.client import Client
 from stepagent.errors import ConfigurationError
+from stepagent.rap.server import serve_in_background
 
 __all__ = ["DEFAULT_PORT", "auth_settings", "is_loopback", "open_api", "serve_api"]
 
@@ -56,8 +57,6 @@ async def open_api(
     max_streams: int | None = None,
 ) -> AsyncIterator[str]:
     """Serve the API over the open ``api_client`` on ``host:port`` (0: a free port); yields its URL."""
-    import uvicorn
-
     if auth.mode == "none" and not is_loopback(host):
         raise ConfigurationError(f"STEPAGENT_API_AUTH=none is allowed only on a loopback address, not {host}")
     state = ApiState(api_client, Verifier(auth))
@@ -65,24 +64,9 @@ async def open_api(
         state.heartbeat_s = heartbeat_s
     if max_streams is not None:
         state.max_streams = max_streams
-    config = uvicorn.Config(
-        build_app(state), host=host, port=port, log_level="warning", lifespan="off", backlog=4096
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.get_running_loop().create_task(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("the API server stopped during startup")
-            await asyncio.sleep(0.01)
-        bound = server.servers[0].sockets[0].getsockname()[1]
-        shown = f"[{host}]" if ":" in host else host
-        yield f"http://{shown}:{bound}"
-    finally:
-        server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    # The one embedded-server loop: it leaves Ctrl-C and SIGTERM to the program (bounded shutdown).
+    async with serve_in_background(build_app(state), host, port, lifespan="off", backlog=4096) as url:
+        yield url
 
 
 async def serve_api(

@@ -411,12 +411,18 @@ GRACEFUL_SHUTDOWN_SECONDS = 1
 
 @contextlib.asynccontextmanager
 async def serve_in_background(
-    app: Any, host: str = "127.0.0.1", port: int = 0, *, lifespan: Literal["on", "off"] = "on"
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    lifespan: Literal["on", "off"] = "on",
+    backlog: int = 2048,
 ) -> AsyncIterator[str]:
     """Run ``app`` with uvicorn on this event loop; yields its base URL (``port=0``: a free port).
 
     The server stops when the context exits, in at most about :data:`GRACEFUL_SHUTDOWN_SECONDS` plus the
-    app's own lifespan shutdown. It leaves SIGINT and SIGTERM to the program (see :mod:`stepagent.shutdown`):
+    app's own lifespan shutdown. ``backlog``: pending connections the socket queues (uvicorn's default;
+    a server holding many streams opened at once wants more). It leaves SIGINT and SIGTERM to the program (see :mod:`stepagent.shutdown`):
     uvicorn would otherwise take them over while it serves, and a signal would stop only this server."""
     import uvicorn
 
@@ -432,6 +438,7 @@ async def serve_in_background(
         log_level="warning",
         lifespan=lifespan,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        backlog=backlog,
     )
     server = EmbeddedServer(config)
     task = asyncio.get_running_loop().create_task(server.serve())
