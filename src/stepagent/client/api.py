@@ -334,7 +334,7 @@ class Client:
         a retried call send the same message, which the runtime then absorbs."""
         self._require_open()
         if self._http is not None:
-            return await self._http.approve(thread, tool_call_id, decision, args, message)
+            return await self._http.approve(thread, tool_call_id, decision, args, message, message_id)
         try:
             body = ApprovalDecision.model_validate(
                 {"tool_call_id": tool_call_id, "decision": decision, "args": args, "message": message}

@@ -110,6 +110,7 @@ class HttpApi:
         decision: str = "approve",
         args: dict[str, Any] | None = None,
         message: str | None = None,
+        message_id: str | None = None,
     ) -> str:
         body: Item = {"tool_call_id": tool_call_id, "decision": decision}
         if args is not None:
@@ -119,7 +120,7 @@ class HttpApi:
         response = await self.http.post(
             self._path(thread, "/approvals"),
             json=body,
-            headers={"Idempotency-Key": f"approval-{tool_call_id}-{uuid.uuid4()}"},
+            headers={"Idempotency-Key": message_id or f"approval-{tool_call_id}-{uuid.uuid4()}"},
         )
         _raise_for(response)
         return str(response.json()["message_id"])

@@ -131,8 +131,12 @@ class SyncClient:
         decision: str = "approve",
         args: dict[str, Any] | None = None,
         message: str | None = None,
+        *,
+        message_id: str | None = None,
     ) -> str:
-        return self._run(self._client.approve(thread, tool_call_id, decision, args, message))
+        return self._run(
+            self._client.approve(thread, tool_call_id, decision, args, message, message_id=message_id)
+        )
 
     def pending_approvals(self, thread: str) -> list[Item]:
         return self._run(self._client.pending_approvals(thread))
