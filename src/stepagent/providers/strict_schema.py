@@ -5,7 +5,10 @@ Anthropic's and OpenAI's structured outputs take a subset of JSON Schema (every 
 ``additionalProperties: false``; OpenAI also wants every property listed in ``required``). Their official
 SDKs rewrite a pydantic class's ``model_json_schema()`` into that subset before sending it; these functions
 are faithful ports of those rewrites (``anthropic.transform_schema`` and ``openai``'s
-``to_strict_json_schema``), so a request for a pydantic class is byte-identical to the SDK's.
+``to_strict_json_schema``), so a request for a pydantic class is byte-identical to the SDK's. Ported rather than called: the SDKs
+are test-only oracles here (``tests/providers`` checks these functions against them), because importing
+them costs a worker ~1.3 s (``anthropic``) and ~0.5 s (``openai``) of CPU, measured on the development
+machine, for two pure functions.
 
 Guarantees:
 
