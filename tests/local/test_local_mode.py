@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from stepagent.agent_config import AgentConfig
+from stepagent.backoff import Backoff
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.step import StepConfig, StepInput
 from stepagent.events import (
@@ -173,7 +174,7 @@ class StubCloseThread(Tool):
 def make(
     provider: Any, tools: Sequence[Tool] = (), *, collector: EventCollector | None = None, **options: Any
 ) -> LocalAgentSystem:
-    options.setdefault("step_retry_delays", (0.001,))
+    options.setdefault("step_retry", Backoff(attempts=2, base=0.001))
     return LocalAgentSystem.create(
         provider, tools=tools, observer=collector, retry=RetryPolicy(sleep=no_sleep), **options
     )
@@ -539,7 +540,9 @@ async def test_child_outlives_its_roots_activity() -> None:
 async def test_step_failure_is_retried_then_dead_lettered() -> None:
     provider = GatedProvider().then(RuntimeError("boom")).then(*text("recovered"))
     collector = EventCollector()
-    async with running(make(provider, collector=collector, step_retry_delays=(0.001,))) as system:
+    async with running(
+        make(provider, collector=collector, step_retry=Backoff(attempts=2, base=0.001))
+    ) as system:
         await system.send_user_text("t1", "hi")
         await system.wait_idle(TIMEOUT)
         history = await system.thread("t1").history()
@@ -561,7 +564,9 @@ async def test_step_failure_is_retried_then_dead_lettered() -> None:
 async def test_a_failure_the_worker_rejects_is_not_retried_locally_either(error: Exception) -> None:
     provider = GatedProvider().then(error)
     collector = EventCollector()
-    async with running(make(provider, collector=collector, step_retry_delays=(0.001,))) as system:
+    async with running(
+        make(provider, collector=collector, step_retry=Backoff(attempts=2, base=0.001))
+    ) as system:
         await system.send_user_text("t1", "hi")
         await system.wait_idle(TIMEOUT)
         failures = [e for e in collector.of("t1") if isinstance(e, StepFailed)]

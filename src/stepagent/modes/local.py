@@ -42,11 +42,12 @@ import contextlib
 import logging
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Self
 
 from stepagent.agent_config import AgentConfig
+from stepagent.backoff import Backoff
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.history import HistoryManager
 from stepagent.core.step import StepConfig, StepInput
@@ -91,7 +92,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEDUP_WINDOW = 10_000
-DEFAULT_STEP_RETRY_DELAYS = (0.05, 0.25, 1.0)
+#: A failed step is run again after ~0.05 s, ~0.25 s and ~1 s (jittered), then dead-lettered: the worker's
+#: redelivery, compressed to what an interactive process can wait.
+STEP_BACKOFF = Backoff(attempts=4, base=0.05, factor=5.0, cap=1.0)
 _SNAPSHOT_ATTEMPTS = 20
 _IDLE_POLL = 0.005  # background tool tasks and timers do not announce themselves; poll them this often
 
@@ -188,7 +191,7 @@ class LocalAgentSystem:
         config: StepConfig,
         *,
         observer: Observer | None = None,
-        step_retry_delays: Sequence[float] = DEFAULT_STEP_RETRY_DELAYS,
+        step_retry: Backoff = STEP_BACKOFF,
         lifecycle_buffer: int = 10_000,
     ) -> None:
         if not isinstance(config.sender, LocalSender):
@@ -201,7 +204,7 @@ class LocalAgentSystem:
         #: Batches that could not be processed (steps that kept failing, inputs left at shutdown).
         self.dead_letters: list[LocalDeadLetter] = []
         self._observer = LocalObserver(observer)
-        self._retry_delays = tuple(step_retry_delays)
+        self._step_retry = step_retry
         self._drivers: dict[str, ThreadDriver] = {}
         self._inbox: deque[StepInput] = deque()
         self._inbox_ready = asyncio.Event()
@@ -228,7 +231,7 @@ class LocalAgentSystem:
         retry: RetryPolicy | None = None,
         notifier: LifecycleNotifier | None = None,
         tracer: Tracer | None = None,
-        step_retry_delays: Sequence[float] = DEFAULT_STEP_RETRY_DELAYS,
+        step_retry: Backoff = STEP_BACKOFF,
         prices: PriceTable = CATALOG_PRICES,
     ) -> LocalAgentSystem:
         """A system with in-memory stores (unless ``stores`` is given), ``tools`` followed by every built-in
@@ -262,7 +265,7 @@ class LocalAgentSystem:
             prices=prices,
         )
         conversation, state = stores if stores is not None else memory_stores()
-        return cls(conversation, state, config, observer=observer, step_retry_delays=step_retry_delays)
+        return cls(conversation, state, config, observer=observer, step_retry=step_retry)
 
     # ---- running ----------------------------------------------------------------------------------------
 
@@ -429,7 +432,7 @@ class LocalAgentSystem:
             observer=self._observer,
             on_exit=self._driver_exited,
             on_dead_letter=self.dead_letters.append,
-            retry_delays=self._retry_delays,
+            step_retry=self._step_retry,
         )
         self._drivers[thread_id] = driver
         self._emit_lifecycle(Live(thread_id))

@@ -33,9 +33,10 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from stepagent.backoff import Backoff
 from stepagent.core.history import HistoryManager
 from stepagent.core.prepare import INTERRUPT_MARKER
 from stepagent.core.step import StepInput, ThreadStep
@@ -242,14 +243,14 @@ class ThreadDriver:
         observer: LocalObserver,
         on_exit: Callable[[ThreadDriver], None],
         on_dead_letter: Callable[[LocalDeadLetter], None],
-        retry_delays: Sequence[float] = (0.05, 0.25, 1.0),
+        step_retry: Backoff,
     ) -> None:
         self.thread_id = thread_id
         self._agent = agent
         self._observer = observer
         self._on_exit = on_exit
         self._on_dead_letter = on_dead_letter
-        self._retry_delays = tuple(retry_delays)
+        self._step_retry = step_retry
         self._queue: deque[StepInput] = deque()  # arrived, not yet in a step
         self._interrupt: list[StepInput] = []  # what arrived up to an interruption: the very next step
         self._wakeup = asyncio.Event()
@@ -345,7 +346,7 @@ class ThreadDriver:
 
     async def _step(self, batch: list[StepInput], cancel: asyncio.Event) -> bool:
         """The step with retries. Never raises; returns whether the thread awaits a tool result."""
-        attempt = 0
+        attempt = 1
         started: list[ThreadStep] = []
 
         def on_start(step: ThreadStep) -> None:
@@ -359,7 +360,12 @@ class ThreadDriver:
                 )
             except Exception as error:
                 self._observer.step_ended(self.thread_id)
-                retry = attempt < len(self._retry_delays) and not self._closing and classify(error) == "retry"
+                delay = self._step_retry.delay(attempt)
+                retry = (
+                    self._step_retry.allows(attempt, delay)
+                    and not self._closing
+                    and classify(error) == "retry"
+                )
                 message = f"Step failed: {type(error).__name__}: {error}"
                 log.warning("thread %s: %s (retrying: %s)", self.thread_id, message, retry)
                 self._observer.on_event(self.thread_id, StepFailed(message=message, retrying=retry))
@@ -369,7 +375,7 @@ class ThreadDriver:
                 # An interruption or shutdown cuts the wait short: the re-run then stops its completion
                 # at once but still commits the batch.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(cancel.wait(), self._retry_delays[attempt])
+                    await asyncio.wait_for(cancel.wait(), delay)
                 attempt += 1
                 continue
             self._observer.step_ended(self.thread_id)
