@@ -42,6 +42,7 @@ from tests.artifact.template_env import Evaluator, load_template
 from tests.conftest import REGION, aws_client, moto_endpoint, unique_name
 from tests.integration.aws_helpers import lambda_record
 from tests.otlp_collector import otlp_collector
+from tests.polling import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("lambda_driver.py")
@@ -408,18 +409,19 @@ async def run_conversations(layer: Path, task_root: Path, otlp_endpoint: str) ->
             )
         events: list[dict[str, Any]] = []
         answered: dict[str, str] = {}
-        deadline = asyncio.get_running_loop().time() + 90
-        while set(answered) != set(CONVERSATIONS):
-            assert asyncio.get_running_loop().time() < deadline, (
-                f"unanswered: {set(CONVERSATIONS) - set(answered)}"
-            )
+
+        async def all_answered() -> bool:
             busy = await stack.pump_once()
             for event in await stack.outputs():
                 events.append(event)
                 if event["type"] == "text" and event["text"] == CONVERSATIONS.get(event["thread_id"]):
                     answered[event["thread_id"]] = event["text"]
-            if not busy:
+            done = set(answered) == set(CONVERSATIONS)
+            if not busy and not done:
                 await asyncio.sleep(0.2)  # a timer or a RAP callback is on its way
+            return done
+
+        await eventually(all_answered, "an answer in every conversation", within=90, interval=0)
         errors = [e for e in events if e["type"] == "error"]
         assert not errors, errors
         results = {e["thread_id"]: e.get("text", "") for e in events if e["type"] == "tool_result"}
@@ -503,14 +505,13 @@ async def api_round_trip(stack: DeployedStack, url: str) -> None:
         assert (await http.get("/v1/threads/api-art")).status_code == 401
         sent = await http.post("/v1/threads/api-art/messages", json={"text": "ordinal"}, headers=auth)
         assert sent.status_code == 202, sent.text
-        deadline = asyncio.get_running_loop().time() + 60
-        while True:
+
+        async def answered() -> bool:
             await stack.pump_once()
             history = (await http.get("/v1/threads/api-art", headers=auth)).json()
-            if any(item["kind"] == "assistant" for item in history) and history[-1]["kind"] == "assistant":
-                break
-            assert asyncio.get_running_loop().time() < deadline, history
-            await asyncio.sleep(0.1)
+            return bool(history) and history[-1]["kind"] == "assistant"
+
+        await eventually(answered, "the API thread's answer", within=60, interval=0.1)
         # The tree's events, streamed: the committed events, then the end after the root's turn_complete.
         async with http.stream("GET", "/v1/threads/api-art/events", headers=auth) as response:
             assert response.headers["content-type"].startswith("text/event-stream")
