@@ -16,12 +16,11 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import boto3
 import pytest
 from botocore.config import Config
 
 from stepagent.aws.clients import open_client
-from stepagent.aws.resources import STATE_TTL_ATTRIBUTE, ensure_tables, ensure_tables_sync
+from stepagent.aws.resources import STATE_TTL_ATTRIBUTE, ensure_tables
 from stepagent.errors import (
     ConcurrentWriteError,
     ConfigurationError,
@@ -42,7 +41,7 @@ from stepagent.stores.base import Commit, DeferredInput, DispatchIntent, ThreadI
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
 from stepagent.stores.dynamodb_io import INLINE_LIMIT, MARKER_TTL_S
 from stepagent.stores.metrics import StoreMetrics
-from tests.conftest import REGION, DynamoEnv, aws_client, aws_session, moto_endpoint, unique_name
+from tests.conftest import DynamoEnv, aws_client, aws_session, unique_name
 
 pytestmark = pytest.mark.asyncio
 
@@ -605,11 +604,6 @@ async def test_ensure_tables_is_idempotent_and_enables_ttl() -> None:
         assert ttl["TimeToLiveDescription"]["TimeToLiveStatus"] in ("ENABLED", "ENABLING")
         described = await client.describe_table(TableName=conversation_table)
         assert described["Table"]["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
-
-        # The sync variant (infra create) agrees and is idempotent over what the async one made.
-        sync_client = boto3.client("dynamodb", endpoint_url=moto_endpoint(), region_name=REGION)
-        ensure_tables_sync(sync_client, conversation_table, state_table)
-        ensure_tables_sync(sync_client, unique_name("c2"), unique_name("s2"))
 
         wrong = unique_name("wrong")
         await client.create_table(

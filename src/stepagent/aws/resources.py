@@ -6,9 +6,9 @@ What it guarantees:
   arguments; the local stack, ``stepagent infra create`` and the SAM template derive from them, so every
   environment has the same key schema (``pk``/``sk`` strings), on-demand billing and, for the state table,
   TTL on :data:`STATE_TTL_ATTRIBUTE`.
-- :func:`ensure_tables` (async client) and :func:`ensure_tables_sync` (boto3) are idempotent: they create what is
-  missing, wait until the tables are ``ACTIVE``, enable TTL if it is not already on, and fail with a
-  :class:`~stepagent.errors.ConfigurationError` if a table of that name exists with a different key schema.
+- :func:`ensure_tables` is idempotent: it creates what is missing, waits until the tables are ``ACTIVE``,
+  enables TTL if it is not already on, and fails with a :class:`~stepagent.errors.ConfigurationError` if a
+  table of that name exists with a different key schema.
 """
 
 from __future__ import annotations
@@ -128,27 +128,6 @@ async def _ensure_one(client: Any, definition: TableDefinition) -> None:
         await client.update_time_to_live(**_ttl_request(definition))
 
 
-def _ensure_one_sync(client: Any, definition: TableDefinition) -> None:
-    try:
-        client.create_table(**definition.create_kwargs)
-    except ClientError as exc:
-        if _error_code(exc) != "ResourceInUseException":
-            raise
-    deadline = time.monotonic() + _ACTIVE_TIMEOUT_S
-    while True:
-        description = client.describe_table(TableName=definition.name)
-        _check_schema(definition, description)
-        if description["Table"].get("TableStatus") == "ACTIVE":
-            break
-        if time.monotonic() > deadline:
-            raise StoreError(f"DynamoDB table {definition.name!r} did not become ACTIVE")
-        time.sleep(_POLL_INTERVAL_S)
-    if definition.ttl_attribute is not None and not _ttl_enabled(
-        client.describe_time_to_live(TableName=definition.name)
-    ):
-        client.update_time_to_live(**_ttl_request(definition))
-
-
 def _wrap(exc: ClientError | BotoCoreError, definitions: Sequence[TableDefinition]) -> StoreError:
     names = ", ".join(d.name for d in definitions)
     return StoreError(f"creating DynamoDB tables ({names}) failed: {exc}")
@@ -160,15 +139,5 @@ async def ensure_tables(client: Any, conversation_table: str, state_table: str) 
     try:
         for definition in definitions:
             await _ensure_one(client, definition)
-    except (ClientError, BotoCoreError) as exc:
-        raise _wrap(exc, definitions) from exc
-
-
-def ensure_tables_sync(client: Any, conversation_table: str, state_table: str) -> None:
-    """Same as :func:`ensure_tables` with a boto3 DynamoDB client."""
-    definitions = table_definitions(conversation_table, state_table)
-    try:
-        for definition in definitions:
-            _ensure_one_sync(client, definition)
     except (ClientError, BotoCoreError) as exc:
         raise _wrap(exc, definitions) from exc

@@ -183,11 +183,11 @@ def validate_before_start(model: str) -> None:
 
 
 def _bedrock_with_real_credentials(model: str) -> ModelProvider:
-    import boto3
+    import botocore.session
 
     from stepagent.providers.factory import make_provider
 
-    credentials = boto3.Session().get_credentials()
+    credentials = botocore.session.get_session().get_credentials()
     if credentials is None:
         raise ConfigurationError(
             f"STEPAGENT_MODEL={model} needs AWS credentials (environment, profile or SSO) to call Bedrock"
