@@ -4,6 +4,8 @@ Each item has ``thread_id``, ``kind`` (``user``, ``assistant``, ``reasoning``, `
 ``tool_result``, ``event``, ``summary``), ``order`` (its position in the thread's own log — the number
 ``rewind --to`` takes; a summary carries the order it covers) and ``text`` where it has text. A child lists
 its own items only, never the prefix it inherited. Rows are streamed; memory stays bounded by two rows.
+:class:`Item` declares the shape (every key, and each kind there is, replies' notices included), so the
+type checker follows an item from where it is built to everything that reads it.
 
 A call that waited for a person's decision carries ``approval``: ``pending`` while it waits, else
 ``approved``, ``edited`` (its ``args`` are then the edited ones), ``rejected`` or ``responded``; the
