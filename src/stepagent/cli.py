@@ -16,10 +16,13 @@ import os
 import sys
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from stepagent.errors import ConfigurationError, StepagentError
 from stepagent.shutdown import exit_now, run_until_signalled
+
+if TYPE_CHECKING:  # the transcript module is imported by the commands that use it, not at startup
+    from stepagent.transcript import Item
 
 
 def _version() -> str:
@@ -563,7 +566,7 @@ async def _show_letter(
 
 
 def format_transcript(
-    items: Sequence[dict[str, Any]], *, root_id: str, closed: frozenset[str] | set[str] = frozenset()
+    items: Sequence[Item], *, root_id: str, closed: frozenset[str] | set[str] = frozenset()
 ) -> list[str]:
     """Human-readable transcript lines under one header per thread (marked root and/or closed): each item
     by its order, with the glyphs the chat shows (:func:`stepagent.transcript.item_glyph_text`), whole."""

@@ -25,13 +25,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import TypeAdapter, ValidationError
 
 from stepagent.call_id_filter import CallIdFilter
 from stepagent.errors import CorruptRowError, InvariantViolation
 from stepagent.messages import (
+    ApprovalDecisionKind,
     ImageContent,
     MediaContent,
     TextContent,
@@ -90,7 +91,7 @@ class ApprovalItem:
     ``reject`` or ``respond`` (with ``message``)."""
 
     tool_call_id: str
-    decision: str
+    decision: ApprovalDecisionKind
     args: dict[str, Any] | None = None
     message: str | None = None
 
@@ -144,9 +145,14 @@ def answered_call_id(item: HistoryItem) -> str | None:
     return None
 
 
+#: A decided call's ``approval`` state.
+DecidedState = Literal["approved", "edited", "rejected", "responded"]
 #: A call's ``approval`` state as readers show it (``history --json``, the console, the HTTP API):
 #: waiting for a person, or the decision that settled it.
-APPROVAL_STATES = {
+ApprovalState = Literal["pending", "approved", "edited", "rejected", "responded"]
+
+#: The ``approval`` state each decision leaves its call in.
+APPROVAL_STATES: dict[ApprovalDecisionKind, DecidedState] = {
     "approve": "approved",
     "edit": "edited",
     "reject": "rejected",
@@ -154,18 +160,18 @@ APPROVAL_STATES = {
 }
 
 
-def approval_states(items: Iterable[HistoryItem]) -> dict[str, str]:
+def approval_states(items: Iterable[HistoryItem]) -> dict[str, ApprovalState]:
     """The approval state of every call in ``items`` that waited for a person: ``pending`` while it
     waits, else ``approved``, ``edited``, ``rejected`` or ``responded``. A waiting call answered without a
     decision (user text interrupted it) has no state: no person decided it."""
-    states: dict[str, str] = {}
+    states: dict[str, ApprovalState] = {}
     undecided: set[str] = set()
     for item in items:
         if isinstance(item, ToolCallItem) and item.needs_approval:
             states[item.call.id] = "pending"
             undecided.add(item.call.id)
         elif isinstance(item, ApprovalItem) and item.tool_call_id in undecided:
-            states[item.tool_call_id] = APPROVAL_STATES.get(item.decision, item.decision)
+            states[item.tool_call_id] = APPROVAL_STATES[item.decision]
             undecided.discard(item.tool_call_id)
         elif (answered := answered_call_id(item)) is not None and answered in undecided:
             del states[answered]
@@ -331,7 +337,7 @@ def item_from_dict(raw: dict[str, Any]) -> HistoryItem:
                 raise TypeError(f"decision {raw['decision']!r} with args {args!r}")
             return ApprovalItem(
                 tool_call_id=str(raw["tool_call_id"]),
-                decision=str(raw["decision"]),
+                decision=raw["decision"],  # one of APPROVAL_DECISIONS: checked above
                 args=args,
                 message=None if message is None else str(message),
             )

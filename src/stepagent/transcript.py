@@ -4,6 +4,8 @@ Each item has ``thread_id``, ``kind`` (``user``, ``assistant``, ``reasoning``, `
 ``tool_result``, ``event``, ``summary``), ``order`` (its position in the thread's own log — the number
 ``rewind --to`` takes; a summary carries the order it covers) and ``text`` where it has text. A child lists
 its own items only, never the prefix it inherited. Rows are streamed; memory stays bounded by two rows.
+:class:`Item` declares the shape (every key, and each kind there is, replies' notices included), so the
+type checker follows an item from where it is built to everything that reads it.
 
 A call that waited for a person's decision carries ``approval``: ``pending`` while it waits, else
 ``approved``, ``edited`` (its ``args`` are then the edited ones), ``rejected`` or ``responded``; the
@@ -20,71 +22,166 @@ decision — and :func:`item_line` puts who said it in front.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, Literal, NotRequired, TypedDict
 
 from stepagent.history_items import (
     APPROVAL_STATES,
     ApprovalItem,
+    ApprovalState,
     AssistantText,
     EventItem,
     HistoryItem,
     Reasoning,
+    Summary,
     ToolCallItem,
     ToolResultItem,
     UserItem,
 )
+from stepagent.messages import ApprovalDecisionKind, UserChoiceRequired
 from stepagent.stores.base import ConversationStore
 
-#: One item of a thread tree's transcript or replies: ``thread_id``, ``kind``, ``order``, ``text``, ...
-#: (the ``stepagent history --json`` shape; ``stepagent.client.Item`` is this alias).
-Item = dict[str, Any]
+#: What an item is: the stored kinds ``history`` lists, then the notices only replies carry (a question
+#: to answer, a link to open, a limit, an error, live partial text, and the tree going quiet).
+ItemKind = Literal[
+    "user",
+    "assistant",
+    "reasoning",
+    "tool_call",
+    "tool_result",
+    "event",
+    "summary",
+    "approval",
+    "choice",
+    "oauth",
+    "limit",
+    "error",
+    "partial",
+    "idle",
+]
 
 
-def describe(thread_id: str, order: int, item: HistoryItem) -> dict[str, Any]:
+class Item(TypedDict):
+    """One item of a thread tree's transcript or replies (the ``stepagent history --json`` shape;
+    ``stepagent.client.Item`` is this type). Only ``thread_id`` and ``kind`` are always there; which other
+    keys an item has depends on its kind (see the module docstring and the client's ``replies``)."""
+
+    thread_id: str
+    kind: ItemKind
+    #: Position in the thread's own log (stored kinds; a summary carries the order it covers).
+    order: NotRequired[int]
+    text: NotRequired[str]
+    #: ``tool_call``: the tool and its arguments (the model's JSON; an ``edited`` call's are the edited
+    #: ones); ``approval``: the edited arguments.
+    name: NotRequired[str]
+    args: NotRequired[dict[str, Any]]
+    #: The call a ``tool_call``, ``tool_result``, ``event``, ``approval`` or ``oauth`` item is about.
+    tool_call_id: NotRequired[str]
+    #: ``approval``: the person's decision.
+    decision: NotRequired[ApprovalDecisionKind]
+    #: ``tool_call`` that waited for a person, and ``approval``: where the decision left the call.
+    approval: NotRequired[ApprovalState]
+    #: ``choice``: a tool's question, answered with ``answer_choice``.
+    choice_id: NotRequired[str]
+    prompt: NotRequired[str]
+    choices: NotRequired[list[str]]
+    default: NotRequired[int]
+    #: ``oauth``: the link to open.
+    auth_url: NotRequired[str]
+    #: ``error``: whether the failed input will be tried again.
+    retrying: NotRequired[bool]
+    #: ``partial`` (from the stores): the order the text follows, what the model is doing (``thinking``,
+    #: ``writing``, ``calling`` a ``tool``, ``retrying``; ``None`` once it is over).
+    after: NotRequired[int]
+    phase: NotRequired[str | None]
+    tool: NotRequired[str | None]
+    #: ``partial`` (over the HTTP API): the text streamed since the last one.
+    delta: NotRequired[str]
+
+
+def describe(thread_id: str, order: int, item: HistoryItem) -> Item:
     """One transcript item for a stored row."""
-    out: dict[str, Any] = {"thread_id": thread_id, "order": order}
+    out: Item
     match item:
         case UserItem():
-            out["kind"] = "user"
-            out["text"] = item.text if item.text is not None else f"[{item.content.type}]"
+            text = item.text if item.text is not None else f"[{item.content.type}]"
+            out = {"thread_id": thread_id, "order": order, "kind": "user", "text": text}
         case AssistantText(text=text):
-            out.update(kind="assistant", text=text)
+            out = {"thread_id": thread_id, "order": order, "kind": "assistant", "text": text}
         case Reasoning(text=text):
-            out.update(kind="reasoning", text=text)
+            out = {"thread_id": thread_id, "order": order, "kind": "reasoning", "text": text}
         case ToolCallItem(call=call):
-            out.update(kind="tool_call", name=call.name, args=call.arguments, tool_call_id=call.id)
+            out = {
+                "thread_id": thread_id,
+                "order": order,
+                "kind": "tool_call",
+                "name": call.name,
+                "args": call.arguments,
+                "tool_call_id": call.id,
+            }
+            if item.needs_approval:
+                out["approval"] = "pending"
         case ToolResultItem(result=result):
-            out.update(kind="tool_result", tool_call_id=result.id, text=result.joined_text())
+            out = {
+                "thread_id": thread_id,
+                "order": order,
+                "kind": "tool_result",
+                "tool_call_id": result.id,
+                "text": result.joined_text(),
+            }
         case EventItem(result=result, tool_call_id=original):
-            out.update(kind="event", tool_call_id=original, text=result.joined_text())
+            out = {
+                "thread_id": thread_id,
+                "order": order,
+                "kind": "event",
+                "tool_call_id": original,
+                "text": result.joined_text(),
+            }
         case ApprovalItem(tool_call_id=call_id, decision=decision):
-            out.update(kind="approval", tool_call_id=call_id, decision=decision)
-            out["approval"] = APPROVAL_STATES.get(decision, decision)
+            out = {
+                "thread_id": thread_id,
+                "order": order,
+                "kind": "approval",
+                "tool_call_id": call_id,
+                "decision": decision,
+                "approval": APPROVAL_STATES[decision],
+            }
             if item.args is not None:
                 out["args"] = item.args
             if item.message is not None:
                 out["text"] = item.message
-    if isinstance(item, ToolCallItem) and item.needs_approval:
-        out["approval"] = "pending"
+        case Summary(text=text):
+            out = {"thread_id": thread_id, "order": order, "kind": "summary", "text": text}
     return out
 
 
-def settle(call: dict[str, Any], following: HistoryItem) -> None:
+def settle(call: Item, following: HistoryItem) -> None:
     """Give the described waiting ``call`` the state the row after it decides: a decision on it, or (any
     other row, e.g. an interruption) no state at all."""
     if isinstance(following, ApprovalItem) and following.tool_call_id == call.get("tool_call_id"):
-        call["approval"] = APPROVAL_STATES.get(following.decision, following.decision)
+        call["approval"] = APPROVAL_STATES[following.decision]
         if following.decision == "edit" and following.args is not None:
             call["args"] = following.args
     else:
         call.pop("approval", None)
 
 
-async def thread_items(store: ConversationStore, thread_id: str) -> AsyncIterator[dict[str, Any]]:
+def choice_item(thread_id: str, choice: UserChoiceRequired) -> Item:
+    """The ``choice`` item of a question a tool of ``thread_id`` is waiting for the user to answer."""
+    return {
+        "thread_id": thread_id,
+        "kind": "choice",
+        "choice_id": choice.id,
+        "prompt": choice.prompt,
+        "choices": list(choice.choices),
+        "default": choice.default,
+    }
+
+
+async def thread_items(store: ConversationStore, thread_id: str) -> AsyncIterator[Item]:
     """The thread's own rows, with each compaction summary after the last row it covers."""
     summaries = await _summaries(store, thread_id)
-    held: list[dict[str, Any]] = []  # a waiting call (first) and what follows it until the next row
+    held: list[Item] = []  # a waiting call (first) and what follows it until the next row
     async for row in store.load_rows(thread_id):
         if held:
             settle(held[0], row.item)
@@ -99,7 +196,7 @@ async def thread_items(store: ConversationStore, thread_id: str) -> AsyncIterato
                 yield described
         while summaries and summaries[0][0] == row.order:
             order, text = summaries.pop(0)
-            summary = {"thread_id": thread_id, "kind": "summary", "order": order, "text": text}
+            summary: Item = {"thread_id": thread_id, "kind": "summary", "order": order, "text": text}
             if held:
                 held.append(summary)
             else:
@@ -119,7 +216,7 @@ async def _summaries(store: ConversationStore, thread_id: str) -> list[tuple[int
     return sorted(found)
 
 
-async def tree_items(store: ConversationStore, root_id: str) -> AsyncIterator[dict[str, Any]]:
+async def tree_items(store: ConversationStore, root_id: str) -> AsyncIterator[Item]:
     """The thread's transcript, then each descendant's (depth first, in spawn order)."""
     pending = [root_id]
     while pending:
@@ -138,7 +235,7 @@ def clip(text: str, limit: int = 300) -> str:
 _VERDICTS = {"approved": "✔ approved", "edited": "✎ edited", "rejected": "✗ rejected"}
 
 
-def item_glyph_text(item: Mapping[str, Any], *, limit: int | None = 300) -> str | None:
+def item_glyph_text(item: Item, *, limit: int | None = 300) -> str | None:
     """An item's glyph and content (``None`` for kinds that are not lines: user text, whose line depends on
     who reads it, reasoning, summaries, partial text, idle markers). Results, events and decision messages
     are put on one line and cut to ``limit`` characters (``None``: shown whole, as stored)."""
@@ -171,7 +268,7 @@ def item_glyph_text(item: Mapping[str, Any], *, limit: int | None = 300) -> str 
     return None
 
 
-def item_line(item: Mapping[str, Any], root: str) -> str | None:
+def item_line(item: Item, root: str) -> str | None:
     """The line of a reply item as a conversation shows it, prefixed by who said it (``agent`` for the
     root thread, ``[child <id>]`` for a child); ``None``: nothing to show."""
     thread = str(item.get("thread_id", ""))

@@ -28,6 +28,7 @@ from stepagent.aws.layer_check import check_layer
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.aws.secrets import resolve_secrets
 from stepagent.aws.settings import Settings
+from stepagent.rap.function_url import FunctionUrlEvent, FunctionUrlResponse
 from stepagent.rap.receiver import (
     INTERNAL_ERROR_BODY,
     ReceiverResult,
@@ -104,7 +105,7 @@ class RapReceiverRuntime:
             raise UnknownThread(view.thread_id)
         await self.publisher.publish(view.thread_id, [view.output_event()])
 
-    async def handle(self, event: dict[str, Any]) -> dict[str, Any]:
+    async def handle(self, event: FunctionUrlEvent) -> FunctionUrlResponse:
         """One Function URL request → the Function URL response."""
         result = receive_function_url_event(event, str(self.settings.callback_secret))
         if result.ok:
@@ -127,7 +128,7 @@ class RapReceiverRuntime:
         return function_url_response(result)
 
 
-def _header(event: dict[str, Any], name: str) -> str | None:
+def _header(event: FunctionUrlEvent, name: str) -> str | None:
     headers = event.get("headers") or {}
     found = next((v for k, v in headers.items() if str(k).lower() == name), None)
     return found if isinstance(found, str) else None
@@ -136,7 +137,7 @@ def _header(event: dict[str, Any], name: str) -> str | None:
 _runtime: RapReceiverRuntime | None = None
 
 
-def rap_receiver_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+def rap_receiver_handler(event: FunctionUrlEvent, context: Any) -> FunctionUrlResponse:
     """The Lambda entry point (``handlers/rap_receiver.py``)."""
     global _runtime
     from stepagent.aws.lambda_entry import event_loop

@@ -34,6 +34,8 @@ Guarantees:
   (shown once per client, also when the watch starts after it), decided with :meth:`Client.approve`, which
   sends the decision to whichever thread of the tree waits on the call; :meth:`Client.pending_approvals`
   lists them.
+- **Typed items.** Every item is a :class:`Item` (a ``TypedDict``: ``thread_id`` and ``kind`` always,
+  ``kind`` a ``Literal``, the other keys typed by what each kind carries), so a type checker follows them.
 - **Rides out transient AWS failures.** A send, an approval, a history read or a snapshot of the tree that
   fails on throttling, a 5xx or a connection error is tried again after a jittered wait, five tries at most
   (:func:`stepagent.aws.transient.retry_transient`); a send keeps its message id, so a repeat is absorbed.

@@ -27,7 +27,7 @@ from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore,
 from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_live import decode_live
 from stepagent.stores.metrics import StoreMetrics
-from stepagent.transcript import Item, tree_items
+from stepagent.transcript import Item, choice_item, tree_items
 
 #: What a client needs of a deployment.
 REQUIRED_SETTINGS = ("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE", "STEPAGENT_INPUT_QUEUE_URL")
@@ -360,7 +360,7 @@ class Client:
         """The tool calls of the thread tree that wait for a person's decision: ``thread_id``,
         ``tool_call_id``, ``name``, ``args`` (``approval`` is ``pending``)."""
         self._require_open()
-        found = []
+        found: list[Item] = []
         async for thread_id, call in self._waiting_calls(thread):
             found.append(
                 {
@@ -400,7 +400,7 @@ class Client:
     async def pending_choices(self, thread: str) -> list[Item]:
         """Questions a tool of ``thread`` is waiting for the user to answer (``choice`` items)."""
         self._require_open()
-        return [_choice_item(thread, c) for c in await self.state.pending_choices(thread)]
+        return [choice_item(thread, c) for c in await self.state.pending_choices(thread)]
 
     async def answer_choice(
         self, thread: str, choice_id: str | None = None, selected: int | str | None = None
@@ -454,17 +454,6 @@ class Client:
         of many threads in one request (the web console's poll)."""
         self._require_open()
         return self._reader
-
-
-def _choice_item(thread: str, choice: UserChoiceRequired) -> Item:
-    return {
-        "thread_id": thread,
-        "kind": "choice",
-        "choice_id": choice.id,
-        "prompt": choice.prompt,
-        "choices": list(choice.choices),
-        "default": choice.default,
-    }
 
 
 def _find_choice(thread: str, pending: list[UserChoiceRequired], choice_id: str | None) -> UserChoiceRequired:

@@ -15,7 +15,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict, cast
 from urllib.parse import quote
 
 import httpx
@@ -28,7 +28,12 @@ from stepagent.transcript import Item
 #: to 5 s; six connection failures in a row end it.
 RECONNECT_BACKOFF = Backoff(attempts=6, base=0.4, cap=5.0)
 
-_KINDS = {"text": "assistant", "tool_call": "tool_call", "tool_result": "tool_result", "event": "event"}
+_KINDS: dict[str, Literal["assistant", "tool_call", "tool_result", "event"]] = {
+    "text": "assistant",
+    "tool_call": "tool_call",
+    "tool_result": "tool_result",
+    "event": "event",
+}
 
 
 class ApiRequestError(StepagentError):
@@ -53,25 +58,41 @@ def _raise_for(response: httpx.Response) -> None:
 
 
 def item_of(event: Mapping[str, Any]) -> Item | None:
-    """The client item for one stream event (``None`` for those it does not report)."""
+    """The client item for one stream event (``None`` for those it does not report). The event's values
+    are taken as the API sent them: its stream carries the runtime's output events (the types of
+    :mod:`stepagent.aws.output_events`, plus ``thread_id``) and its own ``text_delta``."""
     kind = event.get("type")
-    thread = event.get("thread_id")
+    thread = str(event.get("thread_id", ""))
     if kind in _KINDS:
         item: Item = {"thread_id": thread, "kind": _KINDS[str(kind)]}
-        for name in ("text", "name", "args", "tool_call_id"):
-            if name in event:
-                item[name] = event[name]
+        if "text" in event:
+            item["text"] = event["text"]
+        if "name" in event:
+            item["name"] = event["name"]
+        if "args" in event:
+            item["args"] = event["args"]
+        if "tool_call_id" in event:
+            item["tool_call_id"] = event["tool_call_id"]
         return item
     if kind == "error":
         return {
             "thread_id": thread,
             "kind": "error",
-            "text": event.get("message", ""),
-            "retrying": event.get("retrying"),
+            "text": str(event.get("message", "")),
+            "retrying": bool(event.get("retrying")),
         }
     if kind == "text_delta":
-        return {"thread_id": thread, "kind": "partial", "delta": event.get("text", "")}
+        return {"thread_id": thread, "kind": "partial", "delta": str(event.get("text", ""))}
     return None
+
+
+class _ApprovalBody(TypedDict):
+    """The body of ``POST /v1/threads/{thread}/approvals``."""
+
+    tool_call_id: str
+    decision: str
+    args: NotRequired[dict[str, Any]]
+    message: NotRequired[str]
 
 
 class HttpApi:
@@ -112,7 +133,7 @@ class HttpApi:
         message: str | None = None,
         message_id: str | None = None,
     ) -> str:
-        body: Item = {"tool_call_id": tool_call_id, "decision": decision}
+        body: _ApprovalBody = {"tool_call_id": tool_call_id, "decision": decision}
         if args is not None:
             body["args"] = args
         if message is not None:
@@ -128,7 +149,14 @@ class HttpApi:
     async def history(self, thread: str) -> list[Item]:
         response = await self.http.get(self._path(thread))
         _raise_for(response)
-        return list(response.json())
+        items = response.json()
+        if not isinstance(items, list):
+            raise ApiRequestError(
+                response.status_code, "bad_response", "the API's history is not a JSON list"
+            )
+        # Trusted: the deployment's API serves its stored transcript as ``stepagent history --json``
+        # builds it (the same Item type), so only the outer shape is checked here.
+        return cast(list[Item], items)
 
     async def _position(self, thread: str) -> str | None:
         """The resume token of the conversation as it is now (``None``: it does not exist yet)."""
@@ -165,7 +193,7 @@ class HttpApi:
 
     async def _events(
         self, thread: str, after: str | None, *, follow: bool
-    ) -> AsyncIterator[tuple[str, Item]]:
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """``(token, event)`` of the stream; a dropped connection is resumed from the last token."""
         params = {"follow": "1"} if follow else {}
         failures = 0
@@ -191,7 +219,7 @@ class HttpApi:
                 await asyncio.sleep(delay)
 
 
-async def _parse(response: httpx.Response) -> AsyncIterator[tuple[str, Item]]:
+async def _parse(response: httpx.Response) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     event_id: str | None = None
     data: list[str] = []
     async for line in response.aiter_lines():

@@ -35,7 +35,7 @@ from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
 from stepagent.stores.dynamodb_io import BATCH_BACKOFF, DynamoIo, DynamoItem, item_key
 from stepagent.stores.dynamodb_layout import HEAD_SK, head_inbox, info_from_item
 from stepagent.stores.dynamodb_live import LIVE_SK, LiveState, decode_live
-from stepagent.transcript import describe
+from stepagent.transcript import Item, choice_item, describe
 
 Cursor = dict[str, int]
 _BATCH_THREADS = 50  # two keys per thread, BatchGetItem takes 100
@@ -51,7 +51,7 @@ class WatchedThread:
     listed_at: int = -1  # the head version at which rows, children and choices were last read
     closed_settled: bool = False
     notice_seq: int | None = None  # notices already reported (None: set from the first read)
-    partial: tuple[Any, ...] | None = None  # the last partial reported
+    partial: tuple[str | None, str, str | None] | None = None  # the last partial reported: phase, text, tool
     choices: set[str] = field(default_factory=set)
     pending_calls: dict[str, str] = field(default_factory=dict)  # unanswered tool call id -> tool name
     waiting_approval: set[str] = field(default_factory=set)  # calls waiting for a person's decision
@@ -146,9 +146,9 @@ class TreeWatch:
 
     # ---- one poll ---------------------------------------------------------------------------------------
 
-    async def poll(self) -> tuple[list[dict[str, Any]], bool]:
+    async def poll(self) -> tuple[list[Item], bool]:
         """One round of reads: the new items, and whether the tree is idle (twice in a row)."""
-        out: list[dict[str, Any]] = []
+        out: list[Item] = []
         watched = [t for t, view in self.threads.items() if not view.closed_settled]
         read = await self.reader.heads_and_live(watched)
         for thread in watched:
@@ -198,11 +198,11 @@ class TreeWatch:
         """Whether the last poll saw the tree idle (the next one confirms it)."""
         return self._last_signature is not None
 
-    async def _catch_up(self, thread: str, view: WatchedThread) -> list[dict[str, Any]]:
+    async def _catch_up(self, thread: str, view: WatchedThread) -> list[Item]:
         """New rows, new children and pending choices of a thread whose head moved."""
         assert view.info is not None
         version = view.info.version
-        out: list[dict[str, Any]] = []
+        out: list[Item] = []
         after = self.cursor.get(thread, 0)
         if view.listed_at < 0 and 0 < view.info.tail <= after:
             # Watching from the tail: a call already waiting for a person must still be shown to them.
@@ -235,26 +235,17 @@ class TreeWatch:
         for choice in choices:
             if choice.id not in view.choices:
                 view.choices.add(choice.id)
-                out.append(
-                    {
-                        "thread_id": thread,
-                        "kind": "choice",
-                        "choice_id": choice.id,
-                        "prompt": choice.prompt,
-                        "choices": list(choice.choices),
-                        "default": choice.default,
-                    }
-                )
+                out.append(choice_item(thread, choice))
         view.choices &= {choice.id for choice in choices}
         view.listed_at = version
         return out
 
-    def _notices(self, thread: str, view: WatchedThread) -> list[dict[str, Any]]:
+    def _notices(self, thread: str, view: WatchedThread) -> list[Item]:
         live = view.live
         if view.notice_seq is None:
             view.notice_seq = live.notice_seq  # notices from before this watch began are old news
             return []
-        out: list[dict[str, Any]] = []
+        out: list[Item] = []
         for notice in live.new_notices(view.notice_seq):
             kind = notice.get("type")
             if kind == "oauth_required":
@@ -262,8 +253,8 @@ class TreeWatch:
                     {
                         "thread_id": thread,
                         "kind": "oauth",
-                        "tool_call_id": notice.get("tool_call_id"),
-                        "auth_url": notice.get("auth_url"),
+                        "tool_call_id": str(notice.get("tool_call_id", "")),
+                        "auth_url": str(notice.get("auth_url", "")),
                     }
                 )
             elif kind == "limit_reached":
@@ -281,7 +272,7 @@ class TreeWatch:
         view.notice_seq = live.notice_seq
         return out
 
-    def _partial(self, thread: str, view: WatchedThread) -> list[dict[str, Any]]:
+    def _partial(self, thread: str, view: WatchedThread) -> list[Item]:
         live = view.live
         current = view.info is not None and live.partial_after(view.info.version)
         if view.info is None and live.version == 0 and live.phase is not None:
@@ -307,7 +298,7 @@ class TreeWatch:
 
     async def replies(
         self, *, interval: float, follow: bool = False, limit: float | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[Item]:
         """Poll every ``interval`` seconds; end when idle (unless ``follow``); ``TimeoutError`` after
         ``limit`` seconds."""
         loop = asyncio.get_running_loop()

@@ -21,7 +21,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from stepagent.aws.dlq import DeadLetter
-from stepagent.console.reads import ConversationList, ConversationPage, ThreadPage
+from stepagent.console.reads import ConversationList, ConversationPage, PartialView, ThreadPage
 from stepagent.transcript import Item
 
 
@@ -50,7 +50,7 @@ def _short(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _phase(partial: Item) -> str:
+def _phase(partial: PartialView) -> str:
     phase = str(partial.get("phase") or "")
     return f"{phase} {partial['tool']}" if partial.get("tool") else phase
 

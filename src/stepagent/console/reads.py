@@ -21,10 +21,11 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar
 
 from stepagent.client import Client
 from stepagent.console.status import (
+    StatusJson,
     StatusReport,
     ThreadFacts,
     pending_call,
@@ -32,6 +33,7 @@ from stepagent.console.status import (
     tree_status,
 )
 from stepagent.stores.base import ThreadInfo
+from stepagent.stores.dynamodb_io import DynamoItem
 from stepagent.stores.dynamodb_layout import head_inbox, info_from_item
 from stepagent.stores.dynamodb_live import LiveState, decode_live
 from stepagent.stores.dynamodb_roots import RootSummary, scan_roots
@@ -39,6 +41,122 @@ from stepagent.transcript import Item, describe, thread_items
 from stepagent.usage import UsageReport, thread_usage
 
 T = TypeVar("T")
+
+
+class ChoiceView(TypedDict):
+    """A question a tool of the thread waits for the user to answer."""
+
+    thread_id: str
+    choice_id: str
+    prompt: str
+    choices: list[str]
+    default: int
+
+
+class SubscriptionView(TypedDict):
+    """An active subscription: the call that made it, and its tool and arguments when still listed."""
+
+    tool_call_id: str
+    name: str | None
+    args: dict[str, Any] | None
+
+
+class HeldInputView(TypedDict):
+    """An input the thread holds until its turn is over."""
+
+    message_id: str
+    #: The synthetic input's content (a report, an event, ...), ``None`` for user input.
+    synthetic: Any
+    text: str
+
+
+class OAuthNoticeView(TypedDict):
+    """A link a tool asks the user to open (``open`` while its call still waits)."""
+
+    kind: Literal["oauth"]
+    auth_url: str | None
+    tool_call_id: str | None
+    open: bool
+
+
+class ErrorNoticeView(TypedDict):
+    """A failure the thread reported."""
+
+    kind: Literal["error"]
+    text: str
+    retrying: bool
+
+
+NoticeView = OAuthNoticeView | ErrorNoticeView
+
+
+class PartialView(TypedDict):
+    """The live text of a running completion and what the model is doing."""
+
+    phase: str | None
+    tool: str | None
+    text: str
+
+
+class PollView(TypedDict):
+    """The poll's answer: the page's signature and each streaming thread's partial text."""
+
+    signature: str
+    partials: dict[str, PartialView]
+
+
+class ThreadJson(TypedDict):
+    """One thread of a conversation in the JSON API."""
+
+    thread_id: str
+    parent_id: str | None
+    kind: str
+    closed: bool
+    depth: int
+    version: int
+    status: StatusJson
+    items: list[Item]
+    choices: list[ChoiceView]
+    pending_calls: list[Item]
+    held_inputs: list[HeldInputView]
+    subscriptions: list[SubscriptionView]
+    notices: list[NoticeView]
+    partial: PartialView | None
+
+
+class ConversationJson(TypedDict):
+    """A conversation in the JSON API."""
+
+    root_id: str
+    exists: bool
+    status: StatusJson
+    signature: str
+    metadata: Any
+    usage: dict[str, Any] | None
+    threads: list[ThreadJson]
+
+
+class ConversationRowJson(TypedDict):
+    """One row of the conversation list in the JSON API."""
+
+    thread_id: str
+    created_at: int | None
+    closed: bool
+    rows: int
+    metadata: Any
+    status: StatusJson | None
+    usage: dict[str, Any] | None
+
+
+class ConversationListJson(TypedDict):
+    """One page of the conversation list in the JSON API."""
+
+    conversations: list[ConversationRowJson]
+    total: int
+    complete: bool
+    offset: int
+    limit: int
+
 
 #: Rows read from the end of each thread for the list's status (the pending call is among the last few).
 STATUS_ROWS = 6
@@ -64,12 +182,12 @@ class ThreadPage:
     facts: ThreadFacts
     status: StatusReport
     items: list[Item] = field(default_factory=list)
-    choices: list[Item] = field(default_factory=list)
+    choices: list[ChoiceView] = field(default_factory=list)
     pending_calls: list[Item] = field(default_factory=list)
-    held_inputs: list[Item] = field(default_factory=list)
-    subscriptions: list[Item] = field(default_factory=list)
-    notices: list[Item] = field(default_factory=list)
-    partial: Item | None = None
+    held_inputs: list[HeldInputView] = field(default_factory=list)
+    subscriptions: list[SubscriptionView] = field(default_factory=list)
+    notices: list[NoticeView] = field(default_factory=list)
+    partial: PartialView | None = None
 
     @property
     def thread_id(self) -> str:
@@ -89,7 +207,7 @@ class ConversationPage:
     metadata: Any
     signature: str
 
-    def as_dict(self) -> Item:
+    def as_dict(self) -> ConversationJson:
         """The JSON API's shape of a conversation."""
         return {
             "root_id": self.root_id,
@@ -135,7 +253,7 @@ async def thread_tree(client: Client, root_id: str) -> list[tuple[ThreadInfo, in
     return out
 
 
-def signature(heads: dict[str, tuple[Item | None, Item | None]]) -> str:
+def signature(heads: dict[str, tuple[DynamoItem | None, DynamoItem | None]]) -> str:
     """What changes when the page must re-render: head versions, closed flags, inboxes, whether a
     completion streams, and the notices. (The partial text itself is updated in place.)"""
     parts = []
@@ -157,7 +275,7 @@ def signature(heads: dict[str, tuple[Item | None, Item | None]]) -> str:
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
-def partial_of(info: ThreadInfo | None, live: LiveState) -> Item | None:
+def partial_of(info: ThreadInfo | None, live: LiveState) -> PartialView | None:
     """The live partial text of a running completion, if it follows the current head."""
     current = (info is not None and live.partial_after(info.version)) or (
         (info is None or info.version == 0) and live.phase is not None
@@ -171,10 +289,10 @@ def partial_of(info: ThreadInfo | None, live: LiveState) -> Item | None:
     }
 
 
-async def poll(client: Client, thread_ids: list[str]) -> Item:
+async def poll(client: Client, thread_ids: list[str]) -> PollView:
     """The poll: the signature of ``thread_ids`` and their partial texts (one BatchGetItem)."""
     heads = await client.reader.heads_and_live(thread_ids)
-    partials = {}
+    partials: dict[str, PartialView] = {}
     for thread, (head, live_item) in heads.items():
         found = partial_of(info_from_item(head) if head else None, decode_live(live_item))
         if found is not None:
@@ -256,14 +374,7 @@ async def conversation_page(
             }
             for c in choices
         ]
-        page.subscriptions = [
-            {
-                "tool_call_id": sub,
-                "name": calls.get(sub, {}).get("name"),
-                "args": calls.get(sub, {}).get("args"),
-            }
-            for sub in sorted(subscriptions)
-        ]
+        page.subscriptions = [_subscription(sub, calls.get(sub)) for sub in sorted(subscriptions)]
         page.held_inputs = [_held(d.message_id, d.message) for d in held]
         pending_ids = {str(c["tool_call_id"]) for c in page.pending_calls}
         page.notices = [_notice(n, pending_ids) for n in live.notices[-5:]]
@@ -293,7 +404,15 @@ def waiting_approval(committed: list[Item]) -> str | None:
     return None
 
 
-def _held(message_id: str, message: Any) -> Item:
+def _subscription(call_id: str, call: Item | None) -> SubscriptionView:
+    return {
+        "tool_call_id": call_id,
+        "name": None if call is None else call.get("name"),
+        "args": None if call is None else call.get("args"),
+    }
+
+
+def _held(message_id: str, message: Any) -> HeldInputView:
     content = getattr(message, "content", None)
     text = getattr(content, "text", None)
     if text is None:
@@ -305,7 +424,7 @@ def _held(message_id: str, message: Any) -> Item:
     return {"message_id": message_id, "synthetic": getattr(message, "synthetic", None), "text": str(text)}
 
 
-def _notice(notice: Item, pending_ids: set[str]) -> Item:
+def _notice(notice: dict[str, Any], pending_ids: set[str]) -> NoticeView:
     kind = notice.get("type")
     if kind == "oauth_required":
         return {
@@ -326,7 +445,7 @@ class ConversationRow:
     status: StatusReport | None = None
     usage: UsageReport | None = None
 
-    def as_dict(self) -> Item:
+    def as_dict(self) -> ConversationRowJson:
         return {
             "thread_id": self.root.thread_id,
             "created_at": self.root.created_at,
@@ -349,7 +468,7 @@ class ConversationList:
     offset: int
     limit: int
 
-    def as_dict(self) -> Item:
+    def as_dict(self) -> ConversationListJson:
         return {
             "conversations": [r.as_dict() for r in self.rows],
             "total": self.total,

@@ -29,12 +29,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict
 
 from stepagent.stores.base import ThreadInfo
 from stepagent.stores.dynamodb_live import LiveState
 from stepagent.tools.sleep import Sleep, SleepUntil
 from stepagent.tools.subscriptions import SleepUntilEventOrInput
+from stepagent.transcript import Item
 
 #: Passive waits: the thread sleeps, nothing runs, the call's "result" is the wake-up.
 TIMER_TOOLS = frozenset({Sleep.name, SleepUntil.name, SleepUntilEventOrInput.name})
@@ -102,6 +103,15 @@ class ThreadFacts:
     approval: str | None = None
 
 
+class StatusJson(TypedDict):
+    """A status in the console's JSON API."""
+
+    status: str
+    label: str
+    detail: str
+    thread_id: str
+
+
 @dataclass(frozen=True, slots=True)
 class StatusReport:
     """A status with its detail, and the thread it was read from."""
@@ -114,7 +124,7 @@ class StatusReport:
     def label(self) -> str:
         return self.status.label
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> StatusJson:
         return {
             "status": self.status.value,
             "label": self.label,
@@ -197,7 +207,7 @@ def tree_status(reports: Iterable[StatusReport]) -> StatusReport:
     return ordered[0]
 
 
-def pending_call(rows: Iterable[dict[str, Any]]) -> tuple[str, str] | None:
+def pending_call(rows: Iterable[Item]) -> tuple[str, str] | None:
     """The last tool call of ``rows`` (transcript items, in order) that no later result answers."""
     open_calls: dict[str, str] = {}
     for item in rows:

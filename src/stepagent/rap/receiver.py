@@ -61,6 +61,7 @@ from stepagent.messages import (
     UserChoiceRequired,
     check_input_fields,
 )
+from stepagent.rap.function_url import FunctionUrlEvent, FunctionUrlResponse
 from stepagent.rap.protocol import (
     CALLBACK_ADAPTER,
     IMAGE_MEDIA_TYPES,
@@ -76,12 +77,20 @@ from stepagent.rap.protocol import (
 )
 from stepagent.rap.tokens import verify_token
 
+
+class ReceiverBody(TypedDict, total=False):
+    """The JSON a callback is answered with: ``{"ok": true}``, or ``{"error": message}``."""
+
+    ok: bool
+    error: str
+
+
 #: Lambda Function URLs accept request payloads up to 6 MB; larger bodies are refused the same way here.
 MAX_BODY_BYTES = 6 * 1024 * 1024
-OK_BODY: dict[str, Any] = {"ok": True}
+OK_BODY: ReceiverBody = {"ok": True}
 log = logging.getLogger(__name__)
 
-INTERNAL_ERROR_BODY: dict[str, Any] = {"error": "Internal error"}
+INTERNAL_ERROR_BODY: ReceiverBody = {"error": "Internal error"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +136,7 @@ class ReceiverResult:
     that is done."""
 
     status: int
-    body: dict[str, Any]
+    body: ReceiverBody
     messages: tuple[OutgoingInput, ...] = ()
     views: tuple[ViewUpdate, ...] = field(default=())
 
@@ -301,7 +310,7 @@ def _receive_callback(
 
 
 def receive_function_url_event(
-    event: Mapping[str, Any], secret: str, *, max_bytes: int = MAX_BODY_BYTES
+    event: FunctionUrlEvent, secret: str, *, max_bytes: int = MAX_BODY_BYTES
 ) -> ReceiverResult:
     """:func:`receive_callback` for a Lambda Function URL (payload format 2.0) event."""
     http = event.get("requestContext", {}).get("http", {})
@@ -324,7 +333,7 @@ def receive_function_url_event(
     return receive_callback(decoded, token, secret, method=method, max_bytes=max_bytes)
 
 
-def function_url_response(result: ReceiverResult) -> dict[str, Any]:
+def function_url_response(result: ReceiverResult) -> FunctionUrlResponse:
     """The Lambda Function URL response for ``result``."""
     return {
         "statusCode": result.status,

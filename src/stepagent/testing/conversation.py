@@ -22,7 +22,7 @@ import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from stepagent.agent_config import AgentConfig
 from stepagent.core.step import StepConfig
@@ -48,7 +48,7 @@ from stepagent.testing.inprocess import InProcessQueueDriver
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import InProcessFunctionRunner, Invocable
-from stepagent.transcript import item_line, tree_items
+from stepagent.transcript import Item, item_line, tree_items
 
 
 class ConversationFailed(StepagentError):
@@ -127,23 +127,32 @@ class FunctionModelProvider:
         yield Final()
 
 
+class LimitHit(TypedDict):
+    """A limit that stopped a thread (its ``limit_reached`` event)."""
+
+    thread_id: str
+    limit: str
+    value: float
+    used: float
+
+
 @dataclass(slots=True)
 class Transcript:
     """The stored items of the conversation's thread tree (``stepagent history --json`` shape)."""
 
     root_id: str
-    items: list[dict[str, Any]]
+    items: list[Item]
     errors: list[str] = field(default_factory=list)
     #: The root thread's structured output of the last turn (``turn_complete.output``; ``None`` without
     #: an output schema, or when the last answer did not match it).
     output: Any = None
     #: Every limit that stopped a thread: ``{"thread_id", "limit", "value", "used"}`` (``limit_reached``).
-    limits: list[dict[str, Any]] = field(default_factory=list)
+    limits: list[LimitHit] = field(default_factory=list)
     #: ``error`` events the agent emitted without failing a step (e.g. an answer that never matched the
     #: output schema), as their messages.
     error_events: list[str] = field(default_factory=list)
 
-    def of(self, thread_id: str | None = None) -> list[dict[str, Any]]:
+    def of(self, thread_id: str | None = None) -> list[Item]:
         """The items of one thread (default: the root)."""
         wanted = self.root_id if thread_id is None else thread_id
         return [i for i in self.items if i["thread_id"] == wanted]
