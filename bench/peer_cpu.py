@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import socket
 import statistics
@@ -50,13 +49,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.step_costs import ANSWER, MESSAGE_CHARS, dynamo_row_writer, seed_thread, user_text
-from bench.workload import fixed_request_tokens, workload_script
+from bench.workload import window_for, workload_script
 from stepagent.aws.queue_resources import LOCAL_SCHEDULER_ROLE_ARN
 from stepagent.aws.runtime import TOOL_RUNNER, WORKER, AwsRuntime
 from stepagent.aws.settings import Settings
 from stepagent.devstack.poller import lambda_record
 from stepagent.messages import InputMessage
 from stepagent.providers.scripted import ScriptedProvider
+from stepagent.providers.window import ITEM_FRAMING_TOKENS, estimate_text
 from stepagent.tools.base import Tool
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import FunctionTool, tool
@@ -70,7 +70,11 @@ EARLY_TURNS = range(1, 16)
 LATE_SEEDED = 490
 WARMUP_TURNS = 5  # the first turns of each run: imports, first-use caches, connection pools
 COMPACT_AFTER_TURNS = 20
-TURN_TOKENS = math.ceil((3 * MESSAGE_CHARS + 100) / 4)  # user text, tool result, answer, call and ack
+#: A turn's rows as the engine estimates them (user text, ack, call, ~1 KB result, answer).
+TURN_TOKENS = sum(
+    estimate_text(text) + ITEM_FRAMING_TOKENS
+    for text in (user_text(500), ACK, '{"query": "x"}', "result: " + "0" * MESSAGE_CHARS, ANSWER)
+)
 #: Issue "A cheaper step": stepagent ≤ 1.0x the peer at turn 10, and ≤ 1.2x growth from turn 10 to 500.
 PEER_RATIO_TARGET = 1.0
 GROWTH_TARGET = 1.2
@@ -91,7 +95,7 @@ def lookup_tool() -> FunctionTool[..., Any]:
 
 
 def script(tools: list[Tool]) -> dict[str, Any]:
-    window = math.ceil((fixed_request_tokens(tools) + COMPACT_AFTER_TURNS * TURN_TOKENS) / 0.75)
+    window = window_for(tools, COMPACT_AFTER_TURNS * TURN_TOKENS)
     return workload_script(window, summary="SUMMARY", ack=ACK, answer=ANSWER)
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent import texts
-from stepagent.agent_config import AgentConfig
+from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
 from stepagent.aws.lambda_events import SqsRecord
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.aws.worker import CountingMetrics, Worker
@@ -34,8 +34,9 @@ from stepagent.core.step import StepConfig
 from stepagent.core.thread_cache import ThreadCache
 from stepagent.messages import CompactionComplete, InputMessage, ToolResult
 from stepagent.modes.step_mode import AgentSystem
-from stepagent.providers.base import ModelInfo, ModelProvider, ModelRequest
-from stepagent.providers.scripted import ScriptedProvider, request_chars
+from stepagent.providers.base import ModelProvider
+from stepagent.providers.scripted import ScriptedProvider
+from stepagent.providers.window import estimate_fixed
 from stepagent.senders.sqs import Outgoing, SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore
 from stepagent.tools.base import Tool, Toolset
@@ -150,12 +151,19 @@ def workload_script(
 
 
 def fixed_request_tokens(tools: list[Tool]) -> int:
-    """Tokens (as the scripted model counts them) of a request's fixed part: system prompt and tools."""
+    """Tokens of a request's fixed part (system prompt and tools) as the engine estimates them: the
+    estimate its compaction trigger measures (:func:`stepagent.providers.window.request_estimate`)."""
     system = texts.DEFAULT_SYSTEM_PROMPT + texts.THREAD_SUFFIX.format(
         thread_id="x" * 40, root_thread_id="x" * 40
     )
-    request = ModelRequest(system=system, history=[], tools=Toolset.of(tools).specs(), model=ModelInfo("x"))
-    return math.ceil(request_chars(request) / 4)
+    return estimate_fixed(system, Toolset.of(tools).specs())
+
+
+def window_for(tools: list[Tool], conversation_tokens: int) -> int:
+    """A context window in which a thread compacts once its conversation (beyond the fixed part) is
+    estimated over ``conversation_tokens``: the engine's default threshold of the window, which for a
+    window this size is also below the truncation budget (:func:`stepagent.providers.window.compaction_limit`)."""
+    return math.ceil((fixed_request_tokens(tools) + conversation_tokens) / DEFAULT_COMPACTION_THRESHOLD)
 
 
 @dataclass
@@ -197,7 +205,7 @@ class Workload:
         queue = InputQueue()
         lookup = lookup_tool(result_chars)
         tools: list[Tool] = [lookup, *builtin_tools()]
-        window = math.ceil((fixed_request_tokens(tools) + compact_after_tokens) / 0.75)
+        window = window_for(tools, compact_after_tokens)
         config = StepConfig(
             provider=provider if provider is not None else ScriptedProvider(workload_script(window)),
             toolset=Toolset.of(tools),
