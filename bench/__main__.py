@@ -44,9 +44,9 @@ Sections of the JSON (each with its own method notes):
   context with its trap (``request_peaks``, :mod:`bench.request_peak`), each measured in a fresh process.
 
 Options: ``--quick`` (a smoke run with tiny counts; its numbers mean nothing), ``--skip-moto``,
-``--skip-memory``, ``--out-dir`` (default: the repository's ``docs/``), ``--cold-start-only`` (measure only
-``cold_start`` and replace that section of the existing JSON), ``--api-stream-only`` (the same for
-``api_stream``), ``--prompt-cache-only`` (the same for ``prompt_cache``).
+``--skip-memory``, ``--out-dir`` (default: the repository's ``docs/``), ``--only cold_start,peer_cpu`` (measure
+only those sections and replace them in the existing JSON), ``--charts-only``. The JSON is written after
+every section, so a section that fails keeps the ones measured before it.
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -345,7 +347,82 @@ def peer_groups(results: dict[str, Any]) -> list[tuple[str, list[tuple[str, floa
     return groups
 
 
+def _cold_import(args: argparse.Namespace) -> dict[str, Any]:
+    imports = cold_import(ROOT, runs=3 if args.quick else 9)
+    imports["target_ms"] = IMPORT_TARGET_MS
+    imports["within_target"] = imports["import_ms_median"] <= IMPORT_TARGET_MS
+    imports["costs"] = import_costs(ROOT)
+    return imports
+
+
+def _step_overhead(args: argparse.Namespace) -> list[dict[str, Any]]:
+    return asyncio.run(overheads(args.quick, args.skip_moto))
+
+
+def _overhead_targets(overhead: list[dict[str, Any]]) -> dict[str, Any]:
+    memory_all = {
+        r["rows"]: r["median_ms"] for r in overhead if r["store"] == "memory" and r["in_context"] == r["rows"]
+    }
+    return {
+        f"{rows} rows all in context (memory store)": {
+            "target_ms": target,
+            "median_ms": memory_all.get(rows),
+            "within_target": memory_all.get(rows, float("inf")) <= target,
+        }
+        for rows, target in OVERHEAD_TARGETS_MS.items()
+    }
+
+
+def _telemetry(args: argparse.Namespace) -> dict[str, Any]:
+    baseline = os.environ.get("STEPAGENT_BENCH_BASELINE")
+    return telemetry_costs(
+        ROOT, Path(baseline) if baseline else None, runs=1 if args.quick else 5, steps=5 if args.quick else 60
+    )
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of ``benchmarks.json``: its key, what it is called while it runs, and how it is measured."""
+
+    key: str
+    title: str
+    measure: Callable[[argparse.Namespace], Any]
+    moto: bool = False  # needs moto (skipped by --skip-moto)
+    memory: bool = False  # a memory section (skipped by --skip-memory)
+
+
+SECTIONS = (
+    Section("cold_import", "cold import", _cold_import),
+    Section(
+        "cold_start",
+        "cold start (worker vs peer)",
+        lambda a: asyncio.run(cold_start(runs=3 if a.quick else 9)),
+        moto=True,
+    ),
+    Section("step_overhead", "step overhead", _step_overhead),
+    Section(
+        "step_costs", "step costs (peer workload)", lambda a: asyncio.run(peer_step_costs(a.quick)), moto=True
+    ),
+    Section("live_text", "live partial text", lambda a: asyncio.run(live_text_costs(a.quick)), moto=True),
+    Section("api_stream", "api event stream", lambda a: asyncio.run(api_stream_costs(a.quick)), moto=True),
+    Section("large_payload", "large payload", lambda a: asyncio.run(large_payload_costs()), moto=True),
+    Section(
+        "peer_cpu",
+        "framework CPU per turn against LangGraph + DynamoDBSaver",
+        lambda a: asyncio.run(
+            peer_cpu(repetitions=1, late_seeded=40) if a.quick else peer_cpu(repetitions=5)
+        ),
+        moto=True,
+    ),
+    Section("telemetry", "telemetry off and on", _telemetry),
+    Section("local_mode", "local mode", lambda a: asyncio.run(local_mode_rate(quick=a.quick))),
+    Section("prompt_cache", "prompt cache bill", lambda a: asyncio.run(prompt_cache_costs(quick=a.quick))),
+    Section("memory", "memory", lambda a: memory_runs(a.quick), memory=True),
+)
+
+
 def main(argv: list[str] | None = None) -> None:
+    keys = [section.key for section in SECTIONS]
     parser = argparse.ArgumentParser(prog="python -m bench", description="stepagent benchmarks")
     parser.add_argument("--out-dir", type=Path, default=ROOT / "docs")
     parser.add_argument("--quick", action="store_true", help="tiny counts: a smoke run, not a measurement")
@@ -355,108 +432,53 @@ def main(argv: list[str] | None = None) -> None:
         "--charts-only", action="store_true", help="redraw the charts from an existing benchmarks.json"
     )
     parser.add_argument(
-        "--cold-start-only",
-        action="store_true",
-        help="measure only the cold start and replace its section of an existing benchmarks.json",
-    )
-    parser.add_argument(
-        "--api-stream-only",
-        action="store_true",
-        help="measure only the API event stream's costs and replace its section of an existing benchmarks.json",
-    )
-    parser.add_argument(
-        "--prompt-cache-only",
-        action="store_true",
-        help="measure only the prompt-cache bill and replace its section of an existing benchmarks.json",
+        "--only",
+        metavar="SECTION[,SECTION...]",
+        help=f"measure only these sections and replace them in an existing benchmarks.json ({', '.join(keys)})",
     )
     args = parser.parse_args(argv)
+    only = [key.strip() for key in args.only.split(",") if key.strip()] if args.only else None
+    unknown = sorted(set(only or ()) - set(keys))
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(unknown)}; the sections are {', '.join(keys)}")
     logging.getLogger("stepagent").setLevel(logging.WARNING)  # the worker logs every step at INFO
     args.out_dir.mkdir(parents=True, exist_ok=True)
     out = args.out_dir / "benchmarks.json"
     if args.charts_only:
         print(", ".join(charts(json.loads(out.read_text(encoding="utf-8")), args.out_dir)))
         return
-    if args.cold_start_only:
-        existing = json.loads(out.read_text(encoding="utf-8"))
-        existing["cold_start"] = asyncio.run(cold_start(runs=3 if args.quick else 9))
-        out.write_text(json.dumps(existing, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote the cold_start section of {out}")
-        return
-    if args.prompt_cache_only:
-        existing = json.loads(out.read_text(encoding="utf-8"))
-        existing["prompt_cache"] = asyncio.run(prompt_cache_costs(quick=args.quick))
-        out.write_text(json.dumps(existing, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote the prompt_cache section of {out}")
-        return
 
-    if args.api_stream_only:
-        existing = json.loads(out.read_text(encoding="utf-8"))
-        existing["api_stream"] = asyncio.run(api_stream_costs(args.quick))
-        out.write_text(json.dumps(existing, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote the api_stream section of {out}")
-        return
-
-    results: dict[str, Any] = {
-        "generated_by": "make bench (python -m bench)" + (" --quick" if args.quick else ""),
-        "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
-        "environment": {
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-        },
-    }
-    print("cold import ...", flush=True)
-    imports = cold_import(ROOT, runs=3 if args.quick else 9)
-    imports["target_ms"] = IMPORT_TARGET_MS
-    imports["within_target"] = imports["import_ms_median"] <= IMPORT_TARGET_MS
-    imports["costs"] = import_costs(ROOT)
-    results["cold_import"] = imports
-    if not args.skip_moto:
-        print("cold start (worker vs peer) ...", flush=True)
-        results["cold_start"] = asyncio.run(cold_start(runs=3 if args.quick else 9))
-    print("step overhead ...", flush=True)
-    results["step_overhead"] = asyncio.run(overheads(args.quick, args.skip_moto))
-    memory_all = {
-        r["rows"]: r["median_ms"]
-        for r in results["step_overhead"]
-        if r["store"] == "memory" and r["in_context"] == r["rows"]
-    }
-    results["step_overhead_targets"] = {
-        f"{rows} rows all in context (memory store)": {
-            "target_ms": target,
-            "median_ms": memory_all.get(rows),
-            "within_target": memory_all.get(rows, float("inf")) <= target,
+    if only is not None:
+        results: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+        chosen = [section for section in SECTIONS if section.key in only]
+    else:
+        results = {
+            "generated_by": "make bench (python -m bench)" + (" --quick" if args.quick else ""),
+            "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
+            "environment": {
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+            },
         }
-        for rows, target in OVERHEAD_TARGETS_MS.items()
-    }
-    if not args.skip_moto:
-        print("step costs (peer workload) ...", flush=True)
-        results["step_costs"] = asyncio.run(peer_step_costs(args.quick))
-        print("live partial text ...", flush=True)
-        results["live_text"] = asyncio.run(live_text_costs(args.quick))
-        print("api event stream ...", flush=True)
-        results["api_stream"] = asyncio.run(api_stream_costs(args.quick))
-        print("large payload ...", flush=True)
-        results["large_payload"] = asyncio.run(large_payload_costs())
-        print("framework CPU per turn against LangGraph + DynamoDBSaver ...", flush=True)
-        results["peer_cpu"] = asyncio.run(
-            peer_cpu(repetitions=1, late_seeded=40) if args.quick else peer_cpu(repetitions=5)
-        )
-    print("local mode ...", flush=True)
-    print("telemetry off and on ...", flush=True)
-    baseline = os.environ.get("STEPAGENT_BENCH_BASELINE")
-    results["telemetry"] = telemetry_costs(
-        ROOT, Path(baseline) if baseline else None, runs=1 if args.quick else 5, steps=5 if args.quick else 60
-    )
-    results["local_mode"] = asyncio.run(local_mode_rate(quick=args.quick))
-    print("prompt cache bill ...", flush=True)
-    results["prompt_cache"] = asyncio.run(prompt_cache_costs(quick=args.quick))
-    if not args.skip_memory:
-        print("memory ...", flush=True)
-        results["memory"] = memory_runs(args.quick)
-    results["charts"] = charts(results, args.out_dir)
-    out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    print(f"wrote {out} and {', '.join(results['charts'])}")
+        chosen = [
+            section
+            for section in SECTIONS
+            if not (section.moto and args.skip_moto) and not (section.memory and args.skip_memory)
+        ]
+    for number, section in enumerate(chosen, 1):
+        print(f"[{number}/{len(chosen)}] {section.title} ...", flush=True)
+        results[section.key] = section.measure(args)
+        if section.key == "step_overhead":
+            results["step_overhead_targets"] = _overhead_targets(results["step_overhead"])
+        # Written after every section: a section that fails later does not lose the ones measured before.
+        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    if only is None:
+        results["charts"] = charts(results, args.out_dir)
+        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {out} and {', '.join(results['charts'])}")
+    else:
+        print(f"wrote the {', '.join(section.key for section in chosen)} section(s) of {out}")
 
 
 if __name__ == "__main__":
