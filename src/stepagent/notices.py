@@ -24,6 +24,7 @@ thread-context forms that extend them (:mod:`stepagent.aws.output_events`) must 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -88,11 +89,16 @@ class UnknownNotice:
 LiveNotice = Notice | UnknownNotice
 """A notice as a ``LIVE`` item's reader gets it."""
 
-_KINDS: dict[str, TypeAdapter[Any]] = {
-    "error": TypeAdapter(ErrorEvent),
-    "oauth_required": TypeAdapter(OAuthRequiredOutput),
-    "limit_reached": TypeAdapter(LimitReachedOutput),
-}
+
+@functools.cache
+def _kinds() -> dict[str, TypeAdapter[Any]]:
+    # Built on the first read, not at import: the worker only writes notices, and its cold start would
+    # pay some 10 ms for these validators.
+    return {
+        "error": TypeAdapter(ErrorEvent),
+        "oauth_required": TypeAdapter(OAuthRequiredOutput),
+        "limit_reached": TypeAdapter(LimitReachedOutput),
+    }
 
 
 def read_notice(stored: str) -> LiveNotice | None:
@@ -105,7 +111,7 @@ def read_notice(stored: str) -> LiveNotice | None:
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
         log.debug("skipped a stored notice that is not an object with a type: %.200s", stored)
         return None
-    kind = _KINDS.get(value["type"])
+    kind = _kinds().get(value["type"])
     if kind is None:
         return UnknownNotice(cast(OtherNotice, value))
     try:
