@@ -20,10 +20,14 @@ def test_each_rule() -> None:
     assert status() is Status.IDLE
     assert status(subscriptions=2) is Status.IDLE
     assert status(dead_letters=1) is Status.FAILED
-    given_up = LiveState(notices=({"type": "error", "message": "gave up", "retrying": False},), notice_seq=1)
+    given_up = LiveState(
+        notices=({"type": "error", "event_id": "e1", "message": "gave up", "retrying": False},), notice_seq=1
+    )
     assert status(live=given_up, last_row_kind="user") is Status.FAILED
     assert status(live=given_up, last_row_kind="assistant") is Status.IDLE  # answered since
-    retrying = LiveState(notices=({"type": "error", "message": "x", "retrying": True},), notice_seq=1)
+    retrying = LiveState(
+        notices=({"type": "error", "event_id": "e2", "message": "x", "retrying": True},), notice_seq=1
+    )
     assert status(live=retrying, last_row_kind="user") is Status.IDLE
     assert status(choices=1, pending_call=("pick_color", "c1")) is Status.CHOICE
     assert status(live=LiveState(version=3, phase="writing", text="hi")) is Status.WORKING

@@ -147,7 +147,7 @@ async def test_the_live_item_round_trips_and_keeps_the_last_notices(dynamo: Dyna
     assert (await read()).tool == "get_weather"
 
     for n in range(NOTICES_KEPT + 5):
-        await store.notice("t", {"type": "error", "message": f"e{n}", "retrying": True})
+        await store.notice("t", {"type": "error", "event_id": f"id{n}", "message": f"e{n}", "retrying": True})
     live = await read()
     assert live.notice_seq == NOTICES_KEPT + 5
     assert [n["message"] for n in live.notices] == [f"e{n}" for n in range(5, NOTICES_KEPT + 5)]

@@ -8,10 +8,16 @@ are derived from what the worker committed, with the very ids the output queue c
   (:func:`stepagent.aws.outputs.row_events`), in the thread's row order;
 - ``turn_complete`` — one per usage record that says the turn was complete, placed right after the last row
   of its commit (the record keeps the thread's tail at that commit);
-- ``error``, ``oauth_required`` and any other notice — from the thread's ``LIVE`` item's notices, when
-  they are recorded (only those recorded after the stream began, as for any watcher);
+- ``error``, ``oauth_required``, ``limit_reached`` and any other notice — from the thread's ``LIVE``
+  item's notices, when they are recorded (only those recorded after the stream began, as for any
+  watcher); a notice of a kind this version does not read is forwarded as stored
+  (:class:`OtherNoticeInThread`);
 - ``text_delta`` (not an output-queue event) — the part of the ``LIVE`` item's partial text not sent yet,
   only while the head is still at the version that text follows (a commit makes it a ``text`` event).
+
+Each carries the thread context after its own keys (:func:`stepagent.aws.output_events.in_thread`;
+``text_delta`` has ``thread_id`` and ``root_thread_id`` but no ``event_id`` and no ``metadata``):
+:data:`StreamEvent` is their union.
 
 **The resume token** (the SSE ``id:``) is the stream's position after the event: per thread of the tree,
 the last row order sent, the head version and the last ``turn_complete`` version fully sent, the notices
@@ -36,12 +42,16 @@ import base64
 import binascii
 import json
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from typing_extensions import TypedDict
+
+from stepagent.aws.output_events import OutputEvent, OutputEventInThread, ThreadContext, in_thread
 from stepagent.aws.outputs import row_events, turn_complete_event
 from stepagent.client.watch import StoreReader
+from stepagent.notices import OtherNotice, UnknownNotice
 from stepagent.providers.base import Usage
 from stepagent.stores.base import ThreadInfo, UsageRecord
 from stepagent.stores.dynamodb_layout import info_from_item
@@ -52,6 +62,23 @@ IDLE_INTERVAL = 1.0
 #: Seconds between two polls while the tree works (how smooth live text looks).
 BUSY_INTERVAL = 0.2
 MAX_TOKEN_CHARS = 16_384
+
+
+class TextDelta(TypedDict):
+    """The part of a thread's reply being written that the stream has not sent yet."""
+
+    type: Literal["text_delta"]
+    thread_id: str
+    root_thread_id: str
+    text: str
+
+
+class OtherNoticeInThread(OtherNotice, ThreadContext):
+    """A notice of a kind this version does not read, as stored, with the thread context."""
+
+
+StreamEvent = OutputEventInThread | OtherNoticeInThread | TextDelta
+"""One event of the stream (the SSE ``event:`` is its ``type``)."""
 
 
 class BadToken(ValueError):
@@ -174,7 +201,7 @@ class TreeEvents:
     def interval(self) -> float:
         return BUSY_INTERVAL if self.busy else IDLE_INTERVAL
 
-    async def poll(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def poll(self) -> AsyncIterator[tuple[str, StreamEvent]]:
         """One round of reads, and the events it found. Threads discovered on the way (a child spawned
         since the last poll) are read in the same round, so a turn's events are all out before it ends."""
         pending = list(self.positions)
@@ -208,7 +235,7 @@ class TreeEvents:
             # The root's turn is over and everything committed up to it is out.
             self.ended = True
 
-    async def _thread_events(self, thread: str, view: View) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async def _thread_events(self, thread: str, view: View) -> AsyncIterator[tuple[str, StreamEvent]]:
         pos = self.positions[thread]
         info = view.info
         if info is not None and info.version != pos.version:
@@ -230,7 +257,7 @@ class TreeEvents:
         if live.phase is not None and live.version == version and live.text:
             delta = self._delta(pos, version, live)
             if delta:
-                delta_event = {
+                delta_event: TextDelta = {
                     "type": "text_delta",
                     "thread_id": thread,
                     "root_thread_id": self.root,
@@ -249,7 +276,7 @@ class TreeEvents:
 
     async def _catch_up(
         self, thread: str, info: ThreadInfo, pos: Position
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    ) -> AsyncIterator[tuple[str, StreamEvent]]:
         """The rows and ``turn_complete`` events committed up to ``info`` (a consistent snapshot: rows up
         to its tail, records up to its version)."""
         records: list[UsageRecord] = []
@@ -271,14 +298,21 @@ class TreeEvents:
         while records:
             yield await self._turn_complete(thread, records.pop(0))
 
-    async def _turn_complete(self, thread: str, record: UsageRecord) -> tuple[str, dict[str, Any]]:
+    async def _turn_complete(self, thread: str, record: UsageRecord) -> tuple[str, StreamEvent]:
         self.positions[thread].usage = record.version
         usage = Usage(input_tokens=record.input_tokens, output_tokens=record.output_tokens)
         return await self._emit(thread, turn_complete_event(thread, record.version, usage, record.model))
 
-    async def _emit(self, thread: str, event: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    async def _emit(self, thread: str, event: OutputEvent | UnknownNotice) -> tuple[str, StreamEvent]:
         if self._metadata is None:
             metadata = await self.reader.state.get_metadata(self.root)
             self._metadata = metadata if metadata is not None else {}
-        full = {**event, "thread_id": thread, "root_thread_id": self.root, "metadata": self._metadata}
-        return self.token(), full
+        context: ThreadContext = {
+            "thread_id": thread,
+            "root_thread_id": self.root,
+            "metadata": self._metadata,
+        }
+        if isinstance(event, UnknownNotice):
+            other: OtherNoticeInThread = {**event.fields, **context}
+            return self.token(), other
+        return self.token(), in_thread(event, context)

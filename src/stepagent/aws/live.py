@@ -48,6 +48,7 @@ from stepagent.events import (
     ToolCallStarted,
     TurnCommitted,
 )
+from stepagent.notices import Notice
 from stepagent.senders.sqs import SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore
 from stepagent.stores.dynamodb_io import AwsClient, DynamoIo
@@ -222,10 +223,8 @@ class LiveText:
 
 
 class NoticingPublisher(OutputPublisher):
-    """An :class:`~stepagent.aws.outputs.OutputPublisher` that also keeps a thread's ``error`` and
-    ``oauth_required`` events in its ``LIVE`` item."""
-
-    NOTICE_TYPES = frozenset({"error", "oauth_required", "limit_reached"})
+    """An :class:`~stepagent.aws.outputs.OutputPublisher` that also keeps a thread's ``error``,
+    ``oauth_required`` and ``limit_reached`` events in its ``LIVE`` item."""
 
     def __init__(
         self,
@@ -254,8 +253,16 @@ class NoticingPublisher(OutputPublisher):
         if store is None:
             return
         for event in events:
-            if event.get("type") in self.NOTICE_TYPES:
+            notice = _notice_of(event)
+            if notice is not None:
                 try:
-                    await store.notice(thread_id, dict(event))
+                    await store.notice(thread_id, notice)
                 except Exception as error:  # the output queue has it; this copy is for polling clients
                     log.warning("could not record a %s notice for %s: %s", event["type"], thread_id, error)
+
+
+def _notice_of(event: OutputEvent) -> Notice | None:
+    """``event`` if it is of a kind the ``LIVE`` item keeps as a notice."""
+    if event["type"] == "error" or event["type"] == "oauth_required" or event["type"] == "limit_reached":
+        return event
+    return None

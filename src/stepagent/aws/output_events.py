@@ -2,14 +2,29 @@
 of the output queue receives, checked by the type checker where they are made.
 
 Guarantees: each event kind has its own type with a ``Literal`` ``type``; :data:`OutputEvent` is their
-union. The thread context (``thread_id``, ``root_thread_id``, ``metadata``) is added when an event is
-published, so these types leave it out. ``args``, ``output`` and the tool-facing values stay open JSON
-(``Any``): they are whatever the model or a tool produced.
+union. ``args``, ``output`` and the tool-facing values stay open JSON (``Any``): they are whatever the model
+or a tool produced. The kinds a thread's ``LIVE`` item also keeps as notices (``error``,
+``oauth_required``, ``limit_reached``) are defined in :mod:`stepagent.notices`, below the stores that
+decode them, and re-exported here.
+
+**The thread context.** An event is made without it; :func:`in_thread` adds ``thread_id``,
+``root_thread_id`` and ``metadata`` (the root's stored metadata) after the event's own keys when it is
+published (the output queue) or streamed (the HTTP API). Each kind has its ``...InThread`` form, and
+:data:`OutputEventInThread` is their union: what a consumer receives.
+
+The TypedDicts come from ``typing_extensions`` (as those of :mod:`stepagent.notices`): a thread-context
+form inherits from both an event kind and :class:`ThreadContext`, which must share their base.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired
+
+from typing_extensions import TypedDict
+
+from stepagent.notices import ErrorEvent as ErrorEvent
+from stepagent.notices import LimitReachedOutput as LimitReachedOutput
+from stepagent.notices import OAuthRequiredOutput as OAuthRequiredOutput
 
 
 class TextEvent(TypedDict):
@@ -39,25 +54,6 @@ class ToolResultEvent(TypedDict):
     text: str
 
 
-class ErrorEvent(TypedDict):
-    """A failure the thread is told about; ``retrying`` says whether its input will be tried again."""
-
-    type: Literal["error"]
-    event_id: str
-    message: str
-    retrying: bool
-    attempts: NotRequired[int]
-
-
-class OAuthRequiredOutput(TypedDict):
-    """A tool needs the user to open a link first."""
-
-    type: Literal["oauth_required"]
-    event_id: str
-    auth_url: str
-    tool_call_id: str
-
-
 class UserChoiceRequiredOutput(TypedDict):
     """A tool asks the user to pick one of ``choices``."""
 
@@ -76,16 +72,6 @@ class UserChoiceCompleteOutput(TypedDict):
     type: Literal["user_choice_complete"]
     event_id: str
     choice_id: str
-
-
-class LimitReachedOutput(TypedDict):
-    """A spending limit stopped the thread before a model call."""
-
-    type: Literal["limit_reached"]
-    event_id: str
-    limit: str
-    value: float
-    used: float
 
 
 class UsageCounts(TypedDict):
@@ -131,3 +117,92 @@ OutputEvent = (
     | TurnCompleteOutput
     | ViewUpdateEvent
 )
+
+
+class ThreadContext(TypedDict):
+    """What publishing adds to an event: its thread, the thread tree's root and the root's metadata (the
+    stored value, ``{}`` when none)."""
+
+    thread_id: str
+    root_thread_id: str
+    metadata: Any
+
+
+class TextEventInThread(TextEvent, ThreadContext):
+    """A ``text`` event as published."""
+
+
+class ToolCallEventInThread(ToolCallEvent, ThreadContext):
+    """A ``tool_call`` or ``approval_required`` event as published."""
+
+
+class ToolResultEventInThread(ToolResultEvent, ThreadContext):
+    """A ``tool_result`` or ``event`` event as published."""
+
+
+class ErrorEventInThread(ErrorEvent, ThreadContext):
+    """An ``error`` event as published."""
+
+
+class OAuthRequiredInThread(OAuthRequiredOutput, ThreadContext):
+    """An ``oauth_required`` event as published."""
+
+
+class UserChoiceRequiredInThread(UserChoiceRequiredOutput, ThreadContext):
+    """A ``user_choice_required`` event as published."""
+
+
+class UserChoiceCompleteInThread(UserChoiceCompleteOutput, ThreadContext):
+    """A ``user_choice_complete`` event as published."""
+
+
+class LimitReachedInThread(LimitReachedOutput, ThreadContext):
+    """A ``limit_reached`` event as published."""
+
+
+class TurnCompleteInThread(TurnCompleteOutput, ThreadContext):
+    """A ``turn_complete`` event as published."""
+
+
+class ViewUpdateEventInThread(ViewUpdateEvent, ThreadContext):
+    """A ``view_update`` event as published."""
+
+
+OutputEventInThread = (
+    TextEventInThread
+    | ToolCallEventInThread
+    | ToolResultEventInThread
+    | ErrorEventInThread
+    | OAuthRequiredInThread
+    | UserChoiceRequiredInThread
+    | UserChoiceCompleteInThread
+    | LimitReachedInThread
+    | TurnCompleteInThread
+    | ViewUpdateEventInThread
+)
+"""An output event with its thread context: one message body of the output queue, one event of the HTTP
+API's stream."""
+
+
+def in_thread(event: OutputEvent, context: ThreadContext) -> OutputEventInThread:
+    """``event`` with ``context`` after its own keys (a key of both takes the context's value in place)."""
+    # One branch per kind: the type checker follows a ``**`` of a TypedDict only for a single kind.
+    if event["type"] == "text":
+        return {**event, **context}
+    if event["type"] == "tool_call" or event["type"] == "approval_required":
+        return {**event, **context}
+    if event["type"] == "tool_result" or event["type"] == "event":
+        return {**event, **context}
+    if event["type"] == "error":
+        return {**event, **context}
+    if event["type"] == "oauth_required":
+        return {**event, **context}
+    if event["type"] == "user_choice_required":
+        return {**event, **context}
+    if event["type"] == "user_choice_complete":
+        return {**event, **context}
+    if event["type"] == "limit_reached":
+        return {**event, **context}
+    if event["type"] == "turn_complete":
+        return {**event, **context}
+    return {**event, **context}

@@ -39,8 +39,10 @@ from typing import Any, Literal
 from stepagent.aws.output_events import (
     ErrorEvent,
     OutputEvent,
+    ThreadContext,
     TurnCompleteOutput,
     UsageCounts,
+    in_thread,
 )
 from stepagent.core.step import StepInput
 from stepagent.events import (
@@ -381,10 +383,11 @@ class OutputPublisher:
             root, metadata = context[0], context[1] if context[1] is not None else {}
         else:
             root, metadata = await self.thread_context(thread_id)
+        thread: ThreadContext = {"thread_id": thread_id, "root_thread_id": root, "metadata": metadata}
         outgoing = [
             Outgoing(
                 json.dumps(
-                    {**event, "thread_id": thread_id, "root_thread_id": root, "metadata": metadata},
+                    in_thread(event, thread),
                     ensure_ascii=False,
                     separators=(",", ":"),
                 ),

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent.history_items import ApprovalItem, ToolCallItem, ToolResultItem
+from stepagent.notices import UnknownNotice, limit_text
 from stepagent.stores.base import ThreadInfo
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
 from stepagent.stores.dynamodb_io import BATCH_BACKOFF, DynamoIo, DynamoItem, item_key
@@ -247,25 +248,21 @@ class TreeWatch:
             return []
         out: list[Item] = []
         for notice in live.new_notices(view.notice_seq):
-            kind = notice.get("type")
-            if kind == "oauth_required":
+            if isinstance(notice, UnknownNotice):
+                continue  # a kind this client does not know how to show
+            if notice["type"] == "oauth_required":
                 out.append(
                     {
                         "thread_id": thread,
                         "kind": "oauth",
-                        "tool_call_id": str(notice.get("tool_call_id", "")),
-                        "auth_url": str(notice.get("auth_url", "")),
+                        "tool_call_id": notice["tool_call_id"],
+                        "auth_url": notice["auth_url"],
                     }
                 )
-            elif kind == "limit_reached":
-                limit, value, used = notice.get("limit"), notice.get("value"), notice.get("used")
-                text = (
-                    f"{limit} limit reached ({used} of {value}): the agent stopped before calling the model"
-                )
-                out.append({"thread_id": thread, "kind": "limit", "text": text})
-            elif kind == "error":
-                message = str(notice.get("message", ""))
-                retrying = bool(notice.get("retrying"))
+            elif notice["type"] == "limit_reached":
+                out.append({"thread_id": thread, "kind": "limit", "text": limit_text(notice)})
+            else:
+                message, retrying = notice["message"], notice["retrying"]
                 out.append({"thread_id": thread, "kind": "error", "text": message, "retrying": retrying})
                 if not retrying:
                     self.awaited -= {m for m in self.awaited if m in message}

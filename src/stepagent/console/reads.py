@@ -32,6 +32,7 @@ from stepagent.console.status import (
     thread_status,
     tree_status,
 )
+from stepagent.notices import LiveNotice, UnknownNotice, limit_text
 from stepagent.stores.base import ThreadInfo
 from stepagent.stores.dynamodb_io import DynamoItem
 from stepagent.stores.dynamodb_layout import head_inbox, info_from_item
@@ -424,16 +425,25 @@ def _held(message_id: str, message: Any) -> HeldInputView:
     return {"message_id": message_id, "synthetic": getattr(message, "synthetic", None), "text": str(text)}
 
 
-def _notice(notice: dict[str, Any], pending_ids: set[str]) -> NoticeView:
-    kind = notice.get("type")
-    if kind == "oauth_required":
+def _notice(notice: LiveNotice, pending_ids: set[str]) -> NoticeView:
+    if isinstance(notice, UnknownNotice):
+        # A kind this console does not know: shown as an error, with the message it may carry.
+        fields = notice.fields
+        return {
+            "kind": "error",
+            "text": str(fields.get("message", "")),
+            "retrying": bool(fields.get("retrying")),
+        }
+    if notice["type"] == "oauth_required":
         return {
             "kind": "oauth",
-            "auth_url": notice.get("auth_url"),
-            "tool_call_id": notice.get("tool_call_id"),
-            "open": str(notice.get("tool_call_id")) in pending_ids,
+            "auth_url": notice["auth_url"],
+            "tool_call_id": notice["tool_call_id"],
+            "open": notice["tool_call_id"] in pending_ids,
         }
-    return {"kind": "error", "text": str(notice.get("message", "")), "retrying": bool(notice.get("retrying"))}
+    if notice["type"] == "limit_reached":
+        return {"kind": "error", "text": limit_text(notice), "retrying": False}
+    return {"kind": "error", "text": notice["message"], "retrying": notice["retrying"]}
 
 
 @dataclass(slots=True)

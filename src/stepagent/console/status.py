@@ -29,8 +29,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypedDict
+from typing import TypedDict
 
+from stepagent.notices import ErrorEvent, UnknownNotice
 from stepagent.stores.base import ThreadInfo
 from stepagent.stores.dynamodb_live import LiveState
 from stepagent.tools.sleep import Sleep, SleepUntil
@@ -133,11 +134,12 @@ class StatusReport:
         }
 
 
-def given_up_error(live: LiveState) -> dict[str, Any] | None:
+def given_up_error(live: LiveState) -> ErrorEvent | None:
     """The thread's newest notice if it is an ``error`` given up on."""
-    if live.notices and live.notices[-1].get("type") == "error" and not live.notices[-1].get("retrying"):
-        return live.notices[-1]
-    return None
+    last = live.notices[-1] if live.notices else None
+    if last is None or isinstance(last, UnknownNotice) or last["type"] != "error" or last["retrying"]:
+        return None
+    return last
 
 
 def thread_status(facts: ThreadFacts) -> StatusReport:
@@ -154,7 +156,7 @@ def _attention(facts: ThreadFacts) -> tuple[Status, str] | None:
         return Status.FAILED, f"{facts.dead_letters} dead-lettered message(s)"
     error = given_up_error(facts.live)
     if error is not None and (facts.last_row_kind is None or facts.last_row_kind in INPUT_KINDS):
-        return Status.FAILED, str(error.get("message", "error"))
+        return Status.FAILED, error["message"]
     if facts.choices:
         return Status.CHOICE, f"{facts.choices} question(s) to answer"
     if facts.approval is not None and facts.info is not None and not facts.info.closed:

@@ -9,9 +9,12 @@ consistent ``BatchGetItem`` for a whole thread tree) to show progress that no co
   ``retrying``). The text is shown only while the head is still at ``version``: the commit that makes it
   history moves the head on, so a reader never mistakes partial text for committed text, even if clearing
   it (:meth:`LiveStore.clear`, after the step) fails or is late.
-- **Notices.** The last :data:`NOTICES_KEPT` notices (``error`` and ``oauth_required`` events, as JSON) in
-  ``notices``, oldest first, with ``notice_seq`` counting every notice ever recorded, so a reader can tell
-  which are new (one ``UpdateItem`` per notice; two more when the list is full and the oldest goes).
+- **Notices.** The last :data:`NOTICES_KEPT` notices (``error``, ``oauth_required`` and ``limit_reached``
+  events, as compact JSON: :mod:`stepagent.notices`) in ``notices``, oldest first, with ``notice_seq``
+  counting every notice ever recorded, so a reader can tell which are new (one ``UpdateItem`` per notice;
+  two more when the list is full and the oldest goes). :func:`decode_live` reads each by the rule of
+  :func:`~stepagent.notices.read_notice`; one it skips still counts, so it never makes an older notice
+  look new.
 
 Every write is a single ``UpdateItem`` counted in the :class:`~stepagent.stores.metrics.StoreMetrics` of
 the :class:`~stepagent.stores.dynamodb_io.DynamoIo` it is given; the item carries a TTL (``expires_at``,
@@ -24,9 +27,9 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from stepagent.errors import StoreError
+from stepagent.notices import LiveNotice, Notice, read_notice
 from stepagent.stores.dynamodb_io import (
     ConditionFailed,
     DynamoIo,
@@ -55,17 +58,19 @@ class LiveState:
     offset: int = 0
     phase: str | None = None
     tool: str | None = None
-    notices: tuple[dict[str, Any], ...] = ()
+    notices: tuple[LiveNotice, ...] = ()
     notice_seq: int = 0
+    #: The sequence number of each of ``notices`` (empty: numbered one by one up to ``notice_seq``).
+    notice_numbers: tuple[int, ...] = ()
 
     def partial_after(self, head_version: int) -> bool:
         """Whether the partial turn is current for a head at ``head_version`` (not yet committed)."""
         return self.version is not None and self.version == head_version and self.phase is not None
 
-    def new_notices(self, seen_seq: int) -> list[dict[str, Any]]:
+    def new_notices(self, seen_seq: int) -> list[LiveNotice]:
         """Notices recorded after the first ``seen_seq`` (those still kept)."""
-        fresh = max(0, self.notice_seq - seen_seq)
-        return list(self.notices[-fresh:]) if fresh else []
+        numbers = self.notice_numbers or range(self.notice_seq - len(self.notices) + 1, self.notice_seq + 1)
+        return [notice for notice, number in zip(self.notices, numbers, strict=True) if number > seen_seq]
 
 
 def decode_live(item: DynamoItem | None) -> LiveState:
@@ -79,12 +84,15 @@ def decode_live(item: DynamoItem | None) -> LiveState:
     def text(name: str) -> str | None:
         return str(item[name]["S"]) if name in item else None
 
-    notices: list[dict[str, Any]] = []
-    for raw in item.get("notices", {}).get("L", []):
-        try:
-            notices.append(json.loads(raw["S"]))
-        except (KeyError, ValueError):
-            continue
+    stored = item.get("notices", {}).get("L", [])
+    seq = number("notice_seq") or 0
+    notices: list[LiveNotice] = []
+    numbers: list[int] = []
+    for position, raw in enumerate(stored):
+        notice = read_notice(raw["S"]) if "S" in raw else None
+        if notice is not None:
+            notices.append(notice)
+            numbers.append(seq - len(stored) + 1 + position)
     return LiveState(
         version=number("version"),
         text=text("text") or "",
@@ -92,7 +100,8 @@ def decode_live(item: DynamoItem | None) -> LiveState:
         phase=text("phase"),
         tool=text("tool"),
         notices=tuple(notices),
-        notice_seq=number("notice_seq") or 0,
+        notice_seq=seq,
+        notice_numbers=tuple(numbers),
     )
 
 
@@ -154,7 +163,7 @@ class LiveStore:
         with contextlib.suppress(ConditionFailed):  # nothing to clear (never written, or TTL'd)
             await self.io.write(write)
 
-    async def notice(self, thread_id: str, notice: dict[str, Any]) -> None:
+    async def notice(self, thread_id: str, notice: Notice) -> None:
         """Append ``notice`` (kept: the last :data:`NOTICES_KEPT`)."""
         one: DynamoItem = {"L": [s_attr(json.dumps(notice, ensure_ascii=False, separators=(",", ":")))]}
         names = {"#n": "notices", "#s": "notice_seq", "#e": "expires_at"}

@@ -1,0 +1,131 @@
+"""The notices of a thread: the output events a thread's ``LIVE`` item also keeps, so that a client that
+does not read the output queue still sees them — and how a stored one is read back.
+
+Guarantees:
+
+- **One definition.** :class:`ErrorEvent`, :class:`OAuthRequiredOutput` and :class:`LimitReachedOutput`
+  are the output queue's ``error``, ``oauth_required`` and ``limit_reached`` events
+  (:mod:`stepagent.aws.output_events` re-exports them); they live here, below the stores, so that the
+  ``LIVE`` item's reader can decode them. A notice is stored as the event's compact JSON, without the
+  thread context.
+- **Read as stored.** :func:`read_notice` returns the stored JSON object itself, never a normalised copy:
+  its keys' order, any key this version does not know and numbers as written (``50``, not ``50.0``) are
+  kept, so what the HTTP API forwards is byte for byte what was recorded.
+- **A clear rule for the rest.** An object whose ``type`` is one of the kinds above and whose fields have
+  that kind's types (checked strictly by pydantic: no ``"3"`` for a number, no ``1`` for a boolean) is
+  that kind. Any other JSON object with a string ``type`` (a newer writer's kind, or a known kind whose
+  fields do not fit) is an :class:`UnknownNotice`, kept as stored: the HTTP API forwards it as it always
+  has, the other readers pass over it or show it as a plain error. Anything else — not JSON, not an
+  object, no string ``type`` — is skipped (logged at debug: a poller reads the item every second).
+
+The TypedDicts come from ``typing_extensions``: pydantic validates only those on Python 3.11, and the
+thread-context forms that extend them (:mod:`stepagent.aws.output_events`) must share their base.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal, NotRequired, cast
+
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict
+
+log = logging.getLogger(__name__)
+
+
+class ErrorEvent(TypedDict):
+    """A failure the thread is told about; ``retrying`` says whether its input will be tried again."""
+
+    type: Literal["error"]
+    event_id: str
+    message: str
+    retrying: bool
+    attempts: NotRequired[int]
+
+
+class OAuthRequiredOutput(TypedDict):
+    """A tool needs the user to open a link first."""
+
+    type: Literal["oauth_required"]
+    event_id: str
+    auth_url: str
+    tool_call_id: str
+
+
+class LimitReachedOutput(TypedDict):
+    """A spending limit stopped the thread before a model call."""
+
+    type: Literal["limit_reached"]
+    event_id: str
+    limit: str
+    value: float
+    used: float
+
+
+Notice = ErrorEvent | OAuthRequiredOutput | LimitReachedOutput
+"""A notice of a kind this version reads."""
+
+
+class OtherNotice(TypedDict):
+    """A stored notice of any other kind: only ``type`` is declared; its other keys are as stored."""
+
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownNotice:
+    """A stored notice that is not a :data:`Notice` (see the module docstring), kept as stored."""
+
+    fields: OtherNotice
+
+    @property
+    def type(self) -> str:
+        return self.fields["type"]
+
+
+LiveNotice = Notice | UnknownNotice
+"""A notice as a ``LIVE`` item's reader gets it."""
+
+
+@functools.cache
+def _kinds() -> dict[str, TypeAdapter[Any]]:
+    # Built on the first read, not at import: the worker only writes notices, and its cold start would
+    # pay some 10 ms for these validators.
+    return {
+        "error": TypeAdapter(ErrorEvent),
+        "oauth_required": TypeAdapter(OAuthRequiredOutput),
+        "limit_reached": TypeAdapter(LimitReachedOutput),
+    }
+
+
+def read_notice(stored: str) -> LiveNotice | None:
+    """The notice a ``LIVE`` item holds as ``stored`` JSON (``None``: unreadable, skipped)."""
+    try:
+        value = json.loads(stored)
+    except ValueError:
+        log.debug("skipped a stored notice that is not JSON: %.200s", stored)
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        log.debug("skipped a stored notice that is not an object with a type: %.200s", stored)
+        return None
+    kind = _kinds().get(value["type"])
+    if kind is None:
+        return UnknownNotice(cast(OtherNotice, value))
+    try:
+        kind.validate_python(value, strict=True)
+    except ValidationError as error:
+        log.debug(
+            "a stored %s notice does not fit its kind (%s): kept as an unknown one", value["type"], error
+        )
+        return UnknownNotice(cast(OtherNotice, value))
+    # Validated just above; the stored object itself is returned (see the module docstring).
+    return cast(Notice, value)
+
+
+def limit_text(notice: LimitReachedOutput) -> str:
+    """A ``limit_reached`` notice in words, for a person."""
+    limit, value, used = notice["limit"], notice["value"], notice["used"]
+    return f"{limit} limit reached ({used} of {value}): the agent stopped before calling the model"
