@@ -77,9 +77,10 @@ def test_tools_load_from_the_current_directory_and_history_survives_a_closed_pip
         stderr=subprocess.PIPE,
     )
     assert reader.stdout is not None and reader.stderr is not None
-    reader.stdout.readline()
-    reader.stdout.close()  # `| head -1`
-    stderr = reader.stderr.read().decode()
+    with reader.stderr:
+        reader.stdout.readline()
+        reader.stdout.close()  # `| head -1`
+        stderr = reader.stderr.read().decode()
     assert reader.wait(timeout=60) == 0, stderr
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
 
