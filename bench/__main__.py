@@ -45,8 +45,10 @@ Sections of the JSON (each with its own method notes):
 
 Options: ``--quick`` (a smoke run with tiny counts; its numbers mean nothing), ``--skip-moto``,
 ``--skip-memory``, ``--out-dir`` (default: the repository's ``docs/``), ``--only cold_start,peer_cpu`` (measure
-only those sections and replace them in the existing JSON), ``--charts-only``. The JSON is written after
-every section, so a section that fails keeps the ones measured before it.
+only those sections and replace them in the existing JSON, charts redrawn), ``--charts-only``. A full run
+writes ``benchmarks.partial.json`` after every section and replaces ``benchmarks.json`` only when it is
+whole, so a failing section neither loses what was measured before it nor leaves a partial
+``benchmarks.json``; ``measured_on`` gives each section's date.
 """
 
 from __future__ import annotations
@@ -448,13 +450,15 @@ def main(argv: list[str] | None = None) -> None:
         print(", ".join(charts(json.loads(out.read_text(encoding="utf-8")), args.out_dir)))
         return
 
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
     if only is not None:
         results: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
         chosen = [section for section in SECTIONS if section.key in only]
+        progress = out  # the other sections stay as they are
     else:
         results = {
             "generated_by": "make bench (python -m bench)" + (" --quick" if args.quick else ""),
-            "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
+            "date": today,
             "environment": {
                 "python": platform.python_version(),
                 "platform": platform.platform(),
@@ -466,19 +470,22 @@ def main(argv: list[str] | None = None) -> None:
             for section in SECTIONS
             if not (section.moto and args.skip_moto) and not (section.memory and args.skip_memory)
         ]
+        # A full run replaces the results only once it is whole; until then its sections go to a side
+        # file, which a failing section leaves behind with everything measured before it.
+        progress = out.with_name("benchmarks.partial.json")
     for number, section in enumerate(chosen, 1):
         print(f"[{number}/{len(chosen)}] {section.title} ...", flush=True)
         results[section.key] = section.measure(args)
+        results.setdefault("measured_on", {})[section.key] = today
         if section.key == "step_overhead":
             results["step_overhead_targets"] = _overhead_targets(results["step_overhead"])
-        # Written after every section: a section that fails later does not lose the ones measured before.
-        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    if only is None:
-        results["charts"] = charts(results, args.out_dir)
-        out.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {out} and {', '.join(results['charts'])}")
-    else:
-        print(f"wrote the {', '.join(section.key for section in chosen)} section(s) of {out}")
+        progress.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    results["charts"] = charts(results, args.out_dir)
+    progress.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    if progress != out:
+        progress.replace(out)
+    measured = ", ".join(section.key for section in chosen)
+    print(f"wrote {out} ({measured}) and {', '.join(results['charts'])}")
 
 
 if __name__ == "__main__":

@@ -73,7 +73,7 @@ COMPACT_AFTER_TURNS = 20
 #: A turn's rows as the engine estimates them (user text, ack, call, ~1 KB result, answer).
 TURN_TOKENS = sum(
     estimate_text(text) + ITEM_FRAMING_TOKENS
-    for text in (user_text(500), ACK, '{"query": "x"}', "result: " + "0" * MESSAGE_CHARS, ANSWER)
+    for text in (user_text(500), ACK, 'lookup{"query": "x"}', "result: " + "0" * MESSAGE_CHARS, ANSWER)
 )
 #: Issue "A cheaper step": stepagent ≤ 1.0x the peer at turn 10, and ≤ 1.2x growth from turn 10 to 500.
 PEER_RATIO_TARGET = 1.0

@@ -151,6 +151,9 @@ def describe(thread_id: str, order: int, item: HistoryItem) -> Item:
             if item.message is not None:
                 out["text"] = item.message
         case Summary(text=text):
+            # Summaries are stored apart from the rows and never reach this function from a store
+            # (``thread_items`` lists each one after the last row it covers); the case keeps the match
+            # total over ``HistoryItem`` for the type checker, with ``order`` as given.
             out = {"thread_id": thread_id, "order": order, "kind": "summary", "text": text}
     return out
 

@@ -36,9 +36,18 @@ async def test_the_history_is_the_apis_list_unchanged() -> None:
     await http.aclose()
 
 
-async def test_a_history_that_is_not_a_list_is_a_clear_error() -> None:
-    api, http = api_answering({"items": []})
-    with pytest.raises(ApiRequestError, match="history is not a JSON list"):
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"items": []},
+        [{"thread_id": "th", "kind": "user"}, "not an item"],
+        [{"thread_id": 7, "kind": "user"}],
+        [{"thread_id": "th", "kind": "no-such-kind"}],
+    ],
+)
+async def test_a_history_that_is_not_a_list_of_items_is_a_clear_error(body: object) -> None:
+    api, http = api_answering(body)
+    with pytest.raises(ApiRequestError, match="history is not a JSON list of items"):
         await api.history("th")
     await http.aclose()
 
@@ -76,3 +85,8 @@ def test_stream_events_become_items_with_the_clients_keys() -> None:
         "delta": "he",
     }
     assert item_of({"type": "turn_complete", "thread_id": "th"}) is None
+    # A value without its type is left out rather than passed on as if it had it.
+    assert item_of({"type": "tool_call", "thread_id": "th", "name": 3, "args": [], "tool_call_id": None}) == {
+        "thread_id": "th",
+        "kind": "tool_call",
+    }

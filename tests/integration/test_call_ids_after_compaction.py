@@ -13,13 +13,12 @@ filter of the calls it hides (``Summary.call_ids``):
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import pytest
 
-from bench.workload import Workload, fixed_request_tokens, lookup_tool, workload_script
+from bench.workload import Workload, lookup_tool, window_for, workload_script
 from stepagent.history_items import (
     Summary,
     ToolCallItem,
@@ -62,7 +61,7 @@ class LookupIds:
     OpenAI-compatible server that repeats ids)."""
 
     def __init__(self, fixed: str | None = None) -> None:
-        window = math.ceil((fixed_request_tokens([lookup_tool(), *builtin_tools()]) + COMPACT_AFTER) / 0.75)
+        window = window_for([lookup_tool(), *builtin_tools()], COMPACT_AFTER)
         self.inner = ScriptedProvider(workload_script(window))
         self.fixed = fixed
 

@@ -311,6 +311,12 @@ def test_function_url_event_rejections() -> None:
     assert receive_function_url_event(no_token, SECRET).status == 401
     huge = url_event("x" * 5000, b64=True)
     assert receive_function_url_event(huge, SECRET, max_bytes=1000).status == 413
+    # An event of the wrong shape is a 4xx JSON answer, not an exception (Lambda would answer 502).
+    odd = url_event(json.dumps(tool_result(text="x")))
+    odd.update(requestContext="not an object", queryStringParameters={"token": ["a", "list"]})
+    assert receive_function_url_event(odd, SECRET).status == 401
+    odd.update(requestContext={"http": None}, queryStringParameters={"token": token()})
+    assert receive_function_url_event(odd, SECRET).status == 200
 
 
 @pytest.mark.parametrize(

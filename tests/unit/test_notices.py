@@ -75,3 +75,58 @@ def test_the_console_shows_each_kind() -> None:
         {"kind": "oauth", "auth_url": "https://x.test/a", "tool_call_id": "c1", "open": True},
         {"kind": "error", "text": "hm", "retrying": False},
     ]
+
+
+class _NoMetadata:
+    """The one store read the stream makes for notices: the root's metadata (none here)."""
+
+    async def get_metadata(self, thread_id: str) -> None:
+        return None
+
+
+async def test_the_api_stream_token_names_each_notice_so_a_resume_repeats_none() -> None:
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from stepagent.api.events import Position, SharedReads, TreeEvents, View, decode_token
+
+    # Six notices recorded, the last four kept; the fifth cannot be read.
+    notices = [s(ERROR.replace("e1", f"n{n}")) for n in (3, 4)] + [
+        s("{garbage"),
+        s(ERROR.replace("e1", "n6")),
+    ]
+    view = View(None, decode_live(item(notices, 6)))
+    reader = cast(Any, SimpleNamespace(state=_NoMetadata()))
+
+    async def sent(positions: dict[str, Position]) -> list[tuple[str, str]]:
+        stream = TreeEvents(SharedReads(reader), "t", positions)
+        return [(token, event["event_id"]) async for token, event in stream._thread_events("t", view)]  # type: ignore[typeddict-item]
+
+    first = await sent({"t": Position(notices=2)})
+    assert [event_id for _, event_id in first] == ["n3", "n4", "n6"]
+    assert [decode_token(token, "t")["t"].notices for token, _ in first] == [3, 4, 6]
+    # Resumed after each event: exactly the ones after it.
+    assert [e for _, e in await sent(decode_token(first[1][0], "t"))] == ["n6"]
+    assert await sent(decode_token(first[2][0], "t")) == []
+
+
+def test_an_error_notice_that_does_not_read_as_one_is_still_shown_as_an_error() -> None:
+    from typing import Any, cast
+
+    from stepagent.client.watch import TreeWatch, WatchedThread
+
+    misfit = {"type": "error", "event_id": "e", "message": "gave up on msg-7", "retrying": "no"}
+    live = decode_live(item([s(misfit), s({"type": "oauth_required", "event_id": "o", "auth_url": 7})], 2))
+    watch = TreeWatch(cast(Any, None), "t", {}, awaited={"msg-7", "msg-8"})
+    view = WatchedThread(live=live, notice_seq=0)
+    # The watch shows the misfit error (a non-boolean ``retrying`` is not a retry) and stops waiting for
+    # the message it names; the unreadable OAuth notice is a kind it cannot show.
+    assert watch._notices("t", view) == [
+        {"thread_id": "t", "kind": "error", "text": "gave up on msg-7", "retrying": False}
+    ]
+    assert watch.awaited == {"msg-8"}
+    # The console never shows an empty box: a notice with no message is named by its type.
+    assert [_notice(n, pending_ids=set()) for n in live.notices] == [
+        {"kind": "error", "text": "gave up on msg-7", "retrying": False},
+        {"kind": "error", "text": "[oauth_required notice]", "retrying": False},
+    ]

@@ -249,8 +249,8 @@ class TreeEvents:
         if pos.notices is None:
             pos.notices = live.notice_seq
         else:
-            for notice in live.new_notices(pos.notices):
-                pos.notices += 1
+            for number, notice in live.numbered_notices(pos.notices):
+                pos.notices = number  # the resume token names this notice, whatever was skipped before it
                 yield await self._emit(thread, notice)
             pos.notices = max(pos.notices, live.notice_seq)
         version = info.version if info is not None else 0

@@ -15,14 +15,14 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Literal, NotRequired, TypedDict, cast
+from typing import Any, Literal, NotRequired, TypedDict, cast, get_args
 from urllib.parse import quote
 
 import httpx
 
 from stepagent.backoff import Backoff
 from stepagent.errors import StepagentError
-from stepagent.transcript import Item
+from stepagent.transcript import Item, ItemKind
 
 #: A dropped event stream is reopened (from the last event id) after a jittered wait of 0.4 s, doubling up
 #: to 5 s; six connection failures in a row end it.
@@ -65,14 +65,16 @@ def item_of(event: Mapping[str, Any]) -> Item | None:
     thread = str(event.get("thread_id", ""))
     if kind in _KINDS:
         item: Item = {"thread_id": thread, "kind": _KINDS[str(kind)]}
-        if "text" in event:
-            item["text"] = event["text"]
-        if "name" in event:
-            item["name"] = event["name"]
-        if "args" in event:
-            item["args"] = event["args"]
-        if "tool_call_id" in event:
-            item["tool_call_id"] = event["tool_call_id"]
+        # Each value is kept only when it has its type (a value that does not is left out, not passed on).
+        text, name, args, call_id = (event.get(key) for key in ("text", "name", "args", "tool_call_id"))
+        if isinstance(text, str):
+            item["text"] = text
+        if isinstance(name, str):
+            item["name"] = name
+        if isinstance(args, dict):
+            item["args"] = args
+        if isinstance(call_id, str):
+            item["tool_call_id"] = call_id
         return item
     if kind == "error":
         return {
@@ -84,6 +86,17 @@ def item_of(event: Mapping[str, Any]) -> Item | None:
     if kind == "text_delta":
         return {"thread_id": thread, "kind": "partial", "delta": str(event.get("text", ""))}
     return None
+
+
+_ITEM_KINDS = frozenset(get_args(ItemKind))
+
+
+def _is_item(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("thread_id"), str)
+        and value.get("kind") in _ITEM_KINDS
+    )
 
 
 class _ApprovalBody(TypedDict):
@@ -150,12 +163,14 @@ class HttpApi:
         response = await self.http.get(self._path(thread))
         _raise_for(response)
         items = response.json()
-        if not isinstance(items, list):
+        if not isinstance(items, list) or not all(map(_is_item, items)):
             raise ApiRequestError(
-                response.status_code, "bad_response", "the API's history is not a JSON list"
+                response.status_code,
+                "bad_response",
+                "the API's history is not a JSON list of items (each with a thread_id and a known kind)",
             )
-        # Trusted: the deployment's API serves its stored transcript as ``stepagent history --json``
-        # builds it (the same Item type), so only the outer shape is checked here.
+        # Each item's thread_id and kind are checked; its other keys are the API's own transcript, built as
+        # ``stepagent history --json`` builds it (the same Item type).
         return cast(list[Item], items)
 
     async def _position(self, thread: str) -> str | None:

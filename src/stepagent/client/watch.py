@@ -249,7 +249,11 @@ class TreeWatch:
         out: list[Item] = []
         for notice in live.new_notices(view.notice_seq):
             if isinstance(notice, UnknownNotice):
-                continue  # a kind this client does not know how to show
+                if notice.type == "error":
+                    # An error whose fields do not read as they should is still an error: shown with
+                    # what can be read, and a waited-for message it names is still over.
+                    self._error(thread, notice.fields.get("message"), notice.fields.get("retrying"), out)
+                continue  # any other kind: one this client does not know how to show
             if notice["type"] == "oauth_required":
                 out.append(
                     {
@@ -262,12 +266,17 @@ class TreeWatch:
             elif notice["type"] == "limit_reached":
                 out.append({"thread_id": thread, "kind": "limit", "text": limit_text(notice)})
             else:
-                message, retrying = notice["message"], notice["retrying"]
-                out.append({"thread_id": thread, "kind": "error", "text": message, "retrying": retrying})
-                if not retrying:
-                    self.awaited -= {m for m in self.awaited if m in message}
+                self._error(thread, notice["message"], notice["retrying"], out)
         view.notice_seq = live.notice_seq
         return out
+
+    def _error(self, thread: str, message: object, retrying: object, out: list[Item]) -> None:
+        """An ``error`` item; a failure that will not be retried ends the wait for a message it names."""
+        text = message if isinstance(message, str) else ""
+        again = retrying is True
+        out.append({"thread_id": thread, "kind": "error", "text": text, "retrying": again})
+        if not again and text:
+            self.awaited -= {m for m in self.awaited if m in text}
 
     def _partial(self, thread: str, view: WatchedThread) -> list[Item]:
         live = view.live

@@ -427,12 +427,14 @@ def _held(message_id: str, message: Any) -> HeldInputView:
 
 def _notice(notice: LiveNotice, pending_ids: set[str]) -> NoticeView:
     if isinstance(notice, UnknownNotice):
-        # A kind this console does not know: shown as an error, with the message it may carry.
+        # A kind this console does not know, or a known one with fields it cannot read: shown as an error,
+        # with the message it may carry, else its type (never an empty box).
         fields = notice.fields
+        message = fields.get("message")
         return {
             "kind": "error",
-            "text": str(fields.get("message", "")),
-            "retrying": bool(fields.get("retrying")),
+            "text": message if isinstance(message, str) and message else f"[{notice.type} notice]",
+            "retrying": fields.get("retrying") is True,
         }
     if notice["type"] == "oauth_required":
         return {

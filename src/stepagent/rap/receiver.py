@@ -313,10 +313,14 @@ def receive_function_url_event(
     event: FunctionUrlEvent, secret: str, *, max_bytes: int = MAX_BODY_BYTES
 ) -> ReceiverResult:
     """:func:`receive_callback` for a Lambda Function URL (payload format 2.0) event."""
-    http = event.get("requestContext", {}).get("http", {})
-    method = str(http.get("method") or event.get("httpMethod") or "POST")
+    context = event.get("requestContext")
+    http = context.get("http") if isinstance(context, Mapping) else None
+    method = http.get("method") if isinstance(http, Mapping) else None
+    method = str(method or event.get("httpMethod") or "POST")
     query = event.get("queryStringParameters") or {}
     token = query.get("token") if isinstance(query, Mapping) else None
+    if token is not None and not isinstance(token, str):
+        token = None  # not a token: the callback is refused as unauthenticated
     body = event.get("body")
     if body is not None and not isinstance(body, str):
         return reject(400, "the request body must be a string")

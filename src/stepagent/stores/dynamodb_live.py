@@ -69,8 +69,18 @@ class LiveState:
 
     def new_notices(self, seen_seq: int) -> list[LiveNotice]:
         """Notices recorded after the first ``seen_seq`` (those still kept)."""
+        return [notice for _, notice in self.numbered_notices(seen_seq)]
+
+    def numbered_notices(self, seen_seq: int) -> list[tuple[int, LiveNotice]]:
+        """:meth:`new_notices` with each one's number (its place in the thread's count of notices): a
+        reader that records how far it got records the number, not how many it was given, since notices
+        that could not be read are skipped and the oldest fall off the kept list."""
         numbers = self.notice_numbers or range(self.notice_seq - len(self.notices) + 1, self.notice_seq + 1)
-        return [notice for notice, number in zip(self.notices, numbers, strict=True) if number > seen_seq]
+        return [
+            (number, notice)
+            for notice, number in zip(self.notices, numbers, strict=True)
+            if number > seen_seq
+        ]
 
 
 def decode_live(item: DynamoItem | None) -> LiveState:
