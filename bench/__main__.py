@@ -102,7 +102,6 @@ REQUEST_PEAKS = (
 
 async def peer_step_costs(quick: bool) -> dict[str, Any]:
     from bench.step_costs import approval_costs, dynamo_row_writer, judge, peer_costs
-    from stepagent.stores.dynamodb import dynamo_stores
     from stepagent.stores.metrics import StoreMetrics
 
     figures = []
@@ -113,13 +112,7 @@ async def peer_step_costs(quick: bool) -> dict[str, Any]:
                 async with moto.fresh_tables() as tables:
 
                     def stores(metrics: StoreMetrics, tables: Any = tables) -> Any:
-                        return dynamo_stores(
-                            tables.client,
-                            conversation_table=tables.conversation_table,
-                            state_table=tables.state_table,
-                            metrics=metrics,
-                            page_size=None,  # the worker's (aws/runtime.py)
-                        )
+                        return tables.stores(metrics, page_size=None)
 
                     writer = dynamo_row_writer(tables.client, tables.conversation_table)
                     result.update(await peer_costs(stores, turn, True, f"peer{turn}", writer, modes=(mode,)))
@@ -128,13 +121,7 @@ async def peer_step_costs(quick: bool) -> dict[str, Any]:
         async with moto.fresh_tables() as tables:
 
             def approval_stores(metrics: StoreMetrics, tables: Any = tables) -> Any:
-                return dynamo_stores(
-                    tables.client,
-                    conversation_table=tables.conversation_table,
-                    state_table=tables.state_table,
-                    metrics=metrics,
-                    page_size=None,
-                )
+                return tables.stores(metrics, page_size=None)
 
             approval = await approval_costs(approval_stores, "approval")
             print(

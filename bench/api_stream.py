@@ -27,7 +27,6 @@ from stepagent.client.watch import StoreReader
 from stepagent.history_items import AssistantText, HistoryItem, UserItem
 from stepagent.messages import TextContent
 from stepagent.stores.base import Commit, UsageRecord
-from stepagent.stores.dynamodb import dynamo_stores
 from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_live import LiveStore
 from stepagent.stores.metrics import StoreMetrics
@@ -62,19 +61,12 @@ async def _turn(conversation: Any, thread: str, version: int, text: str) -> None
 
 
 async def _idle(tables: MotoDynamo, streams: int, conversations: int, seconds: float) -> dict[str, Any]:
-    writer, _ = dynamo_stores(
-        tables.client, conversation_table=tables.conversation_table, state_table=tables.state_table
-    )
+    writer, _ = tables.stores()
     threads = [f"idle-{streams}-{conversations}-{i}" for i in range(conversations)]
     for thread in threads:
         await _turn(writer, thread, 0, "settled")
     metrics = StoreMetrics()
-    conversation, state = dynamo_stores(
-        tables.client,
-        conversation_table=tables.conversation_table,
-        state_table=tables.state_table,
-        metrics=metrics,
-    )
+    conversation, state = tables.stores(metrics)
     reads = SharedReads(StoreReader(conversation, state, DynamoIo(tables.client, None, None, metrics)))
     trees = [TreeEvents(reads, threads[i % conversations], follow=True) for i in range(streams)]
     # Catch up first (the replay of the settled turn), then measure the steady state.
@@ -100,22 +92,12 @@ async def _idle(tables: MotoDynamo, streams: int, conversations: int, seconds: f
 
 async def _streaming(tables: MotoDynamo, seconds: int) -> dict[str, Any]:
     writer_metrics = StoreMetrics()
-    writer, _ = dynamo_stores(
-        tables.client,
-        conversation_table=tables.conversation_table,
-        state_table=tables.state_table,
-        metrics=writer_metrics,
-    )
+    writer, _ = tables.stores(writer_metrics)
     live = LiveStore(DynamoIo(tables.client, None, None, writer_metrics), tables.state_table)
     thread = "streaming"
     await _turn(writer, thread, 0, "first turn")
     metrics = StoreMetrics()
-    conversation, state = dynamo_stores(
-        tables.client,
-        conversation_table=tables.conversation_table,
-        state_table=tables.state_table,
-        metrics=metrics,
-    )
+    conversation, state = tables.stores(metrics)
     reads = SharedReads(StoreReader(conversation, state, DynamoIo(tables.client, None, None, metrics)))
     tree = TreeEvents(reads, thread, follow=True)
     async for _ in tree.poll():

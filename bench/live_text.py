@@ -27,7 +27,6 @@ from bench.workload import Workload
 from stepagent.aws.live import LiveText
 from stepagent.messages import InputMessage
 from stepagent.providers.base import Final, ModelInfo, ModelRequest, StreamEvent, TextDelta, Usage
-from stepagent.stores.dynamodb import dynamo_stores
 from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.metrics import StoreMetrics
 
@@ -57,12 +56,7 @@ class StreamingModel:
 async def _steps(moto: MotoDynamo, seconds: float, enabled: bool, steps: int) -> dict[str, Any]:
     async with moto.fresh_tables() as tables:
         store_metrics = StoreMetrics()
-        conversation, state = dynamo_stores(
-            tables.client,
-            conversation_table=tables.conversation_table,
-            state_table=tables.state_table,
-            metrics=store_metrics,
-        )
+        conversation, state = tables.stores(store_metrics)
         workload = Workload.build(conversation, state, provider=StreamingModel(seconds))
         live = LiveText(tables.client, tables.state_table, enabled=enabled)
         workload.worker.live = live
@@ -102,12 +96,7 @@ async def client_poll_cost(moto: MotoDynamo) -> list[dict[str, Any]]:
     async with moto.fresh_tables() as tables:
         for threads in (1, 3):
             metrics = StoreMetrics()
-            conversation, state = dynamo_stores(
-                tables.client,
-                conversation_table=tables.conversation_table,
-                state_table=tables.state_table,
-                metrics=metrics,
-            )
+            conversation, state = tables.stores(metrics)
             root = f"poll-{threads}"
             await conversation.commit(
                 root, Commit(expected_version=0, rows=[(AssistantText("hi"), "m")], turn_complete=True)

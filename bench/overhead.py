@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.sqlite_store import sqlite_stores
 from bench.workload import Workload
@@ -36,6 +36,9 @@ from stepagent.providers.scripted import ScriptedProvider
 from stepagent.stores.base import Commit, ConversationStore, StateStore
 from stepagent.stores.memory import memory_stores
 from stepagent.stores.metrics import StoreMetrics
+
+if TYPE_CHECKING:
+    from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
 
 ROW_CHARS = 1000
 
@@ -178,6 +181,21 @@ class MotoDynamo:
     state_table: str = ""
     _count: int = 0
 
+    def stores(
+        self, metrics: StoreMetrics | None = None, *, page_size: int | None = 100
+    ) -> tuple[DynamoConversationStore, DynamoStateStore]:
+        """The two DynamoDB stores over these tables (``page_size=None``: the worker's, as in
+        ``aws/runtime.py``)."""
+        from stepagent.stores.dynamodb import dynamo_stores
+
+        return dynamo_stores(
+            self.client,
+            conversation_table=self.conversation_table,
+            state_table=self.state_table,
+            metrics=metrics,
+            page_size=page_size,
+        )
+
     @contextlib.asynccontextmanager
     async def fresh_tables(self) -> AsyncIterator[MotoDynamo]:
         """Fresh tables: moto copies a whole table on every transaction, so one measurement's seeded rows
@@ -227,18 +245,11 @@ async def moto_dynamodb() -> AsyncIterator[MotoDynamo]:
 
 
 async def dynamodb_overhead(moto: MotoDynamo, rows: int, in_context: int, *, quick: bool = False) -> Overhead:
-    from stepagent.stores.dynamodb import dynamo_stores
-
     thread = f"t-{rows:06d}-{in_context:06d}"
     async with moto.fresh_tables() as tables:
         await seed_dynamodb(tables.client, tables.conversation_table, thread, rows, in_context)
         metrics = StoreMetrics()
-        conversation, state = dynamo_stores(
-            tables.client,
-            conversation_table=tables.conversation_table,
-            state_table=tables.state_table,
-            metrics=metrics,
-        )
+        conversation, state = tables.stores(metrics)
         workload = Workload.build(conversation, state, provider=InstantModel())
         warmup, steps = (1, 3) if in_context >= 10_000 or quick else (2, 10)
         walls, cpus, last = await measure_steps(workload, thread, warmup=warmup, steps=steps, metrics=metrics)
