@@ -39,7 +39,7 @@ from stepagent.history_items import (
     UserItem,
 )
 from stepagent.messages import ApprovalDecisionKind, UserChoiceRequired
-from stepagent.stores.base import ConversationStore
+from stepagent.stores.base import ConversationStore, tree_threads
 
 #: What an item is: the stored kinds ``history`` lists, then the notices only replies carry (a question
 #: to answer, a link to open, a limit, an error, live partial text, and the tree going quiet).
@@ -221,12 +221,9 @@ async def _summaries(store: ConversationStore, thread_id: str) -> list[tuple[int
 
 async def tree_items(store: ConversationStore, root_id: str) -> AsyncIterator[Item]:
     """The thread's transcript, then each descendant's (depth first, in spawn order)."""
-    pending = [root_id]
-    while pending:
-        thread_id = pending.pop(0)
+    async for thread_id in tree_threads(store, root_id):
         async for item in thread_items(store, thread_id):
             yield item
-        pending[0:0] = [child.thread_id for child in await store.children(thread_id)]
 
 
 def clip(text: str, limit: int = 300) -> str:

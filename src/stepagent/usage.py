@@ -26,7 +26,7 @@ from typing import Any
 
 from stepagent.providers.base import Usage
 from stepagent.providers.prices import CATALOG_PRICES, PriceTable
-from stepagent.stores.base import ConversationStore, UsageRecord
+from stepagent.stores.base import ConversationStore, UsageRecord, tree_threads
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,14 +169,10 @@ async def thread_usage(
         return None
     pairs: list[tuple[str, UsageRecord]] = []
     threads: list[str] = []
-    pending = [thread_id]
-    while pending:
-        current = pending.pop()
+    async for current in tree_threads(conversation, thread_id):
         threads.append(current)
         async for record in conversation.usage_records(current):
             pairs.append((current, record))
-        # Depth first, children in spawn order (the stack is popped from the end).
-        pending.extend(reversed([child.thread_id for child in await conversation.children(current)]))
     report = summarize(thread_id, pairs, prices)
     # Threads that never ran the model still belong to the tree (with zero usage).
     ordered = {thread: report.threads.get(thread, TokenTotals()) for thread in threads}

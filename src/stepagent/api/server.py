@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import os
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -20,19 +19,9 @@ from stepagent.api.app import ApiState, build_app
 from stepagent.api.auth import ApiAuthSettings, DevAuth, Verifier
 from stepagent.client import Client
 from stepagent.errors import ConfigurationError
-from stepagent.rap.server import serve_in_background
+from stepagent.rap.server import is_loopback, serve_in_background
 
 __all__ = ["DEFAULT_PORT", "auth_settings", "is_loopback", "open_api", "serve_api"]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is ``localhost`` or a loopback address."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def auth_settings(host: str, environ: Mapping[str, str] | None = None) -> ApiAuthSettings:

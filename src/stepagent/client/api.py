@@ -23,6 +23,7 @@ from stepagent.history_items import ToolCallItem, waiting_for_approval
 from stepagent.messages import ApprovalDecision, InputMessage, UserChoiceRequired
 from stepagent.rap.choices import answer_user_choice
 from stepagent.senders.sqs import SqsSender
+from stepagent.stores.base import tree_threads
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
 from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_live import decode_live
@@ -382,18 +383,15 @@ class Client:
 
     async def _waiting_calls(self, thread: str) -> AsyncIterator[tuple[str, ToolCallItem]]:
         """Each thread of the tree whose last row is a call waiting for approval (one row read each)."""
-        pending = [thread]
-        while pending:
-            current = pending.pop(0)
+        async for current in tree_threads(self.conversation, thread):
             info = await self.conversation.get_thread(current)
-            if info is None:
-                continue
-            if info.tail > 0 and not info.closed:
+            if info is None and current == thread:
+                return  # no such thread (yet): it has no children to read either
+            if info is not None and info.tail > 0 and not info.closed:
                 rows = [row.item async for row in self.conversation.load_rows(current, after=info.tail - 1)]
                 waiting = waiting_for_approval(rows)
                 if waiting is not None:
                     yield current, waiting
-            pending.extend(child.thread_id for child in await self.conversation.children(current))
 
     # ---- choices ----------------------------------------------------------------------------------------
 
@@ -425,14 +423,12 @@ class Client:
 
     async def _read_snapshot(self, thread: str) -> tuple[Cursor, dict[str, int]]:
         cursor: Cursor = {}
-        pending = [thread]
-        while pending:
-            current = pending.pop(0)
+        async for current in tree_threads(self.conversation, thread):
             info = await self.conversation.get_thread(current)
-            if info is None:
-                continue
-            cursor[current] = info.tail
-            pending.extend(child.thread_id for child in await self.conversation.children(current))
+            if info is None and current == thread:
+                break  # no such thread (yet): it has no children to read either
+            if info is not None:
+                cursor[current] = info.tail
         heads = await self._reader.heads_and_live([thread, *cursor])
         seqs = {t: decode_live(live).notice_seq for t, (_, live) in heads.items()}
         return cursor, seqs

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,20 +22,9 @@ from stepagent.client import Client
 from stepagent.console import DEFAULT_PORT, pages
 from stepagent.console.app import ConsoleState, build_app
 from stepagent.console.dead_letters import DeadLetters
-from stepagent.rap.server import serve_in_background
+from stepagent.rap.server import is_loopback, serve_in_background
 
 __all__ = ["DEFAULT_PORT", "describe_target", "is_loopback", "open_console", "serve_console"]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a name or an IP address, IPv6 optionally in brackets) is ``localhost`` or a loopback
-    address."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 async def describe_target(settings: Settings, stack: str | None, sts: Any) -> str:

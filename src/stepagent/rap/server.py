@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, Literal, overload
@@ -407,6 +408,18 @@ class RapToolServer:
 #: Seconds a stopping embedded server waits for open connections (a streaming response, a keep-alive
 #: client) before closing them.
 GRACEFUL_SHUTDOWN_SECONDS = 1
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an IP address, IPv6 optionally in brackets) is ``localhost`` or a loopback
+    address: the servers that run unauthenticated (the console, the HTTP API with auth off) refuse any
+    other bind. Internal (not in ``__all__``), beside :func:`serve_in_background`, which both serve with."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 @contextlib.asynccontextmanager

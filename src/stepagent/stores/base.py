@@ -455,6 +455,16 @@ class SnapshotReader(Protocol):
     ) -> ThreadSnapshot: ...
 
 
+async def tree_threads(store: ConversationStore, root: str) -> AsyncIterator[str]:
+    """``root`` and each of its descendants, depth first, children in spawn order. A thread's children are
+    read when the walk goes on past it, so a caller that stops early reads no more than it used."""
+    pending = [root]
+    while pending:
+        current = pending.pop(0)
+        yield current
+        pending[0:0] = [child.thread_id for child in await store.children(current)]
+
+
 async def load_snapshot(
     conversation: ConversationStore,
     state: StateStore,
