@@ -155,7 +155,8 @@ def oracle_kwargs(case: Case) -> dict[str, Any]:
 # ---- capture ---------------------------------------------------------------------------------------------
 
 
-async def sdk_bytes(kwargs: dict[str, Any]) -> bytes:
+def capturing_sdk() -> tuple[anthropic.AsyncAnthropic, list[bytes]]:
+    """The SDK's client over a transport that records each request body and answers with a canned stream."""
     captured: list[bytes] = []
 
     def handler(request: httpx2.Request) -> httpx2.Response:
@@ -168,6 +169,11 @@ async def sdk_bytes(kwargs: dict[str, Any]) -> bytes:
         http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)),
         max_retries=0,
     )
+    return client, captured
+
+
+async def sdk_bytes(kwargs: dict[str, Any]) -> bytes:
+    client, captured = capturing_sdk()
     stream = await client.messages.create(**kwargs)
     async for _ in stream:
         pass
@@ -306,18 +312,7 @@ async def test_the_sdks_stream_helper_sends_the_same_output_config() -> None:
     case = generate(3)
     schema = OutputSchema.of(Forecast)
     ours, _ = await our_bytes(case, schema.schema, schema.class_name)
-    captured: list[bytes] = []
-
-    def handler(request: httpx2.Request) -> httpx2.Response:
-        captured.append(request.read())
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=OK_STREAM)
-
-    client = anthropic.AsyncAnthropic(
-        api_key="test-key",
-        base_url="https://anthropic.test",
-        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)),
-        max_retries=0,
-    )
+    client, captured = capturing_sdk()
     kwargs = {k: v for k, v in oracle_kwargs(case).items() if k != "stream"}
     async with client.messages.stream(**kwargs, output_format=Forecast) as stream:
         async for _ in stream:

@@ -170,7 +170,8 @@ def oracle_kwargs(case: Case) -> dict[str, Any]:
 # ---- capture ---------------------------------------------------------------------------------------------
 
 
-async def sdk_bytes(kwargs: dict[str, Any]) -> bytes:
+def capturing_sdk() -> tuple[openai.AsyncOpenAI, list[bytes]]:
+    """The SDK's client over a transport that records each request body and answers with a canned stream."""
     captured: list[bytes] = []
 
     def handler(request: httpx2.Request) -> httpx2.Response:
@@ -183,6 +184,11 @@ async def sdk_bytes(kwargs: dict[str, Any]) -> bytes:
         http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)),
         max_retries=0,
     )
+    return client, captured
+
+
+async def sdk_bytes(kwargs: dict[str, Any]) -> bytes:
+    client, captured = capturing_sdk()
     stream = await client.chat.completions.create(**kwargs)
     async for _ in stream:
         pass
@@ -303,18 +309,7 @@ async def test_the_sdks_stream_helper_sends_the_same_bytes() -> None:
     case = next(c for c in map(generate, SEEDS) if not c.tools)
     schema = OutputSchema.of(Forecast)
     ours, _ = await our_bytes(case, schema.schema, schema.class_name)
-    captured: list[bytes] = []
-
-    def handler(request: httpx2.Request) -> httpx2.Response:
-        captured.append(request.read())
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=OK_STREAM)
-
-    client = openai.AsyncOpenAI(
-        api_key="test-key",
-        base_url="https://openai.test/v1",
-        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)),
-        max_retries=0,
-    )
+    client, captured = capturing_sdk()
     kwargs = {k: v for k, v in oracle_kwargs(case).items() if k != "stream"}
     async with client.chat.completions.stream(**kwargs, response_format=Forecast):
         pass  # the request is sent on entry; the canned answer is not a Forecast, so it is not read
