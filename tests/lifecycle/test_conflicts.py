@@ -20,7 +20,7 @@ from stepagent.ids import derived_id
 from stepagent.lifecycle import export_lines, import_tree
 from stepagent.lifecycle.commands import add_lifecycle_commands, run_lifecycle_command
 from stepagent.lifecycle.rewind import rewind_thread
-from tests.conftest import DynamoEnv, moto_endpoint
+from tests.conftest import DynamoEnv
 from tests.faults import Faults
 from tests.lifecycle import build_tree, export_to, rename, transcript
 
@@ -112,15 +112,6 @@ async def test_a_rewind_retries_conflicts_and_a_lasting_conflict_is_reported(dyn
     assert result.effective <= 2 and result.dropped_rows > 0
     after = await conv.get_thread(ids["root"])
     assert after is not None and after.tail == result.effective
-
-
-@pytest.fixture
-def settings_env(dynamo: DynamoEnv, monkeypatch: pytest.MonkeyPatch) -> DynamoEnv:
-    monkeypatch.setenv("STEPAGENT_CONVERSATION_TABLE", dynamo.conversation_table)
-    monkeypatch.setenv("STEPAGENT_STATE_TABLE", dynamo.state_table)
-    monkeypatch.setenv("STEPAGENT_BLOB_BUCKET", dynamo.bucket)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint())
-    return dynamo
 
 
 def throttle_sessions(monkeypatch: pytest.MonkeyPatch, faults: Faults) -> None:

@@ -19,7 +19,7 @@ from stepagent.lifecycle import import_tree, rewind_thread
 from stepagent.lifecycle.commands import add_lifecycle_commands, run_lifecycle_command
 from stepagent.stores.base import Rewind, ThreadInfo
 from stepagent.stores.dynamodb import DynamoConversationStore
-from tests.conftest import DynamoEnv, moto_endpoint
+from tests.conftest import DynamoEnv
 from tests.lifecycle import BIG, build_tree, commit, export_to, rename, transcript, uid, user
 
 pytestmark = pytest.mark.asyncio
@@ -135,15 +135,6 @@ def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="stepagent")
     add_lifecycle_commands(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(argv)
-
-
-@pytest.fixture
-def settings_env(dynamo: DynamoEnv, monkeypatch: pytest.MonkeyPatch) -> DynamoEnv:
-    monkeypatch.setenv("STEPAGENT_CONVERSATION_TABLE", dynamo.conversation_table)
-    monkeypatch.setenv("STEPAGENT_STATE_TABLE", dynamo.state_table)
-    monkeypatch.setenv("STEPAGENT_BLOB_BUCKET", dynamo.bucket)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint())
-    return dynamo
 
 
 async def test_cli_export_import_and_rewind(
