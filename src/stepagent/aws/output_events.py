@@ -18,7 +18,7 @@ form inherits from both an event kind and :class:`ThreadContext`, which must sha
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired
+from typing import Any, Literal, NotRequired, cast
 
 from typing_extensions import TypedDict
 
@@ -186,9 +186,9 @@ API's stream."""
 
 def in_thread(event: OutputEvent, context: ThreadContext) -> OutputEventInThread:
     """``event`` with ``context`` after its own keys (a key of both takes the context's value in place)."""
-    # One branch per kind: the type checker follows a ``**`` of a TypedDict only for a single kind.
-    if event["type"] == "text":
-        return {**event, **context}
+    # Each kind's ...InThread form is exactly that kind plus ThreadContext, which this merge builds; the
+    # type checker follows a ``**`` of a TypedDict only for a single kind, not over the union, hence the cast.
+    return cast(OutputEventInThread, {**event, **context})
     if event["type"] == "tool_call" or event["type"] == "approval_required":
         return {**event, **context}
     if event["type"] == "tool_result" or event["type"] == "event":
