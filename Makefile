@@ -1,5 +1,11 @@
 # stepagent — developer entry points. Everything installs into .venv from this repository's own files.
-PYTHON ?= python3
+# The deployed Lambda runtime is python3.13 (template.yaml): develop and test on it where this machine has it
+# (pyenv's 3.13, else a python3.13 on PATH), else on python3. The oldest version requires-python claims
+# (3.11) has its own lane in make test (test-oldest).
+PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) \
+	$(shell python3.13 -c 'import sys; print(sys.executable)' 2>/dev/null) python3)
+OLDEST_PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.11*/bin/python3.11) \
+	$(shell python3.11 -c 'import sys; print(sys.executable)' 2>/dev/null))
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -16,8 +22,10 @@ PEER_STAMP := $(PEER_VENV)/.installed
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
-	@echo "setup: installing stepagent and its pinned development dependencies into $(VENV) (2-4 minutes the first time)"
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "setup: installing stepagent and its pinned development dependencies into $(VENV) on $$($(PYTHON) -V) (2-4 minutes the first time)"
+	@# A venv left from another interpreter (an earlier 3.11 checkout) is rebuilt, not reused.
+	@test -x $(PY) && [ "$$($(PY) -c 'import sys; print(sys.version_info[:2])')" = "$$($(PYTHON) -c 'import sys; print(sys.version_info[:2])')" ] \
+		|| { rm -rf $(VENV); $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev,local]'
 	@touch $(STAMP)
 	@echo "setup: done"
