@@ -18,6 +18,9 @@ field of the message (content, metadata, ``display_as``, synthetic, ids):
   root — at most :data:`MAX_METADATA_BYTES` as JSON.
 - **Ids** (``id``, ``group_id``, a tool result's ``id``/``call_id``, a synthetic ``tool_call_id`` and
   ``child_thread_id``): at most :data:`MAX_ID_BYTES` UTF-8 bytes, as they become parts of DynamoDB keys.
+- **Thread ids from outside** (:func:`check_group_id`, what the HTTP API accepts): SQS's own rule for a
+  FIFO ``MessageGroupId``, which a thread id becomes — 1 to :data:`MAX_GROUP_ID_CHARS` characters, each
+  an ASCII letter, digit or punctuation mark (no space, nothing outside ASCII).
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ MAX_DEPTH = 64
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_METADATA_BYTES = 256 * 1024
 MAX_ID_BYTES = 512
+MAX_GROUP_ID_CHARS = 128
+
+# SQS: "alphanumeric characters (a-z, A-Z, 0-9) and punctuation (!"#$%&'()*+,-./:;<=>?@[\]^_`{|}~)" —
+# exactly the printable ASCII characters but the space.
+_GROUP_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_GROUP_ID_CHARS}}}")
 
 _BAD_CHARACTERS = re.compile("[\ud800-\udfff\ufffe\uffff]")
 
@@ -118,6 +126,17 @@ def check_id(value: str | None, field: str) -> None:
     if value is not None and len(value.encode("utf-8")) > MAX_ID_BYTES:
         raise MalformedMessageError(
             f"invalid input message: {field}: longer than {MAX_ID_BYTES} bytes", field=field
+        )
+
+
+def check_group_id(value: str, field: str) -> None:
+    """Raise :class:`~stepagent.errors.MalformedMessageError` unless ``value`` may be an SQS FIFO
+    ``MessageGroupId`` (see the module docstring)."""
+    if _GROUP_ID.fullmatch(value) is None:
+        raise MalformedMessageError(
+            f"invalid {field} {value[:140]!r}: it must be 1 to {MAX_GROUP_ID_CHARS} characters, each an ASCII "
+            "letter, digit or punctuation mark (!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~; no spaces)",
+            field=field,
         )
 
 

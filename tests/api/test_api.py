@@ -96,21 +96,22 @@ async def test_auth_ownership_bad_input_idempotency_history_and_approvals() -> N
             approval = {"tool_call_id": "c1", "decision": "approve"}
             error_of(await http.post(path + "/approvals", json=approval, headers=alice), 404, "not_found")
 
-            # ---- bad input
+            # ---- bad input (raw bodies declare JSON: another media type is a 415, tested apart)
+            as_json = {**alice, "Content-Type": "application/json"}
             error_of(
-                await http.post(path + "/messages", content=b"{not json", headers=alice), 400, "bad_request"
+                await http.post(path + "/messages", content=b"{not json", headers=as_json), 400, "bad_request"
             )
             error_of(await http.post(path + "/messages", json=["hi"], headers=alice), 400, "bad_request")
             error_of(
                 await http.post(path + "/messages", json={"txt": "hi"}, headers=alice), 400, "bad_request"
             )
             error_of(
-                await http.post(path + "/messages", content='{"text": "\\ud800"}', headers=alice),
+                await http.post(path + "/messages", content='{"text": "\\ud800"}', headers=as_json),
                 400,
                 "bad_request",
             )
             big = b'{"text": "' + b"x" * MAX_MESSAGE_BYTES + b'"}'
-            error_of(await http.post(path + "/messages", content=big, headers=alice), 413, "too_large")
+            error_of(await http.post(path + "/messages", content=big, headers=as_json), 413, "too_large")
             error_of(
                 await http.post(
                     path + "/messages", json={"text": "hi", "metadata": {"x": "y" * 300_000}}, headers=alice

@@ -88,7 +88,12 @@ async def test_the_api_stream_token_names_each_notice_so_a_resume_repeats_none()
     from types import SimpleNamespace
     from typing import Any, cast
 
-    from stepagent.api.events import Position, SharedReads, TreeEvents, View, decode_token
+    from stepagent.api.events import Position, ResumeTokens, SharedReads, TreeEvents, View
+
+    tokens = ResumeTokens(b"k" * 32)
+
+    def decode_token(token: str, root: str) -> dict[str, Position]:
+        return tokens.decode(token, root)
 
     # Six notices recorded, the last four kept; the fifth cannot be read.
     notices = [s(ERROR.replace("e1", f"n{n}")) for n in (3, 4)] + [
@@ -99,7 +104,7 @@ async def test_the_api_stream_token_names_each_notice_so_a_resume_repeats_none()
     reader = cast(Any, SimpleNamespace(state=_NoMetadata()))
 
     async def sent(positions: dict[str, Position]) -> list[tuple[str, str]]:
-        stream = TreeEvents(SharedReads(reader), "t", positions)
+        stream = TreeEvents(SharedReads(reader), "t", positions, tokens=tokens)
         return [(token, event["event_id"]) async for token, event in stream._thread_events("t", view)]  # type: ignore[typeddict-item]
 
     first = await sent({"t": Position(notices=2)})

@@ -1,6 +1,9 @@
 """The HTTP API's application (Starlette): what a web or mobile backend calls instead of SQS and DynamoDB.
 
 ========================================  ======================================================================
+``POST /v1/threads``                      ``{"text", "metadata"}`` → 201 ``{"thread_id", "message_id"}``: a new
+                                          conversation under an id the server makes (unguessable; with an
+                                          ``Idempotency-Key`` a retry gets the same id)
 ``POST /v1/threads/{thread}/messages``    ``{"text", "metadata"}`` → 202 ``{"message_id"}``; ``Idempotency-Key``
                                           is the logical message id, so a retried POST is processed once
 ``POST /v1/threads/{thread}/approvals``   an approval answer (``tool_call_id``, ``decision``, ``args``,
@@ -12,17 +15,27 @@
 ========================================  ======================================================================
 
 Every ``/v1`` route authenticates the caller (:mod:`stepagent.api.auth`) and checks the thread's owner
-(:mod:`stepagent.api.ownership`). Errors are ``{"error": {"code", "message"}}``: 400 ``bad_request``
-(malformed JSON, a body that breaks the input message rules, a bad resume token), 401 ``unauthorized``, 404
-``not_found`` (unknown, or someone else's), 413 ``too_large`` (a body over the input message's 16 MiB, or
-metadata over 256 KiB), 429 ``too_many_requests`` (too many open streams for one subject, or the store or
-queue throttled us; with ``Retry-After``).
+(:mod:`stepagent.api.ownership`); what a message may say about its sender is :mod:`stepagent.api.policy`'s
+decision. Before a 202 the input is checked with the worker's own rules (the message it becomes is parsed
+as the worker parses it) and the thread id with SQS's ``MessageGroupId`` rule, so nothing accepted here is
+dead-lettered there. Errors are ``{"error": {"code", "message"}}``: 400 ``bad_request`` (malformed JSON, a
+body that breaks the input message rules, an empty message, a bad thread id, a reserved metadata key, a bad
+resume token), 401 ``unauthorized``, 404 ``not_found`` (unknown, or someone else's), 413 ``too_large`` (a
+body over the input message's 16 MiB, or metadata over 256 KiB), 415 ``unsupported_media_type`` (a POST
+body that is not ``application/json``), 422 ``idempotency_key_reused`` (the key was used for another
+request) or ``profile_not_allowed``, 429 ``too_many_requests`` (too many open streams for one subject, or
+the store or queue throttled us; with ``Retry-After``). Every answer carries
+``X-Content-Type-Options: nosniff`` and ``Cache-Control: no-store``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import json
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,17 +45,22 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stepagent.api.auth import Unauthorized, Verifier
-from stepagent.api.events import BadToken, SharedReads, TreeEvents, decode_token
+from stepagent.api.events import BadToken, ResumeTokens, SharedReads, TreeEvents, tree_positions
+from stepagent.api.idempotency import IdempotencyKeys, KeyReused, request_digest
+from stepagent.api.keys import ApiKeys
 from stepagent.api.ownership import Ownership
+from stepagent.api.policy import ApiPolicy, MetadataRefused
 from stepagent.client import Client
 from stepagent.errors import InputError, MalformedMessageError, PayloadTooLargeError, TransientError
-from stepagent.input_rules import MAX_MESSAGE_BYTES, check_id, check_json, check_metadata, load_json
-from stepagent.messages import ApprovalDecision, InputMessage
+from stepagent.input_rules import MAX_MESSAGE_BYTES, check_group_id, check_id, check_json, load_json
+from stepagent.messages import ApprovalDecision, InputMessage, parse_input_message
 from stepagent.transcript import tree_items
 
 #: Seconds of silence after which an event stream sends a comment, so proxies keep it open.
@@ -75,54 +93,131 @@ class ApprovalBody(ApprovalDecision):
 
 @dataclass(slots=True)
 class ApiState:
-    """What the application needs: an open client (stores and sender), the verifier, shared reads."""
+    """What the application needs: an open client (stores and sender), the verifier, the deployment's
+    keys (:mod:`stepagent.api.keys`; every instance must have the same: the default, random keys, suits
+    one local process only) and metadata policy, shared reads."""
 
     client: Client
     verifier: Verifier
+    keys: ApiKeys = field(default_factory=ApiKeys.generate)
+    policy: ApiPolicy = field(default_factory=ApiPolicy)
     heartbeat_s: float = HEARTBEAT_S
     max_streams: int | None = MAX_STREAMS_PER_SUBJECT
     streams: dict[str, int] = field(default_factory=dict)
     reads: SharedReads = field(init=False)
     owners: Ownership = field(init=False)
+    tokens: ResumeTokens = field(init=False)
+    idempotency: IdempotencyKeys = field(init=False)
 
     def __post_init__(self) -> None:
         reader = self.client.reader
         self.reads = SharedReads(reader)
-        self.owners = Ownership(reader.io, reader.state_table, reader.conversation)
+        self.owners = Ownership(
+            reader.io, reader.state_table, reader.conversation, open_access=not self.authenticates
+        )
+        self.tokens = ResumeTokens(self.keys.resume)
+        self.idempotency = IdempotencyKeys(reader.io, reader.state_table)
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether callers prove who they are (``jwt``); without (``none``) nobody has an identity."""
+        return self.verifier.settings.mode != "none"
 
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": {"code": code, "message": message}}, status, headers=headers)
 
 
+#: On every answer of the API: a JSON body is never sniffed as something else, nor kept by a cache.
+SECURITY_HEADERS = {"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+
+
+class SecurityHeaders:
+    """ASGI middleware: :data:`SECURITY_HEADERS` on every response that does not set them itself (a pure
+    ASGI wrapper, so streamed answers stay streamed)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                for name, value in SECURITY_HEADERS.items():
+                    if name.lower().encode() not in present:
+                        headers.append((name.lower().encode(), value.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
 Handler = Callable[[Request, ApiState, str, str], Awaitable[Response]]
 
 
-def _route(state: ApiState, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
-    """Authentication, the thread id's rules and the error mapping around one ``/v1`` handler."""
+async def _authenticated(request: Request, state: ApiState) -> str:
+    try:
+        return await state.verifier.subject(request.headers.get("authorization"))
+    except Unauthorized as error:
+        raise ApiError(401, "unauthorized", str(error), {"WWW-Authenticate": "Bearer"}) from None
 
-    async def endpoint(request: Request) -> Response:
+
+def _errors(
+    endpoint: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """The error mapping around one ``/v1`` endpoint."""
+
+    async def answer(request: Request) -> Response:
         try:
-            try:
-                subject = await state.verifier.subject(request.headers.get("authorization"))
-            except Unauthorized as error:
-                raise ApiError(401, "unauthorized", str(error), {"WWW-Authenticate": "Bearer"}) from None
-            thread = request.path_params["thread"]
-            try:
-                check_id(thread, "thread")
-            except InputError as error:
-                raise ApiError(400, "bad_request", str(error)) from None
-            return await handler(request, state, subject, thread)
+            return await endpoint(request)
         except ApiError as error:
             return _error(error.status, error.code, error.message, error.headers)
         except TransientError as error:
             return _error(429, "too_many_requests", f"try again shortly: {error}", {"Retry-After": "1"})
 
-    return endpoint
+    return answer
+
+
+def _check_thread_id(thread: str) -> None:
+    """The worker's id rule and SQS's ``MessageGroupId`` rule (a thread id is the group id)."""
+    try:
+        check_group_id(thread, "thread id")
+        check_id(thread, "thread")
+    except InputError as error:
+        raise ApiError(400, "bad_request", str(error)) from None
+
+
+def _route(state: ApiState, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    """Authentication, the thread id's rules and the error mapping around one ``/v1/threads/{thread}``
+    handler."""
+
+    async def endpoint(request: Request) -> Response:
+        subject = await _authenticated(request, state)
+        thread = request.path_params["thread"]
+        _check_thread_id(thread)
+        return await handler(request, state, subject, thread)
+
+    return _errors(endpoint)
+
+
+def _is_json(content_type: str | None) -> bool:
+    # The media type is what comes before any parameter (``application/json; charset=utf-8``).
+    return (content_type or "").partition(";")[0].strip().lower() == "application/json"
 
 
 async def _body(request: Request) -> Any:
     """The request's JSON body, at most the input message's size, checked by the input message rules."""
+    if not _is_json(request.headers.get("content-type")):
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            "the request body must be JSON, sent with 'Content-Type: application/json'",
+        )
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_MESSAGE_BYTES:
         raise ApiError(413, "too_large", f"the body is over the {MAX_MESSAGE_BYTES}-byte limit")
@@ -153,10 +248,10 @@ def _parse(model: type[BaseModel], value: Any) -> Any:
         raise ApiError(400, "bad_request", f"invalid request body: {problems}") from None
 
 
-def _message_id(request: Request) -> str:
+def _idempotency_key(request: Request) -> str | None:
     key = request.headers.get("idempotency-key")
     if key is None:
-        return str(uuid.uuid4())
+        return None
     try:
         if not key.strip():
             raise MalformedMessageError("the Idempotency-Key header is empty")
@@ -164,6 +259,16 @@ def _message_id(request: Request) -> str:
     except InputError as error:
         raise ApiError(400, "bad_request", str(error)) from None
     return key
+
+
+def _as_the_worker_reads_it(message: InputMessage) -> None:
+    """Parse ``message`` as the worker will: what it would dead-letter is refused here instead."""
+    try:
+        parse_input_message(message.model_dump())
+    except PayloadTooLargeError as error:
+        raise ApiError(413, "too_large", str(error)) from None
+    except MalformedMessageError as error:
+        raise ApiError(400, "bad_request", str(error)) from None
 
 
 async def _claim(state: ApiState, thread: str, subject: str) -> None:
@@ -176,25 +281,84 @@ async def _readable(state: ApiState, thread: str, subject: str) -> None:
         raise ApiError(404, "not_found", f"no thread {thread!r}")
 
 
+async def _same_request(state: ApiState, thread: str, key: str | None, route: str, body: Any) -> None:
+    """Record what ``key`` means in ``thread`` (422 if it meant another request)."""
+    if key is None:
+        return
+    try:
+        await state.idempotency.use(thread, key, request_digest(route, body))
+    except KeyReused as error:
+        raise ApiError(422, "idempotency_key_reused", str(error)) from None
+
+
+async def _send_text(
+    request: Request, state: ApiState, subject: str, thread: str, *, new_thread: bool | None, route: str
+) -> str:
+    """Check, claim and send one user message to ``thread`` (``new_thread``: whether the store lacks it,
+    ``None``: read it if it matters); its message id."""
+    raw = await _body(request)
+    body = _parse(MessageBody, raw)
+    if not body.text.strip():
+        raise ApiError(
+            400, "bad_request", "the message is empty: 'text' needs at least one visible character"
+        )
+    key = _idempotency_key(request)
+    message_id = key or str(uuid.uuid4())
+    if new_thread is None and body.metadata is None and state.authenticates:
+        new_thread = await state.client.conversation.get_thread(thread) is None
+    try:
+        metadata = state.policy.metadata(
+            body.metadata, subject if state.authenticates else None, new_thread=bool(new_thread)
+        )
+    except MetadataRefused as error:
+        raise ApiError(error.status, error.code, error.message) from None
+    message = InputMessage.user_text(thread, body.text, id=message_id, metadata=metadata)
+    _as_the_worker_reads_it(message)
+    await _claim(state, thread, subject)
+    await _same_request(state, thread, key, route, raw)
+    await state.client.sender.send(message, message_id)
+    return message_id
+
+
 async def send_message(request: Request, state: ApiState, subject: str, thread: str) -> Response:
     """Put the user's message on the input queue (once per ``Idempotency-Key``)."""
-    body = _parse(MessageBody, await _body(request))
-    try:
-        check_metadata(body.metadata)
-    except PayloadTooLargeError as error:
-        raise ApiError(413, "too_large", str(error)) from None
-    message_id = _message_id(request)
-    await _claim(state, thread, subject)
-    message = InputMessage.user_text(thread, body.text, id=message_id, metadata=body.metadata)
-    await state.client.sender.send(message, message_id)
+    message_id = await _send_text(request, state, subject, thread, new_thread=None, route="messages")
     return JSONResponse({"message_id": message_id}, 202)
+
+
+def _new_thread_id(state: ApiState, subject: str, key: str | None) -> str:
+    """An id nobody can guess: random, or — for an ``Idempotency-Key`` — the HMAC of the subject and the
+    key under the deployment's key, so a retry names the same thread and another user's key another."""
+    if key is None:
+        return "t-" + secrets.token_urlsafe(24)
+    digest = hmac.new(state.keys.thread_ids, f"{subject}\x00{key}".encode(), hashlib.sha256).digest()
+    return "t-" + base64.urlsafe_b64encode(digest[:24]).decode()
+
+
+def _threads_route(state: ApiState) -> Callable[[Request], Awaitable[Response]]:
+    async def create_thread(request: Request) -> Response:
+        """Start a conversation under a thread id the server makes."""
+        subject = await _authenticated(request, state)
+        thread = _new_thread_id(state, subject, _idempotency_key(request))
+        message_id = await _send_text(request, state, subject, thread, new_thread=True, route="threads")
+        return JSONResponse({"thread_id": thread, "message_id": message_id}, 201)
+
+    return _errors(create_thread)
 
 
 async def send_approval(request: Request, state: ApiState, subject: str, thread: str) -> Response:
     """Send a person's decision on a waiting tool call as an input message."""
-    body = _parse(ApprovalBody, await _body(request))
-    message_id = _message_id(request)
+    raw = await _body(request)
+    body = _parse(ApprovalBody, raw)
+    key = _idempotency_key(request)
+    message_id = key or str(uuid.uuid4())
+    _as_the_worker_reads_it(
+        InputMessage.approval(
+            thread, body.tool_call_id, body.decision, args=body.args, message=body.message, id=message_id
+        )
+    )
     await _readable(state, thread, subject)
+    await _same_request(state, thread, key, "approvals", raw)
     # The client routes the decision to whichever thread of the tree waits on the call (a child's, too).
     await state.client.approve(
         thread, body.tool_call_id, body.decision, body.args, body.message, message_id=message_id
@@ -229,16 +393,18 @@ async def get_events(request: Request, state: ApiState, subject: str, thread: st
     token = request.headers.get("last-event-id") or request.query_params.get("after")
     follow = request.query_params.get("follow", "") in ("1", "true", "yes")
     try:
-        positions = decode_token(token, thread) if token else None
+        positions = state.tokens.decode(token, thread) if token else None
     except BadToken as error:
         raise ApiError(400, "bad_request", str(error)) from None
     await _readable(state, thread, subject)
+    if positions is not None:
+        positions = await tree_positions(state.reads.reader, thread, positions)
     limit = state.max_streams if state.verifier.settings.mode == "jwt" else None
     if limit is not None and state.streams.get(subject, 0) >= limit:
         raise ApiError(
             429, "too_many_requests", f"at most {limit} open event streams per user", {"Retry-After": "5"}
         )
-    tree = TreeEvents(state.reads, thread, positions, follow=follow)
+    tree = TreeEvents(state.reads, thread, positions, tokens=state.tokens, follow=follow)
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     return StreamingResponse(
         _sse(state, subject, tree), media_type="text/event-stream; charset=utf-8", headers=headers
@@ -315,10 +481,15 @@ def build_app(state: ApiState) -> Starlette:
     """The application over ``state``."""
     base = "/v1/threads/{thread}"
     routes = [
+        Route("/v1/threads", _threads_route(state), methods=["POST"]),
         Route(base + "/messages", _route(state, send_message), methods=["POST"]),
         Route(base + "/approvals", _route(state, send_approval), methods=["POST"]),
         Route(base + "/events", _route(state, get_events), methods=["GET"]),
         Route(base, _route(state, get_history), methods=["GET"]),
         *(Route(path, static, methods=["GET"]) for path in _STATIC),
     ]
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: method_not_allowed})
+    return Starlette(
+        routes=routes,
+        exception_handlers={404: not_found, 405: method_not_allowed},
+        middleware=[Middleware(SecurityHeaders)],
+    )

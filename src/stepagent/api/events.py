@@ -23,7 +23,10 @@ Each carries the thread context after its own keys (:func:`stepagent.aws.output_
 the last row order sent, the head version and the last ``turn_complete`` version fully sent, the notices
 seen, and the partial text's (version, characters sent). Everything it names is stored durably, so a new
 stream given the token (``Last-Event-ID`` or ``?after=``), on any process, yields exactly the events after
-it: none lost, none repeated. Per thread the order is the commit order; threads of a tree interleave as
+it: none lost, none repeated. It is signed (HMAC-SHA256 over the root's id and the positions, with the
+deployment's resume key, :class:`ResumeTokens`), so a client can neither name threads of its own choosing
+nor alter a position; and on resume only the threads the store records under the URL's root are kept
+(:func:`tree_positions`) — a token never widens what a stream reads. Per thread the order is the commit order; threads of a tree interleave as
 they were observed. Partial text is not durable: a resumed stream continues the same partial turn from
 the character it reached, and once that turn is committed it sends the committed ``text`` instead.
 
@@ -40,6 +43,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
+import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -100,32 +105,71 @@ class Position:
         return [self.order, self.version, self.usage, self.notices, self.partial_version, self.partial_chars]
 
 
-def encode_token(positions: dict[str, Position]) -> str:
-    """The resume token of ``positions`` (opaque to clients)."""
-    raw = json.dumps({t: p.as_list() for t, p in positions.items()}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+class ResumeTokens:
+    """Makes and checks resume tokens: ``<positions, base64url JSON>.<HMAC-SHA256, base64url>``, the MAC
+    over the root's id and the positions, so a token is valid only for the stream of the root it was made
+    for and only as this deployment's API made it."""
 
+    def __init__(self, key: bytes) -> None:
+        self._key = key
 
-def decode_token(token: str, root: str) -> dict[str, Position]:
-    """The positions a token holds; :class:`BadToken` when it is not one of ours or not of ``root``."""
-    if len(token) > MAX_TOKEN_CHARS:
-        raise BadToken("the resume token is too long")
-    try:
-        data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        positions = {}
-        for thread, values in data.items():
-            order, version, usage, notices, pv, pc = values
-            for number in (order, version, usage, pv, pc):
-                if not isinstance(number, int) or isinstance(number, bool):
+    def _mac(self, root: str, payload: str) -> str:
+        digest = hmac.new(self._key, f"{root}\x00{payload}".encode(), hashlib.sha256).digest()
+        return _b64(digest)
+
+    def encode(self, root: str, positions: dict[str, Position]) -> str:
+        """The resume token of ``positions`` in the tree of ``root`` (opaque to clients)."""
+        raw = json.dumps({t: p.as_list() for t, p in positions.items()}, separators=(",", ":"))
+        payload = _b64(raw.encode())
+        return f"{payload}.{self._mac(root, payload)}"
+
+    def decode(self, token: str, root: str) -> dict[str, Position]:
+        """The positions a token holds; :class:`BadToken` when this API did not make it for ``root``'s
+        stream (or it was altered)."""
+        if len(token) > MAX_TOKEN_CHARS:
+            raise BadToken("the resume token is too long")
+        payload, _, mac = token.partition(".")
+        if not hmac.compare_digest(mac.encode(), self._mac(root, payload).encode()):
+            raise BadToken(
+                "the resume token (Last-Event-ID or after) is not one this API sent for this thread's stream"
+            )
+        try:
+            data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+            positions = {}
+            for thread, values in data.items():
+                order, version, usage, notices, pv, pc = values
+                for number in (order, version, usage, pv, pc):
+                    if not isinstance(number, int) or isinstance(number, bool):
+                        raise TypeError
+                if notices is not None and not isinstance(notices, int):
                     raise TypeError
-            if notices is not None and not isinstance(notices, int):
-                raise TypeError
-            positions[str(thread)] = Position(order, version, usage, notices, pv, pc)
-    except (ValueError, TypeError, AttributeError, binascii.Error) as error:
-        raise BadToken("the resume token (Last-Event-ID or after) is not one this stream sent") from error
-    if root not in positions:
-        raise BadToken("the resume token belongs to another thread")
-    return positions
+                positions[str(thread)] = Position(order, version, usage, notices, pv, pc)
+        except (ValueError, TypeError, AttributeError, binascii.Error) as error:
+            raise BadToken("the resume token (Last-Event-ID or after) cannot be read") from error
+        if root not in positions:
+            raise BadToken("the resume token belongs to another thread")
+        return positions
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+async def tree_positions(
+    reader: StoreReader, root: str, positions: dict[str, Position]
+) -> dict[str, Position]:
+    """``positions`` without the threads the store does not record in ``root``'s tree (a thread's head
+    names its root): a resumed stream reads only what a fresh stream of ``root`` could reach."""
+    others = [thread for thread in positions if thread != root]
+    if not others:
+        return positions
+    heads = await reader.heads_and_live(others)
+    inside = {
+        thread
+        for thread, (head, _) in heads.items()
+        if head is not None and info_from_item(head).root_id == root
+    }
+    return {thread: pos for thread, pos in positions.items() if thread == root or thread in inside}
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +218,9 @@ _NOTHING = View()
 
 
 class TreeEvents:
-    """Follows the thread tree of ``root`` from ``positions`` (empty: from the start); :meth:`events`
-    yields ``(resume token, event)``."""
+    """Follows the thread tree of ``root`` from ``positions`` (empty: from the start; a resumed stream's
+    come from :meth:`ResumeTokens.decode` and :func:`tree_positions`); :meth:`poll` yields
+    ``(resume token, event)``, each token signed by ``tokens``."""
 
     def __init__(
         self,
@@ -183,9 +228,11 @@ class TreeEvents:
         root: str,
         positions: dict[str, Position] | None = None,
         *,
+        tokens: ResumeTokens,
         follow: bool = False,
     ) -> None:
         self.reads = reads
+        self.tokens = tokens
         self.reader = reads.reader
         self.root = root
         self.positions: dict[str, Position] = positions if positions else {root: Position()}
@@ -195,7 +242,7 @@ class TreeEvents:
         self._metadata: Any = None
 
     def token(self) -> str:
-        return encode_token(self.positions)
+        return self.tokens.encode(self.root, self.positions)
 
     @property
     def interval(self) -> float:

@@ -6,7 +6,9 @@ event stream reaches the browser as it is written. The settings (``STEPAGENT_*``
 :mod:`stepagent.api.auth`) are read and the AWS clients opened at the first request (a configuration error
 answers 500 with one clear message and is retried at the next request; the chat page is served
 without them, so the adapter's readiness check passes), then kept for the life of the
-process. ``none`` auth is refused here: a Function URL is never a loopback address.
+process. ``none`` auth is refused here: a Function URL is never a loopback address. So is a missing
+callback secret (``STEPAGENT_CALLBACK_SECRET_ID``): every instance must sign and verify resume tokens with
+the same key (:mod:`stepagent.api.keys`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from stepagent.api.app import STATIC_PATHS, ApiState, build_app, static
+from stepagent.api.app import SECURITY_HEADERS, STATIC_PATHS, ApiState, build_app, static
 from stepagent.api.auth import ApiAuthSettings, Verifier
+from stepagent.api.keys import keys_for
+from stepagent.api.policy import ApiPolicy
 from stepagent.client import Client
 from stepagent.errors import ConfigurationError
 
@@ -42,9 +46,15 @@ class LambdaApi:
                     raise ConfigurationError(
                         "STEPAGENT_API_AUTH must be jwt on Lambda (none is loopback only)"
                     )
+                policy = ApiPolicy.from_env(os.environ)
                 client = await Client().open()
+                try:
+                    keys = await keys_for(client.settings, required=True)
+                except BaseException:
+                    await client.close()
+                    raise
                 self._client = client
-                self._app = build_app(ApiState(client, Verifier(auth)))
+                self._app = build_app(ApiState(client, Verifier(auth), keys=keys, policy=policy))
             return self._app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -59,7 +69,9 @@ class LambdaApi:
             app = await self._build()
         except ConfigurationError as error:
             response = JSONResponse(
-                {"error": {"code": "configuration", "message": f"the API is misconfigured: {error}"}}, 500
+                {"error": {"code": "configuration", "message": f"the API is misconfigured: {error}"}},
+                500,
+                headers=SECURITY_HEADERS,
             )
             await response(scope, receive, send)
             return

@@ -1,11 +1,16 @@
 """Which subject owns which conversation: an ``OWNER`` item per root thread in the state table.
 
-A thread is owned by the subject whose first message created it through the API (a conditional
-``PutItem``, so two first messages racing cannot both claim it). Every route checks it: a thread owned by
-another subject, or not created through the API at all, is reported as not found — the same answer as
-an unknown thread, so ids cannot be probed. Without authentication (``none``, loopback only) the caller
-may also reach threads nobody owns (those made by ``stepagent run`` or the CLI). An owner never changes,
-so confirmed pairs are remembered (a bounded cache) and cost no read afterwards.
+A root thread is owned by the subject whose first message created it through the API (a conditional
+``PutItem``, so two first messages racing cannot both claim it). A thread the store records under another
+root (a child, an event or compaction thread) belongs to that root's owner: its head names its root, and
+that record — not any owner item under the child's own id — decides. Every route checks it: a thread owned
+by another subject, or one nobody owns (made by ``stepagent run`` or the CLI, not through the API), is
+reported as not found — the same answer as an unknown thread.
+
+Who may reach what depends on the mode, never on a subject's value: with authentication (``jwt``) only
+the owner; without it (``none``, loopback only: ``open_access``) any caller may also reach the threads
+nobody owns. An owner never changes, so confirmed pairs are remembered (a bounded cache) and cost no read
+afterwards.
 """
 
 from __future__ import annotations
@@ -13,8 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 
-from stepagent.api.auth import ANONYMOUS
-from stepagent.stores.base import ConversationStore
+from stepagent.stores.base import ConversationStore, ThreadInfo
 from stepagent.stores.dynamodb_io import ConditionFailed, DynamoIo, item_key, put, s_attr
 
 OWNER_SK = "OWNER"
@@ -24,10 +28,14 @@ _CACHED = 10_000
 class Ownership:
     """Owner records of one state table."""
 
-    def __init__(self, io: DynamoIo, state_table: str, conversation: ConversationStore) -> None:
+    def __init__(
+        self, io: DynamoIo, state_table: str, conversation: ConversationStore, *, open_access: bool = False
+    ) -> None:
         self.io = io
         self.table = state_table
         self.conversation = conversation
+        #: Without authentication: threads nobody owns are reachable too.
+        self.open_access = open_access
         self._known: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._checking: dict[tuple[str, str], asyncio.Future[bool]] = {}
 
@@ -37,6 +45,13 @@ class Ownership:
         )
         item = response.get("Item")
         return str(item["owner"]["S"]) if item else None
+
+    async def _record_and_owner(self, thread: str) -> tuple[ThreadInfo | None, str | None]:
+        """The store's record of ``thread`` and the owner of its tree (read under its root's id)."""
+        info, owner = await asyncio.gather(self.conversation.get_thread(thread), self.owner(thread))
+        if info is not None and info.root_id != thread:
+            owner = await self.owner(info.root_id)
+        return info, owner
 
     async def may_read(self, thread: str, subject: str) -> bool:
         """Whether ``subject`` may see ``thread`` (it exists or was claimed, and is theirs). Concurrent
@@ -52,11 +67,9 @@ class Ownership:
         return await asyncio.shield(pending)
 
     async def _may_read(self, thread: str, subject: str) -> bool:
-        owner = await self.owner(thread)
-        if owner is None:
-            allowed = subject == ANONYMOUS and await self.conversation.get_thread(thread) is not None
-        else:
-            allowed = owner == subject
+        info, owner = await self._record_and_owner(thread)
+        # Nobody's thread: reachable only without authentication (and only if it exists).
+        allowed = (self.open_access and info is not None) if owner is None else owner == subject
         if allowed:
             self._remember(thread, subject)
         return allowed
@@ -65,11 +78,11 @@ class Ownership:
         """Make ``subject`` the owner of a new ``thread``; whether ``subject`` may write to it."""
         if (thread, subject) in self._known:
             return True
-        owner = await self.owner(thread)
+        info, owner = await self._record_and_owner(thread)
         if owner is None:
-            if await self.conversation.get_thread(thread) is not None:
+            if info is not None:
                 # Made outside the API: nobody may claim it, only reach it without authentication.
-                allowed = subject == ANONYMOUS
+                allowed = self.open_access
                 if allowed:
                     self._remember(thread, subject)
                 return allowed

@@ -3,7 +3,9 @@
 :func:`open_api` serves on this event loop until the context exits and yields the URL. Without
 authentication (``STEPAGENT_API_AUTH=none``) it refuses to listen on anything but a loopback address.
 With ``dev_token`` it makes a signing key for this process only, accepts the tokens it signs (and only
-those) and prints one — for trying the API and the chat page locally.
+those) and prints one — for trying the API and the chat page locally. The resume-token keys come from the
+callback secret when one is configured (:mod:`stepagent.api.keys`), else are made for this process; the
+metadata policy (``STEPAGENT_API_PROFILES``) is read from the environment by :func:`serve_api`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import AsyncIterator, Mapping
 from stepagent.api import DEFAULT_PORT
 from stepagent.api.app import ApiState, build_app
 from stepagent.api.auth import ApiAuthSettings, DevAuth, Verifier
+from stepagent.api.keys import ApiKeys, keys_for
+from stepagent.api.policy import ApiPolicy
 from stepagent.client import Client
 from stepagent.errors import ConfigurationError
 from stepagent.rap.server import is_loopback, serve_in_background
@@ -44,11 +48,16 @@ async def open_api(
     port: int = DEFAULT_PORT,
     heartbeat_s: float | None = None,
     max_streams: int | None = None,
+    keys: ApiKeys | None = None,
+    policy: ApiPolicy | None = None,
 ) -> AsyncIterator[str]:
-    """Serve the API over the open ``api_client`` on ``host:port`` (0: a free port); yields its URL."""
+    """Serve the API over the open ``api_client`` on ``host:port`` (0: a free port); yields its URL.
+    ``policy`` defaults to none (no profile selectable), ``keys`` to those of the client's settings."""
     if auth.mode == "none" and not is_loopback(host):
         raise ConfigurationError(f"STEPAGENT_API_AUTH=none is allowed only on a loopback address, not {host}")
-    state = ApiState(api_client, Verifier(auth))
+    if keys is None:
+        keys = await keys_for(api_client.settings, required=False)
+    state = ApiState(api_client, Verifier(auth), keys=keys, policy=policy or ApiPolicy())
     if heartbeat_s is not None:
         state.heartbeat_s = heartbeat_s
     if max_streams is not None:
@@ -67,7 +76,8 @@ async def serve_api(
         auth = dev.settings
     else:
         auth = auth_settings(host)
-    async with open_api(api_client, auth, host=host, port=port) as url:
+    policy = ApiPolicy.from_env(os.environ)
+    async with open_api(api_client, auth, host=host, port=port, policy=policy) as url:
         print(f"stepagent api: {url} (chat page: {url}/)", file=sys.stderr)
         if dev_token:
             print("dev token (valid 12 h, for this process only):", file=sys.stderr)
