@@ -7,7 +7,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from stepagent.api.auth import ApiAuthSettings
 from stepagent.api.server import open_api
 from stepagent.client import Client
+from stepagent.tools.base import Tool
 from tests.client.deployment import Deployment, deployment
 
 ISSUER = "https://issuer.test"
@@ -149,10 +150,13 @@ class ApiStack:
 
 
 @asynccontextmanager
-async def api_stack(model: Any, auth: ApiAuthSettings, **options: Any) -> AsyncIterator[ApiStack]:
-    """A deployment running ``model``, the API on a loopback port over it, and an HTTP client."""
+async def api_stack(
+    model: Any, auth: ApiAuthSettings, *, tools: Sequence[Tool] | None = None, **options: Any
+) -> AsyncIterator[ApiStack]:
+    """A deployment running ``model`` (with ``tools``), the API on a loopback port over it (``options``:
+    :func:`open_api`'s), and an HTTP client."""
     async with AsyncExitStack() as stack:
-        d = await stack.enter_async_context(deployment(model))
+        d = await stack.enter_async_context(deployment(model, tools=tools))
         client = await stack.enter_async_context(Client(d.settings, poll_interval=0.05))
         url = await stack.enter_async_context(open_api(client, auth, port=0, **options))
         http = await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=30))

@@ -66,7 +66,7 @@ class ApiPolicy:
                 f"metadata.{USER_ID_KEY} is reserved: the API sets it to the signed-in user (the token's subject)",
             )
         profile = fields.get(PROFILE_METADATA_KEY)
-        if PROFILE_METADATA_KEY in fields and profile not in self.profiles:
+        if PROFILE_METADATA_KEY in fields and not (isinstance(profile, str) and profile in self.profiles):
             allowed = ", ".join(sorted(self.profiles)) or "none (STEPAGENT_API_PROFILES is empty)"
             raise MetadataRefused(
                 422,
