@@ -312,9 +312,7 @@ async def test_an_idempotency_key_reused_with_another_body_is_a_422() -> None:
             assert other.status_code == 202
 
 
-async def test_input_the_worker_would_dead_letter_is_a_400_and_json_answers_are_not_sniffed_or_cached() -> (
-    None
-):
+async def test_input_the_worker_would_dead_letter_is_a_400() -> None:
     rs = rsa_key("rs-1")
     with jwks_server([rs]) as jwks:
         async with api_stack(scripted_model(), jwt_settings(jwks.url)) as api:
@@ -322,8 +320,9 @@ async def test_input_the_worker_would_dead_letter_is_a_400_and_json_answers_are_
             alice = bearer(rs.token("alice"))
             thread = new_thread("rules")
             hello = {"text": "hello"}
-            ok = await http.post(f"/v1/threads/{thread}/messages", json=hello, headers=alice)
-            assert ok.status_code == 202
+            assert (
+                await http.post(f"/v1/threads/{thread}/messages", json=hello, headers=alice)
+            ).status_code == 202
 
             # Thread ids SQS refuses as a MessageGroupId (U+FFFF, a space, non-ASCII, over 128 characters).
             for bad in ("x%EF%BF%BF", "a%20b", "caf%C3%A9", "t" * 129):
@@ -346,8 +345,14 @@ async def test_input_the_worker_would_dead_letter_is_a_400_and_json_answers_are_
                 answer = await http.post(f"/v1/threads/{thread}/messages", json={"text": text}, headers=alice)
                 assert "empty" in error_of(answer, 400, "bad_request")
 
-            # A POST body must say it is JSON (parameters allowed); anything else is a 415.
-            raw = json.dumps(hello)
+
+async def test_a_post_body_that_is_not_json_is_a_415() -> None:
+    rs = rsa_key("rs-1")
+    with jwks_server([rs]) as jwks:
+        async with api_stack(scripted_model(), jwt_settings(jwks.url)) as api:
+            alice = bearer(rs.token("alice"))
+            path = f"/v1/threads/{new_thread('media')}/messages"
+            raw = json.dumps({"text": "hello"})
             for content_type in (
                 "text/plain",
                 "application/x-www-form-urlencoded",
@@ -355,26 +360,40 @@ async def test_input_the_worker_would_dead_letter_is_a_400_and_json_answers_are_
                 None,
             ):
                 headers = {**alice, **({"Content-Type": content_type} if content_type else {})}
-                answer = await http.post(f"/v1/threads/{thread}/messages", content=raw, headers=headers)
-                error_of(answer, 415, "unsupported_media_type")
+                error_of(
+                    await api.http.post(path, content=raw, headers=headers), 415, "unsupported_media_type"
+                )
+            approval = json.dumps({"tool_call_id": "c1", "decision": "approve"})
+            answer = await api.http.post(
+                path.replace("/messages", "/approvals"), content=approval, headers=alice
+            )
+            error_of(answer, 415, "unsupported_media_type")
+            # Parameters are allowed, and the type is case-insensitive.
             charset = {**alice, "Content-Type": "Application/JSON; charset=utf-8"}
-            assert (
-                await http.post(f"/v1/threads/{thread}/messages", content=raw, headers=charset)
-            ).status_code == 202
+            assert (await api.http.post(path, content=raw, headers=charset)).status_code == 202
 
-            # Every JSON answer, success or error, is neither sniffed nor cached.
+
+async def test_json_answers_are_neither_sniffed_nor_cached() -> None:
+    rs = rsa_key("rs-1")
+    with jwks_server([rs]) as jwks:
+        async with api_stack(scripted_model(), jwt_settings(jwks.url)) as api:
+            http = api.http
+            alice = bearer(rs.token("alice"))
+            thread = new_thread("headers")
             answers = [
-                ok,
-                answer,
+                await http.post(f"/v1/threads/{thread}/messages", json={"text": "hello"}, headers=alice),
+                await http.post(f"/v1/threads/{thread}/messages", json={"text": ""}, headers=alice),
                 await http.get(f"/v1/threads/{thread}", headers=alice),
                 await http.get(f"/v1/threads/{thread}"),
                 await http.get(f"/v1/threads/{new_thread('none')}", headers=alice),
                 await http.get("/v2/nothing"),
-                await http.post("/v1/threads", json=hello, headers=alice),
+                await http.delete(f"/v1/threads/{thread}", headers=alice),
+                await http.post("/v1/threads", json={"text": "hello"}, headers=alice),
             ]
             for answer in answers:
-                assert answer.headers["x-content-type-options"] == "nosniff", answer.url
-                assert answer.headers["cache-control"] == "no-store", answer.url
+                assert answer.headers.get("x-content-type-options") == "nosniff", answer.url
+                assert answer.headers.get("cache-control") == "no-store", answer.url
+            assert [a.status_code for a in answers] == [202, 400, 200, 401, 404, 404, 405, 201]
 
 
 async def test_a_new_conversation_under_an_id_the_server_makes() -> None:
