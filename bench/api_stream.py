@@ -22,7 +22,8 @@ import time
 from typing import Any
 
 from bench.overhead import MotoDynamo, moto_dynamodb
-from stepagent.api.events import IDLE_INTERVAL, SharedReads, TreeEvents
+from stepagent.api.events import IDLE_INTERVAL, ResumeTokens, SharedReads, TreeEvents
+from stepagent.api.keys import ApiKeys
 from stepagent.client.watch import StoreReader
 from stepagent.history_items import AssistantText, HistoryItem, UserItem
 from stepagent.messages import TextContent
@@ -68,7 +69,10 @@ async def _idle(tables: MotoDynamo, streams: int, conversations: int, seconds: f
     metrics = StoreMetrics()
     conversation, state = tables.stores(metrics)
     reads = SharedReads(StoreReader(conversation, state, DynamoIo(tables.client, None, None, metrics)))
-    trees = [TreeEvents(reads, threads[i % conversations], follow=True) for i in range(streams)]
+    tokens = ResumeTokens(ApiKeys.generate().resume)
+    trees = [
+        TreeEvents(reads, threads[i % conversations], tokens=tokens, follow=True) for i in range(streams)
+    ]
     # Catch up first (the replay of the settled turn), then measure the steady state.
     for tree in trees:
         async for _ in tree.poll():
@@ -99,7 +103,7 @@ async def _streaming(tables: MotoDynamo, seconds: int) -> dict[str, Any]:
     metrics = StoreMetrics()
     conversation, state = tables.stores(metrics)
     reads = SharedReads(StoreReader(conversation, state, DynamoIo(tables.client, None, None, metrics)))
-    tree = TreeEvents(reads, thread, follow=True)
+    tree = TreeEvents(reads, thread, tokens=ResumeTokens(ApiKeys.generate().resume), follow=True)
     async for _ in tree.poll():
         pass
     deltas = 0

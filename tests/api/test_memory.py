@@ -16,7 +16,8 @@ import re
 import sys
 from pathlib import Path
 
-from stepagent.api.events import SharedReads, TreeEvents
+from stepagent.api.events import ResumeTokens, SharedReads, TreeEvents
+from stepagent.api.keys import ApiKeys
 from stepagent.client.watch import StoreReader
 from stepagent.history_items import AssistantText, UserItem
 from stepagent.messages import TextContent
@@ -42,6 +43,10 @@ def rss_kib(pid: int) -> int:
     return int(found.group(1))
 
 
+#: The servers' callback secret, from which they derive the key that signs resume tokens.
+SECRET = "memory-gate-secret"
+
+
 async def seed(env: DynamoEnv, thread: str) -> str:
     conversation, state = env.stores()
     rows = []
@@ -53,6 +58,7 @@ async def seed(env: DynamoEnv, thread: str) -> str:
     tree = TreeEvents(
         SharedReads(StoreReader(conversation, state, DynamoIo(env.client, None, None, StoreMetrics()))),
         thread,
+        tokens=ResumeTokens(ApiKeys.from_secret(SECRET).resume),  # the server's: it has the same secret
     )
     async for _ in tree.poll():
         pass
@@ -83,6 +89,7 @@ async def per_connection_kib(
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
         "STEPAGENT_API_AUTH": "none",
+        "STEPAGENT_CALLBACK_SECRET": SECRET,
         "STEPAGENT_CONVERSATION_TABLE": env.conversation_table,
         "STEPAGENT_STATE_TABLE": env.state_table,
         "STEPAGENT_INPUT_QUEUE_URL": f"{moto_endpoint()}/123456789012/unused.fifo",

@@ -72,6 +72,8 @@ KNOWN_NAMES = frozenset(
         "STEPAGENT_JWT_ISSUER",
         "STEPAGENT_JWT_AUDIENCE",
         "STEPAGENT_JWT_OWNER_CLAIM",
+        # stepagent.api.policy reads it.
+        "STEPAGENT_API_PROFILES",
     }
 )
 
