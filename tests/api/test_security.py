@@ -8,19 +8,32 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from typing import Any
+from typing import Any, cast
 
 import httpx
+import pytest
 
 from stepagent.api.app import ApiState, build_app
 from stepagent.api.auth import ApiAuthSettings, Verifier
-from stepagent.api.events import Position, ResumeTokens
+from stepagent.api.events import Position, ResumeTokens, tree_positions
 from stepagent.api.keys import ApiKeys
 from stepagent.api.policy import ApiPolicy, MetadataRefused
 from stepagent.messages import ToolResult
 from stepagent.providers.base import ModelRequest
+from stepagent.stores.base import ThreadInfo, ThreadKind
+from stepagent.stores.dynamodb_layout import head_item
 from stepagent.tools.base import Tool, ToolContext
-from tests.api.helpers import Sse, SseParser, api_stack, jwks_server, jwt_settings, new_thread, rsa_key
+from tests.api.helpers import (
+    AUDIENCE,
+    ISSUER,
+    Sse,
+    SseParser,
+    api_stack,
+    jwks_server,
+    jwt_settings,
+    new_thread,
+    rsa_key,
+)
 from tests.api.test_api import bearer, error_of
 from tests.client.deployment import FunctionModel, Step, call, say
 from tests.console.helpers import scripted_model
@@ -438,3 +451,67 @@ async def test_a_new_conversation_under_an_id_the_server_makes() -> None:
                 "bad_request",
             )
             error_of(await http.post("/v1/threads", json={"text": "x"}), 401, "unauthorized")
+
+
+async def test_a_resumed_stream_keeps_only_threads_the_store_records_under_the_urls_thread() -> None:
+    def head(thread: str, parent: str | None, root: str) -> Any:
+        kind = ThreadKind.ROOT if parent is None else ThreadKind.CHILD
+        return head_item(ThreadInfo(thread_id=thread, root_id=root, parent_id=parent, kind=kind))
+
+    heads = {
+        "child": head("child", "root", "root"),
+        "grandchild": head("grandchild", "child", "root"),
+        "sibling": head("sibling", "root", "root"),
+        "foreign": head("foreign", None, "foreign"),
+        "foreign-child": head("foreign-child", "foreign", "foreign"),
+    }
+
+    class Reader:
+        async def heads_and_live(self, threads: list[str]) -> dict[str, tuple[Any, Any]]:
+            return {t: (heads.get(t), None) for t in threads}
+
+    reader = cast(Any, Reader())
+    named = ["root", "child", "grandchild", "sibling", "foreign", "foreign-child", "unknown"]
+    positions = {t: Position(order=n) for n, t in enumerate(named)}
+    kept = await tree_positions(reader, "root", positions)
+    assert list(kept) == ["root", "child", "grandchild", "sibling"]
+    assert kept["grandchild"] is positions["grandchild"]  # positions kept as they were
+    # A child's own stream: its subtree only (not its parent's, its sibling's or anyone else's).
+    of_child = {t: positions[t] for t in ("child", "grandchild", "root", "sibling", "foreign")}
+    assert list(await tree_positions(reader, "child", of_child)) == ["child", "grandchild"]
+
+
+def test_every_instance_derives_the_same_keys_and_each_purpose_its_own() -> None:
+    one, two = ApiKeys.from_secret("shared"), ApiKeys.from_secret("shared")
+    token = ResumeTokens(one.resume).encode("t", {"t": Position(order=3)})
+    assert ResumeTokens(two.resume).decode(token, "t")["t"].order == 3  # another instance resumes it
+    keys = {one.resume, one.thread_ids, b"shared", ApiKeys.from_secret("other").resume}
+    assert len(keys) == 4  # neither the secret itself nor another purpose's key
+    assert "shared" not in repr(one) and one.resume.hex() not in repr(one)
+
+
+async def test_the_lambda_app_refuses_to_start_without_the_callback_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from stepagent.api.lambda_app import LambdaApi
+
+    rs = rsa_key("rs-1")
+    for name in ("STEPAGENT_JWT_JWKS_URL", "STEPAGENT_CALLBACK_SECRET", "STEPAGENT_CALLBACK_SECRET_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("STEPAGENT_API_AUTH", "jwt")
+    monkeypatch.setenv("STEPAGENT_JWT_PUBLIC_KEY", rs.pem())
+    monkeypatch.setenv("STEPAGENT_JWT_ISSUER", ISSUER)
+    monkeypatch.setenv("STEPAGENT_JWT_AUDIENCE", AUDIENCE)
+    monkeypatch.setenv("STEPAGENT_CONVERSATION_TABLE", "conversation")
+    monkeypatch.setenv("STEPAGENT_STATE_TABLE", "state")
+    monkeypatch.setenv("STEPAGENT_INPUT_QUEUE_URL", "http://127.0.0.1:9/queue.fifo")
+    app = LambdaApi()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://lambda") as http:
+        answer = await http.get("/v1/threads/t")
+        assert "STEPAGENT_CALLBACK_SECRET" in error_of(answer, 500, "configuration")
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        monkeypatch.setenv("STEPAGENT_CALLBACK_SECRET", "the deployment's secret")
+        error_of(await http.get("/v1/threads/t"), 401, "unauthorized")  # configured now: it asks who you are
+    if app._client is not None:
+        await app._client.close()

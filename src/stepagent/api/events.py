@@ -25,7 +25,7 @@ seen, and the partial text's (version, characters sent). Everything it names is 
 stream given the token (``Last-Event-ID`` or ``?after=``), on any process, yields exactly the events after
 it: none lost, none repeated. It is signed (HMAC-SHA256 over the root's id and the positions, with the
 deployment's resume key, :class:`ResumeTokens`), so a client can neither name threads of its own choosing
-nor alter a position; and on resume only the threads the store records under the URL's root are kept
+nor alter a position; and on resume only the threads the store records under the URL's thread are kept
 (:func:`tree_positions`) — a token never widens what a stream reads. Per thread the order is the commit order; threads of a tree interleave as
 they were observed. Partial text is not durable: a resumed stream continues the same partial turn from
 the character it reached, and once that turn is committed it sends the committed ``text`` instead.
@@ -158,18 +158,24 @@ def _b64(data: bytes) -> str:
 async def tree_positions(
     reader: StoreReader, root: str, positions: dict[str, Position]
 ) -> dict[str, Position]:
-    """``positions`` without the threads the store does not record in ``root``'s tree (a thread's head
-    names its root): a resumed stream reads only what a fresh stream of ``root`` could reach."""
+    """``positions`` without the threads the store does not record under ``root`` (each thread's head names
+    its parent; a thread is kept when its parent is ``root`` or a kept thread): a resumed stream reads only
+    what a fresh stream of ``root`` could reach, whether ``root`` is a conversation's root or a child."""
     others = [thread for thread in positions if thread != root]
     if not others:
         return positions
-    heads = await reader.heads_and_live(others)
-    inside = {
-        thread
-        for thread, (head, _) in heads.items()
-        if head is not None and info_from_item(head).root_id == root
+    parents = {
+        thread: info_from_item(head).parent_id
+        for thread, (head, _) in (await reader.heads_and_live(others)).items()
+        if head is not None
     }
-    return {thread: pos for thread, pos in positions.items() if thread == root or thread in inside}
+    inside = {root}
+    grew = True
+    while grew:
+        found = {thread for thread, parent in parents.items() if thread not in inside and parent in inside}
+        inside |= found
+        grew = bool(found)
+    return {thread: pos for thread, pos in positions.items() if thread in inside}
 
 
 @dataclass(frozen=True, slots=True)
