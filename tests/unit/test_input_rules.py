@@ -7,7 +7,7 @@ import json
 import pytest
 
 from stepagent.errors import InputError, MalformedMessageError, PayloadTooLargeError
-from stepagent.input_rules import MAX_DEPTH, MAX_ID_BYTES, MAX_METADATA_BYTES
+from stepagent.input_rules import MAX_DEPTH, MAX_ID_BYTES, MAX_METADATA_BYTES, check_group_id
 from stepagent.messages import parse_input_message
 
 
@@ -80,3 +80,12 @@ def test_what_breaks_a_rule_is_rejected_as_bad_input(raw: str, error: type[Excep
     with pytest.raises(error, match=reason) as caught:
         parse_input_message(raw)
     assert isinstance(caught.value, InputError)  # never a RecursionError or UnicodeError
+
+
+def test_a_thread_id_from_outside_must_be_a_valid_sqs_message_group_id() -> None:
+    # SQS: letters, digits and !"#$%&'()*+,-./:;<=>?@[\]^_`{|}~, 1 to 128 characters.
+    for good in ("a", "A-z_0.9", "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~", "t" * 128, "5d0c6c52-7a3e-4c55"):
+        check_group_id(good, "thread id")
+    for bad in ("", "a b", "x\uffff", "caf\u00e9", "tab\there", "t" * 129, "line\n"):
+        with pytest.raises(MalformedMessageError, match="thread id"):
+            check_group_id(bad, "thread id")
