@@ -38,6 +38,7 @@ from starlette.routing import Route
 
 from stepagent.api.auth import Unauthorized, Verifier
 from stepagent.api.events import BadToken, SharedReads, TreeEvents, decode_token
+from stepagent.api.jwks import ProviderUnavailable
 from stepagent.api.ownership import Ownership
 from stepagent.client import Client
 from stepagent.errors import InputError, MalformedMessageError, PayloadTooLargeError, TransientError
@@ -107,6 +108,14 @@ def _route(state: ApiState, handler: Handler) -> Callable[[Request], Awaitable[R
                 subject = await state.verifier.subject(request.headers.get("authorization"))
             except Unauthorized as error:
                 raise ApiError(401, "unauthorized", str(error), {"WWW-Authenticate": "Bearer"}) from None
+            except ProviderUnavailable as error:
+                # The token may be valid: say "later", never "unauthorized" (nor why the provider failed).
+                raise ApiError(
+                    503,
+                    "unavailable",
+                    "the identity provider cannot be reached to check the token; try again shortly",
+                    {"Retry-After": str(error.retry_after)},
+                ) from None
             thread = request.path_params["thread"]
             try:
                 check_id(thread, "thread")

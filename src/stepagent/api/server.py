@@ -48,14 +48,18 @@ async def open_api(
     """Serve the API over the open ``api_client`` on ``host:port`` (0: a free port); yields its URL."""
     if auth.mode == "none" and not is_loopback(host):
         raise ConfigurationError(f"STEPAGENT_API_AUTH=none is allowed only on a loopback address, not {host}")
-    state = ApiState(api_client, Verifier(auth))
+    verifier = Verifier(auth)
+    state = ApiState(api_client, verifier)
     if heartbeat_s is not None:
         state.heartbeat_s = heartbeat_s
     if max_streams is not None:
         state.max_streams = max_streams
     # The one embedded-server loop: it leaves Ctrl-C and SIGTERM to the program (bounded shutdown).
-    async with serve_in_background(build_app(state), host, port, lifespan="off", backlog=4096) as url:
-        yield url
+    try:
+        async with serve_in_background(build_app(state), host, port, lifespan="off", backlog=4096) as url:
+            yield url
+    finally:
+        await verifier.aclose()
 
 
 async def serve_api(
