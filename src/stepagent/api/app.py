@@ -15,8 +15,9 @@ Every ``/v1`` route authenticates the caller (:mod:`stepagent.api.auth`) and che
 (:mod:`stepagent.api.ownership`). Errors are ``{"error": {"code", "message"}}``: 400 ``bad_request``
 (malformed JSON, a body that breaks the input message rules, a bad resume token), 401 ``unauthorized``, 404
 ``not_found`` (unknown, or someone else's), 413 ``too_large`` (a body over the input message's 16 MiB, or
-metadata over 256 KiB), 429 ``too_many_requests`` (too many open streams for one subject, or the store or
-queue throttled us; with ``Retry-After``).
+metadata over 256 KiB), 429 ``too_many_requests`` (a per-subject quota of :mod:`stepagent.api.quotas`, or
+the store or queue throttled us; with ``Retry-After``), 503 ``unavailable`` (the identity provider cannot
+be reached; with ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -40,16 +41,16 @@ from stepagent.api.auth import Unauthorized, Verifier
 from stepagent.api.events import BadToken, SharedReads, TreeEvents, decode_token
 from stepagent.api.jwks import ProviderUnavailable
 from stepagent.api.ownership import Ownership
+from stepagent.api.quotas import ApiLimits, QuotaExceeded, Quotas
 from stepagent.client import Client
 from stepagent.errors import InputError, MalformedMessageError, PayloadTooLargeError, TransientError
 from stepagent.input_rules import MAX_MESSAGE_BYTES, check_id, check_json, check_metadata, load_json
 from stepagent.messages import ApprovalDecision, InputMessage
+from stepagent.stores.dynamodb_quotas import Lease, SubjectCounters
 from stepagent.transcript import tree_items
 
 #: Seconds of silence after which an event stream sends a comment, so proxies keep it open.
 HEARTBEAT_S = 15.0
-#: Open event streams one subject may hold on one server.
-MAX_STREAMS_PER_SUBJECT = 64
 
 
 class ApiError(Exception):
@@ -76,20 +77,29 @@ class ApprovalBody(ApprovalDecision):
 
 @dataclass(slots=True)
 class ApiState:
-    """What the application needs: an open client (stores and sender), the verifier, shared reads."""
+    """What the application needs: an open client (stores and sender), the verifier, shared reads, the
+    per-subject quotas (``clock``: wall-clock seconds, for their windows and leases)."""
 
     client: Client
     verifier: Verifier
     heartbeat_s: float = HEARTBEAT_S
-    max_streams: int | None = MAX_STREAMS_PER_SUBJECT
-    streams: dict[str, int] = field(default_factory=dict)
+    limits: ApiLimits = field(default_factory=ApiLimits)
+    clock: Callable[[], float] = time.time
     reads: SharedReads = field(init=False)
     owners: Ownership = field(init=False)
+    quotas: Quotas = field(init=False)
+    _closing: set[asyncio.Future[None]] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         reader = self.client.reader
         self.reads = SharedReads(reader)
         self.owners = Ownership(reader.io, reader.state_table, reader.conversation)
+        self.quotas = Quotas(SubjectCounters(reader.io, reader.state_table), self.limits, self.clock)
+
+    @property
+    def limited(self) -> bool:
+        """Whether quotas apply (authenticated callers; without authentication there is one local user)."""
+        return self.verifier.settings.mode == "jwt"
 
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -124,6 +134,8 @@ def _route(state: ApiState, handler: Handler) -> Callable[[Request], Awaitable[R
             return await handler(request, state, subject, thread)
         except ApiError as error:
             return _error(error.status, error.code, error.message, error.headers)
+        except QuotaExceeded as error:
+            return _error(429, "too_many_requests", str(error), {"Retry-After": str(error.retry_after)})
         except TransientError as error:
             return _error(429, "too_many_requests", f"try again shortly: {error}", {"Retry-After": "1"})
 
@@ -193,6 +205,8 @@ async def send_message(request: Request, state: ApiState, subject: str, thread: 
     except PayloadTooLargeError as error:
         raise ApiError(413, "too_large", str(error)) from None
     message_id = _message_id(request)
+    if state.limited:
+        await state.quotas.message(subject, new_thread=await state.owners.unclaimed(thread, subject))
     await _claim(state, thread, subject)
     message = InputMessage.user_text(thread, body.text, id=message_id, metadata=body.metadata)
     await state.client.sender.send(message, message_id)
@@ -204,6 +218,8 @@ async def send_approval(request: Request, state: ApiState, subject: str, thread:
     body = _parse(ApprovalBody, await _body(request))
     message_id = _message_id(request)
     await _readable(state, thread, subject)
+    if state.limited:
+        await state.quotas.message(subject, new_thread=False)
     # The client routes the decision to whichever thread of the tree waits on the call (a child's, too).
     await state.client.approve(
         thread, body.tool_call_id, body.decision, body.args, body.message, message_id=message_id
@@ -242,25 +258,26 @@ async def get_events(request: Request, state: ApiState, subject: str, thread: st
     except BadToken as error:
         raise ApiError(400, "bad_request", str(error)) from None
     await _readable(state, thread, subject)
-    limit = state.max_streams if state.verifier.settings.mode == "jwt" else None
-    if limit is not None and state.streams.get(subject, 0) >= limit:
-        raise ApiError(
-            429, "too_many_requests", f"at most {limit} open event streams per user", {"Retry-After": "5"}
-        )
+    # One lease per open stream, counted across every instance of the API (a 429 over the limit).
+    lease = await state.quotas.open_stream(subject) if state.limited else None
     tree = TreeEvents(state.reads, thread, positions, follow=follow)
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     return StreamingResponse(
-        _sse(state, subject, tree), media_type="text/event-stream; charset=utf-8", headers=headers
+        _sse(state, lease, tree), media_type="text/event-stream; charset=utf-8", headers=headers
     )
 
 
-async def _sse(state: ApiState, subject: str, tree: TreeEvents) -> AsyncIterator[bytes]:
-    """The stream: events as they are found, a heartbeat comment after each quiet ``heartbeat_s``."""
-    state.streams[subject] = state.streams.get(subject, 0) + 1
+async def _sse(state: ApiState, lease: Lease | None, tree: TreeEvents) -> AsyncIterator[bytes]:
+    """The stream: events as they are found, a heartbeat comment after each quiet ``heartbeat_s``; it
+    renews its lease as it goes and ends if the lease was lost (the client resumes with its token)."""
     try:
         yield b": stepagent events\nretry: 1000\n\n"
         quiet_since = time.monotonic()
         while True:
+            if lease is not None:
+                lease = await _renewed(state, lease)
+                if lease is None:
+                    return
             async for token, event in tree.poll():
                 data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
                 yield f"id: {token}\nevent: {event['type']}\ndata: {data}\n\n".encode()
@@ -277,11 +294,19 @@ async def _sse(state: ApiState, subject: str, tree: TreeEvents) -> AsyncIterator
                 pause = max(0.0, pause - (quiet_since - now))
             await asyncio.sleep(pause)
     finally:
-        left = state.streams.get(subject, 1) - 1
-        if left:
-            state.streams[subject] = left
-        else:
-            state.streams.pop(subject, None)
+        if lease is not None:
+            # The stream may be ending by cancellation (the client left): free the slot in a task of its own.
+            closing = asyncio.ensure_future(state.quotas.close_stream(lease))
+            state._closing.add(closing)
+            closing.add_done_callback(state._closing.discard)
+
+
+async def _renewed(state: ApiState, lease: Lease) -> Lease | None:
+    """``lease`` kept alive; ``None`` once it is lost (or has run out while the store could not be reached)."""
+    try:
+        return await state.quotas.keep(lease)
+    except TransientError:
+        return lease if state.clock() < lease.expires else None
 
 
 _PAGE_SECURITY = {

@@ -22,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from stepagent.api.app import STATIC_PATHS, ApiState, build_app, static
 from stepagent.api.auth import ApiAuthSettings, Verifier
+from stepagent.api.quotas import ApiLimits
 from stepagent.client import Client
 from stepagent.errors import ConfigurationError
 
@@ -42,9 +43,10 @@ class LambdaApi:
                     raise ConfigurationError(
                         "STEPAGENT_API_AUTH must be jwt on Lambda (none is loopback only)"
                     )
+                limits = ApiLimits.from_env(os.environ)
                 client = await Client().open()
                 self._client = client
-                self._app = build_app(ApiState(client, Verifier(auth)))
+                self._app = build_app(ApiState(client, Verifier(auth), limits=limits))
             return self._app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator, Mapping
 from stepagent.api import DEFAULT_PORT
 from stepagent.api.app import ApiState, build_app
 from stepagent.api.auth import ApiAuthSettings, DevAuth, Verifier
+from stepagent.api.quotas import ApiLimits
 from stepagent.client import Client
 from stepagent.errors import ConfigurationError
 from stepagent.rap.server import is_loopback, serve_in_background
@@ -44,16 +46,19 @@ async def open_api(
     port: int = DEFAULT_PORT,
     heartbeat_s: float | None = None,
     max_streams: int | None = None,
+    limits: ApiLimits | None = None,
 ) -> AsyncIterator[str]:
-    """Serve the API over the open ``api_client`` on ``host:port`` (0: a free port); yields its URL."""
+    """Serve the API over the open ``api_client`` on ``host:port`` (0: a free port); yields its URL.
+    ``limits``: the per-subject quotas (default: the environment's); ``max_streams`` overrides theirs."""
     if auth.mode == "none" and not is_loopback(host):
         raise ConfigurationError(f"STEPAGENT_API_AUTH=none is allowed only on a loopback address, not {host}")
     verifier = Verifier(auth)
-    state = ApiState(api_client, verifier)
+    limits = limits if limits is not None else ApiLimits.from_env(os.environ)
+    if max_streams is not None:
+        limits = dataclasses.replace(limits, max_open_streams=max_streams)
+    state = ApiState(api_client, verifier, limits=limits)
     if heartbeat_s is not None:
         state.heartbeat_s = heartbeat_s
-    if max_streams is not None:
-        state.max_streams = max_streams
     # The one embedded-server loop: it leaves Ctrl-C and SIGTERM to the program (bounded shutdown).
     try:
         async with serve_in_background(build_app(state), host, port, lifespan="off", backlog=4096) as url:

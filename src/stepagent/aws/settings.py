@@ -72,6 +72,11 @@ KNOWN_NAMES = frozenset(
         "STEPAGENT_JWT_ISSUER",
         "STEPAGENT_JWT_AUDIENCE",
         "STEPAGENT_JWT_OWNER_CLAIM",
+        # The HTTP API's per-subject quotas (stepagent.api.quotas reads them).
+        "STEPAGENT_API_MAX_NEW_THREADS_PER_MINUTE",
+        "STEPAGENT_API_MAX_MESSAGES_PER_MINUTE",
+        "STEPAGENT_API_MAX_OPEN_STREAMS",
+        "STEPAGENT_API_MAX_COST_USD_PER_DAY",
     }
 )
 
