@@ -86,7 +86,12 @@ class Clock:
 
 def verifier(url: str, *, timeout_s: float = 3.0) -> tuple[Verifier, Clock]:
     settings = ApiAuthSettings(
-        mode="jwt", jwks_url=url, issuer=ISSUER, audience=AUDIENCE, jwks_refetch_s=10, jwks_timeout_s=timeout_s
+        mode="jwt",
+        jwks_url=url,
+        issuer=ISSUER,
+        audience=AUDIENCE,
+        jwks_refetch_s=10,
+        jwks_timeout_s=timeout_s,
     )
     v = Verifier(settings)
     clock = Clock()
@@ -196,16 +201,25 @@ def confused(signer: Key, alg: str, kid: str) -> str:
     return jwt.encode(claims, signer.private, algorithm=alg, headers={"kid": kid})
 
 
-async def test_the_api_answers_503_for_a_down_provider_and_401_for_algorithm_confusion_and_short_keys() -> None:
+async def test_the_api_answers_503_for_a_down_provider_and_401_for_algorithm_confusion_and_short_keys() -> (
+    None
+):
     rs, es = rsa_key("rs-1"), ec_key("es-1")
     short = Key("rs-short", "RS256", rsa.generate_private_key(public_exponent=65537, key_size=1024))
     with provider([rs, es, short]) as idp:
         settings = ApiAuthSettings(
-            mode="jwt", jwks_url=idp.url, issuer=ISSUER, audience=AUDIENCE, jwks_refetch_s=0, jwks_timeout_s=0.5
+            mode="jwt",
+            jwks_url=idp.url,
+            issuer=ISSUER,
+            audience=AUDIENCE,
+            jwks_refetch_s=0,
+            jwks_timeout_s=0.5,
         )
         async with api_stack(scripted_model(), settings) as api:
             path = f"/v1/threads/{new_thread('idp')}"
-            assert (await api.http.get(path, headers={"Authorization": bearer(rs.token())})).status_code == 404
+            assert (
+                await api.http.get(path, headers={"Authorization": bearer(rs.token())})
+            ).status_code == 404
 
             # An RS256 token naming the EC key, an ES256 token naming the RSA key: 401, not a 500.
             for token in (confused(rs, "RS256", "es-1"), confused(es, "ES256", "rs-1")):
