@@ -223,3 +223,28 @@ async def test_the_daily_cost_limit_refuses_new_messages_once_the_worker_has_cou
         assert (
             await api.http[0].post(f"/v1/threads/{one}/messages", json={"text": "more"}, headers=alice)
         ).status_code == 202
+
+
+def test_the_limits_are_read_from_the_environment_with_clear_errors() -> None:
+    import pytest
+
+    from stepagent.errors import ConfigurationError
+
+    assert ApiLimits.from_env({}) == ApiLimits(20, 60, 8, None)
+    limits = ApiLimits.from_env(
+        {
+            "STEPAGENT_API_MAX_NEW_THREADS_PER_MINUTE": "5",
+            "STEPAGENT_API_MAX_MESSAGES_PER_MINUTE": "7",
+            "STEPAGENT_API_MAX_OPEN_STREAMS": "2",
+            "STEPAGENT_API_MAX_COST_USD_PER_DAY": "$1.5",
+        }
+    )
+    assert limits == ApiLimits(5, 7, 2, 1.5)
+    for name, bad in (
+        ("STEPAGENT_API_MAX_OPEN_STREAMS", "0"),
+        ("STEPAGENT_API_MAX_MESSAGES_PER_MINUTE", "lots"),
+        ("STEPAGENT_API_MAX_COST_USD_PER_DAY", "-1"),
+        ("STEPAGENT_API_MAX_COST_USD_PER_DAY", "nan"),
+    ):
+        with pytest.raises(ConfigurationError, match=name):
+            ApiLimits.from_env({name: bad})

@@ -61,7 +61,7 @@ class ApiLimits:
                 raise ConfigurationError(f"{name}={raw!r} is invalid: expected a whole number of at least 1")
             return int(raw)
 
-        raw_cost = (environ.get("STEPAGENT_API_MAX_COST_USD_PER_DAY") or "").strip()
+        raw_cost = (environ.get("STEPAGENT_API_MAX_COST_USD_PER_DAY") or "").strip().removeprefix("$")
         cost = None
         if raw_cost:
             try:
