@@ -16,14 +16,17 @@ import httpx
 
 from stepagent.api.app import ApiState, build_app
 from stepagent.api.auth import DevAuth, Verifier
-from stepagent.api.quotas import ApiLimits
+from stepagent.api.quotas import LEASE_S, ApiLimits
 from stepagent.client import Client
 from stepagent.providers.base import Final, ModelInfo, ModelRequest, StreamEvent, TextDelta, Usage
 from stepagent.providers.prices import parse_prices
 from stepagent.rap.server import serve_in_background
+from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_quotas import SubjectCounters
+from stepagent.stores.metrics import StoreMetrics
 from tests.api.helpers import new_thread
 from tests.client.deployment import Deployment, deployment
+from tests.conftest import DynamoEnv
 from tests.console.helpers import scripted_model
 
 NO_LIMITS = ApiLimits(
@@ -248,3 +251,44 @@ def test_the_limits_are_read_from_the_environment_with_clear_errors() -> None:
     ):
         with pytest.raises(ConfigurationError, match=name):
             ApiLimits.from_env({name: bad})
+
+
+async def test_a_lease_is_renewed_while_held_runs_out_after_a_crash_and_is_lost_to_another_stream(
+    dynamo: DynamoEnv,
+) -> None:
+    counters = SubjectCounters(DynamoIo(dynamo.client, None, None, StoreMetrics()), dynamo.state_table)
+    now = 1_000_000.0
+    first = await counters.acquire("alice", 1, now, 60)
+    assert first is not None and await counters.acquire("alice", 1, now + 30, 60) is None
+    renewed = await counters.renew(first, now + 30, 60)  # the holder keeps it: still full at +80
+    assert renewed is not None and await counters.renew(renewed, now + 91, 60) is None  # ran out: lost
+    assert renewed is not None and renewed.expires == now + 90
+    assert await counters.acquire("alice", 1, now + 80, 60) is None
+    # The holder's process dies (no renewal): once the lease has run out another stream takes the slot,
+    # and the old holder can neither renew nor free it.
+    second = await counters.acquire("alice", 1, now + 91, 60)
+    assert second is not None and second.holder != first.holder
+    assert await counters.renew(renewed, now + 92, 60) is None
+    await counters.release(renewed)
+    assert await counters.acquire("alice", 1, now + 93, 60) is None
+    await counters.release(second)
+    assert await counters.acquire("alice", 1, now + 93, 60) is not None
+
+
+async def test_a_stream_whose_lease_was_taken_over_ends() -> None:
+    limits = dataclasses.replace(NO_LIMITS, max_open_streams=1)
+    async with two_instances(scripted_model(), limits) as api:
+        alice = api.headers("alice")
+        thread = new_thread("lost")
+        await api.http[0].post(f"/v1/threads/{thread}/messages", json={"text": "hi"}, headers=alice)
+        path = f"/v1/threads/{thread}/events?follow=1"
+        async with api.http[0].stream("GET", path, headers=alice) as first:
+            assert first.status_code == 200
+            # Time passes without a renewal reaching the store (the clock jumps past the lease): the lease
+            # is lost, so the first stream ends at its next renewal, and another stream gets the slot.
+            api.clock.now += LEASE_S + 1
+            async with api.http[1].stream("GET", path, headers=alice) as second:
+                assert second.status_code == 200
+                async with asyncio.timeout(30):
+                    body = b"".join([chunk async for chunk in first.aiter_raw()])  # ends: no follow forever
+                assert body.startswith(b": stepagent events")

@@ -133,8 +133,8 @@ class SubjectCounters:
         return None
 
     async def renew(self, lease: Lease, now: float, lease_s: float) -> Lease | None:
-        """The lease extended to ``now + lease_s``; ``None`` when it was lost (it ran out and another
-        stream took the slot)."""
+        """The lease extended to ``now + lease_s``; ``None`` when it is lost: it ran out (even if no other
+        stream has taken the slot yet — an expired lease is free for the taking) or was taken."""
         expires = now + lease_s
         write = update(
             self.table,
@@ -145,8 +145,9 @@ class SubjectCounters:
                 ":lease": {"N": repr(expires)},
                 ":ttl": n_attr(math.ceil(expires) + 3600),
                 ":holder": s_attr(lease.holder),
+                ":now": {"N": repr(now)},
             },
-            ConditionExpression="#holder = :holder",
+            ConditionExpression="#holder = :holder AND #lease > :now",
         )
         try:
             await self.io.write(write)
