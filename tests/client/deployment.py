@@ -22,6 +22,7 @@ from stepagent.devstack.services import LocalServices, local_services
 from stepagent.history_items import EventItem, HistoryItem, ToolResultItem, UserItem
 from stepagent.messages import TextContent, ToolCall
 from stepagent.providers.base import Final, ModelInfo, ModelRequest, StreamEvent, TextDelta, ToolCallComplete
+from stepagent.providers.prices import PriceTable
 from stepagent.tools.base import Tool
 from tests.conftest import aws_client, unique_name
 from tests.integration.aws_helpers import create_resources, delete_resources
@@ -115,10 +116,11 @@ async def deployment(
     live_text: bool = True,
     agent_settings: dict[str, str] | None = None,
     tools: Sequence[Tool] | None = None,
+    prices: PriceTable | None = None,
 ) -> AsyncIterator[Deployment]:
     """The stack, running until the context exits (``model``: a provider, e.g. :class:`FunctionModel`;
     ``agent_settings``: ``STEPAGENT_*`` agent settings, e.g. ``STEPAGENT_APPROVAL``; ``tools``: the
-    agent's Python tools)."""
+    agent's Python tools; ``prices``: the model prices, as ``STEPAGENT_PRICES`` would give them)."""
     async with AsyncExitStack() as stack:
         sqs = await stack.enter_async_context(aws_client("sqs"))
         s3 = await stack.enter_async_context(aws_client("s3"))
@@ -130,6 +132,7 @@ async def deployment(
             callback_secret=secrets.token_hex(16),
             live_text=live_text,
             agent_settings={**settings.agent_settings, **(agent_settings or {})},
+            prices=prices if prices is not None else settings.prices,
         )
         services = await stack.enter_async_context(
             local_services(settings, demo=True, provider=model, tools=tools)

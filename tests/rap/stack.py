@@ -16,7 +16,7 @@ from stepagent.history_items import EventItem, HistoryItem, ToolCallItem, ToolRe
 from stepagent.messages import TextContent, ToolCall
 from stepagent.providers.base import Final, ModelInfo, ModelRequest, StreamEvent, TextDelta, ToolCallComplete
 from stepagent.rap.receiver import ViewUpdate
-from stepagent.rap.receiver_app import receiver_app
+from stepagent.rap.receiver_app import answered_in, receiver_app
 from stepagent.rap.server import RapToolServer, serve_in_background
 from stepagent.tools.base import Tool
 from stepagent.tools.builtins import builtin_tools
@@ -102,7 +102,9 @@ async def rap_stack(
         server = build_server()
         tools_url = await stack.enter_async_context(serve_in_background(server.app))
         receiver_url = await stack.enter_async_context(
-            serve_in_background(receiver_app(SECRET, h.sender, on_view, path="/rap/callback"))
+            serve_in_background(
+                receiver_app(SECRET, h.sender, on_view, answered=answered_in(h.state), path="/rap/callback")
+            )
         )
         http = await stack.enter_async_context(httpx.AsyncClient())
         settings = Settings(

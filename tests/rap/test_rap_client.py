@@ -199,7 +199,8 @@ async def test_rt4_root_invocation_has_the_exact_shape_and_a_token_for_its_call(
     assert body["call_id"] is None and body["group_id"] == "thread-1" and body["thread_ancestors"] is None
     query = parse_qs(urlsplit(body["callback_url"]).query)
     assert query["stage"] == ["1"]
-    assert verify_token(SECRET, "thread-1", query["token"][0]) == "tc-1"
+    grant = verify_token(SECRET, "thread-1", query["token"][0])
+    assert grant is not None and grant.tool_call_id == "tc-1" and grant.expires_at is not None
 
 
 async def test_user_id_is_sent_when_known() -> None:

@@ -55,11 +55,14 @@ async def test_a_rap_call_round_trips_through_the_receiver() -> None:
         assert "Europe/Paris" in result.result.joined_text()
         assert isinstance(history[-1], AssistantText) and history[-1].text.startswith("ack: 20")
 
-        # The tool server retrying its POST changes nothing: same dedup id, one result.
+        # The tool server retrying its POST once the result is in changes nothing: the call is answered,
+        # so the receiver refuses it (409) and enqueues nothing.
         body = {"type": "tool_result", "group_id": T, "id": "call-time", "text": "again"}
         token = callback_token(SECRET, T, "call-time")
+        queued_before = len(s.h.sender.queue)
         response = await s.http.post(f"{s.receiver_url}/rap/callback?token={token}", json=body)
-        assert response.status_code == 200
+        assert response.status_code == 409 and "no longer waiting" in response.json()["error"]
+        assert len(s.h.sender.queue) == queued_before
         await s.h.run()
         assert await s.h.history(T) == history
 

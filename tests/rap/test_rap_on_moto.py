@@ -160,6 +160,7 @@ async def test_the_lambda_handler_module(monkeypatch: pytest.MonkeyPatch) -> Non
     async with aws_stack() as stack:
         for name, value in {
             "STEPAGENT_INPUT_QUEUE_URL": stack.input_url,
+            "STEPAGENT_STATE_TABLE": str(stack.settings.state_table),
             "STEPAGENT_CALLBACK_SECRET": SECRET,
             "STEPAGENT_BLOB_BUCKET": stack.resources.bucket,
             "AWS_ENDPOINT_URL": moto_endpoint(),
@@ -196,6 +197,7 @@ async def test_a_genuine_callback_the_worker_would_reject_is_a_4xx_and_nothing_i
         settings = Settings.from_env(
             {
                 "STEPAGENT_INPUT_QUEUE_URL": stack.input_url,
+                "STEPAGENT_STATE_TABLE": str(stack.settings.state_table),
                 "STEPAGENT_CALLBACK_SECRET": SECRET,
                 "STEPAGENT_BLOB_BUCKET": stack.resources.bucket,
                 "AWS_ENDPOINT_URL": moto_endpoint(),

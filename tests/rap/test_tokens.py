@@ -13,7 +13,8 @@ SECRET = "s3cret"
 
 def test_a_token_verifies_for_its_thread_and_names_its_call() -> None:
     token = callback_token(SECRET, "thread-1", "call-1")
-    assert verify_token(SECRET, "thread-1", token) == "call-1"
+    grant = verify_token(SECRET, "thread-1", token)
+    assert grant is not None and grant.tool_call_id == "call-1"
 
 
 @pytest.mark.parametrize(
@@ -27,14 +28,15 @@ def test_a_token_is_rejected_for_another_thread_or_secret(secret: str, thread: s
 def test_an_embedded_call_id_cannot_be_swapped() -> None:
     good = callback_token(SECRET, "t", "call-1").split(".")
     other = callback_token(SECRET, "t", "call-2").split(".")
-    forged = ".".join([good[0], other[1], good[2]])
+    forged = ".".join([good[0], other[1], *good[2:]])
     assert verify_token(SECRET, "t", forged) is None
 
 
 def test_ambiguous_id_pairs_get_different_tokens() -> None:
     a = callback_token(SECRET, "a\x1fb", "c")
     b = callback_token(SECRET, "a", "b\x1fc")
-    assert verify_token(SECRET, "a", b) == "b\x1fc"
+    grant = verify_token(SECRET, "a", b)
+    assert grant is not None and grant.tool_call_id == "b\x1fc"
     assert verify_token(SECRET, "a", a) is None
 
 

@@ -23,8 +23,9 @@ body that breaks the input message rules, an empty message, a bad thread id, a r
 resume token), 401 ``unauthorized``, 404 ``not_found`` (unknown, or someone else's), 413 ``too_large`` (a
 body over the input message's 16 MiB, or metadata over 256 KiB), 415 ``unsupported_media_type`` (a POST
 body that is not ``application/json``), 422 ``idempotency_key_reused`` (the key was used for another
-request) or ``profile_not_allowed``, 429 ``too_many_requests`` (too many open streams for one subject, or
-the store or queue throttled us; with ``Retry-After``). Every answer carries
+request) or ``profile_not_allowed``, 429 ``too_many_requests`` (a per-subject quota of :mod:`stepagent.api.quotas`, or the
+store or queue throttled us; with ``Retry-After``), 503 ``unavailable`` (the identity provider cannot be
+reached; with ``Retry-After``). Every answer carries
 ``X-Content-Type-Options: nosniff`` and ``Cache-Control: no-store``.
 """
 
@@ -54,19 +55,20 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from stepagent.api.auth import Unauthorized, Verifier
 from stepagent.api.events import BadToken, ResumeTokens, SharedReads, TreeEvents, tree_positions
 from stepagent.api.idempotency import IdempotencyKeys, KeyReused, request_digest
+from stepagent.api.jwks import ProviderUnavailable
 from stepagent.api.keys import ApiKeys
 from stepagent.api.ownership import Ownership
 from stepagent.api.policy import ApiPolicy, MetadataRefused
+from stepagent.api.quotas import ApiLimits, QuotaExceeded, Quotas
 from stepagent.client import Client
 from stepagent.errors import InputError, MalformedMessageError, PayloadTooLargeError, TransientError
 from stepagent.input_rules import MAX_MESSAGE_BYTES, check_group_id, check_id, check_json, load_json
 from stepagent.messages import ApprovalDecision, InputMessage, parse_input_message
+from stepagent.stores.dynamodb_quotas import Lease, SubjectCounters
 from stepagent.transcript import tree_items
 
 #: Seconds of silence after which an event stream sends a comment, so proxies keep it open.
 HEARTBEAT_S = 15.0
-#: Open event streams one subject may hold on one server.
-MAX_STREAMS_PER_SUBJECT = 64
 
 
 class ApiError(Exception):
@@ -95,19 +97,22 @@ class ApprovalBody(ApprovalDecision):
 class ApiState:
     """What the application needs: an open client (stores and sender), the verifier, the deployment's
     keys (:mod:`stepagent.api.keys`; every instance must have the same: the default, random keys, suits
-    one local process only) and metadata policy, shared reads."""
+    one local process only) and metadata policy, shared reads, the per-subject quotas (``clock``:
+    wall-clock seconds, for their windows and leases)."""
 
     client: Client
     verifier: Verifier
     keys: ApiKeys = field(default_factory=ApiKeys.generate)
     policy: ApiPolicy = field(default_factory=ApiPolicy)
     heartbeat_s: float = HEARTBEAT_S
-    max_streams: int | None = MAX_STREAMS_PER_SUBJECT
-    streams: dict[str, int] = field(default_factory=dict)
+    limits: ApiLimits = field(default_factory=ApiLimits)
+    clock: Callable[[], float] = time.time
     reads: SharedReads = field(init=False)
     owners: Ownership = field(init=False)
     tokens: ResumeTokens = field(init=False)
     idempotency: IdempotencyKeys = field(init=False)
+    quotas: Quotas = field(init=False)
+    _closing: set[asyncio.Future[None]] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         reader = self.client.reader
@@ -117,11 +122,17 @@ class ApiState:
         )
         self.tokens = ResumeTokens(self.keys.resume)
         self.idempotency = IdempotencyKeys(reader.io, reader.state_table)
+        self.quotas = Quotas(SubjectCounters(reader.io, reader.state_table), self.limits, self.clock)
 
     @property
     def authenticates(self) -> bool:
         """Whether callers prove who they are (``jwt``); without (``none``) nobody has an identity."""
         return self.verifier.settings.mode != "none"
+
+    @property
+    def limited(self) -> bool:
+        """Whether quotas apply (authenticated callers; without authentication there is one local user)."""
+        return self.authenticates
 
 
 def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -165,6 +176,14 @@ async def _authenticated(request: Request, state: ApiState) -> str:
         return await state.verifier.subject(request.headers.get("authorization"))
     except Unauthorized as error:
         raise ApiError(401, "unauthorized", str(error), {"WWW-Authenticate": "Bearer"}) from None
+    except ProviderUnavailable as error:
+        # The token may be valid: say "later", never "unauthorized" (nor why the provider failed).
+        raise ApiError(
+            503,
+            "unavailable",
+            "the identity provider cannot be reached to check the token; try again shortly",
+            {"Retry-After": str(error.retry_after)},
+        ) from None
 
 
 def _errors(
@@ -177,6 +196,8 @@ def _errors(
             return await endpoint(request)
         except ApiError as error:
             return _error(error.status, error.code, error.message, error.headers)
+        except QuotaExceeded as error:
+            return _error(429, "too_many_requests", str(error), {"Retry-After": str(error.retry_after)})
         except TransientError as error:
             return _error(429, "too_many_requests", f"try again shortly: {error}", {"Retry-After": "1"})
 
@@ -314,6 +335,11 @@ async def _send_text(
         raise ApiError(error.status, error.code, error.message) from None
     message = InputMessage.user_text(thread, body.text, id=message_id, metadata=metadata)
     _as_the_worker_reads_it(message)
+    if state.limited:
+        # A new conversation is one nobody owns yet (a minted id always is), whether or not the worker has
+        # stored the thread already.
+        unclaimed = route == "threads" or await state.owners.unclaimed(thread, subject)
+        await state.quotas.message(subject, new_thread=unclaimed)
     await _claim(state, thread, subject)
     await _same_request(state, thread, key, route, raw)
     await state.client.sender.send(message, message_id)
@@ -359,6 +385,8 @@ async def send_approval(request: Request, state: ApiState, subject: str, thread:
     )
     await _readable(state, thread, subject)
     await _same_request(state, thread, key, "approvals", raw)
+    if state.limited:
+        await state.quotas.message(subject, new_thread=False)
     # The client routes the decision to whichever thread of the tree waits on the call (a child's, too).
     await state.client.approve(
         thread, body.tool_call_id, body.decision, body.args, body.message, message_id=message_id
@@ -399,25 +427,26 @@ async def get_events(request: Request, state: ApiState, subject: str, thread: st
     await _readable(state, thread, subject)
     if positions is not None:
         positions = await tree_positions(state.reads.reader, thread, positions)
-    limit = state.max_streams if state.verifier.settings.mode == "jwt" else None
-    if limit is not None and state.streams.get(subject, 0) >= limit:
-        raise ApiError(
-            429, "too_many_requests", f"at most {limit} open event streams per user", {"Retry-After": "5"}
-        )
+    # One lease per open stream, counted across every instance of the API (a 429 over the limit).
+    lease = await state.quotas.open_stream(subject) if state.limited else None
     tree = TreeEvents(state.reads, thread, positions, tokens=state.tokens, follow=follow)
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     return StreamingResponse(
-        _sse(state, subject, tree), media_type="text/event-stream; charset=utf-8", headers=headers
+        _sse(state, lease, tree), media_type="text/event-stream; charset=utf-8", headers=headers
     )
 
 
-async def _sse(state: ApiState, subject: str, tree: TreeEvents) -> AsyncIterator[bytes]:
-    """The stream: events as they are found, a heartbeat comment after each quiet ``heartbeat_s``."""
-    state.streams[subject] = state.streams.get(subject, 0) + 1
+async def _sse(state: ApiState, lease: Lease | None, tree: TreeEvents) -> AsyncIterator[bytes]:
+    """The stream: events as they are found, a heartbeat comment after each quiet ``heartbeat_s``; it
+    renews its lease as it goes and ends if the lease was lost (the client resumes with its token)."""
     try:
         yield b": stepagent events\nretry: 1000\n\n"
         quiet_since = time.monotonic()
         while True:
+            if lease is not None:
+                lease = await _renewed(state, lease)
+                if lease is None:
+                    return
             async for token, event in tree.poll():
                 data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
                 yield f"id: {token}\nevent: {event['type']}\ndata: {data}\n\n".encode()
@@ -434,11 +463,19 @@ async def _sse(state: ApiState, subject: str, tree: TreeEvents) -> AsyncIterator
                 pause = max(0.0, pause - (quiet_since - now))
             await asyncio.sleep(pause)
     finally:
-        left = state.streams.get(subject, 1) - 1
-        if left:
-            state.streams[subject] = left
-        else:
-            state.streams.pop(subject, None)
+        if lease is not None:
+            # The stream may be ending by cancellation (the client left): free the slot in a task of its own.
+            closing = asyncio.ensure_future(state.quotas.close_stream(lease))
+            state._closing.add(closing)
+            closing.add_done_callback(state._closing.discard)
+
+
+async def _renewed(state: ApiState, lease: Lease) -> Lease | None:
+    """``lease`` kept alive; ``None`` once it is lost (or has run out while the store could not be reached)."""
+    try:
+        return await state.quotas.keep(lease)
+    except TransientError:
+        return lease if state.clock() < lease.expires else None
 
 
 _PAGE_SECURITY = {

@@ -4,10 +4,14 @@
 ``Authorization: Bearer <JWT>``, verified by PyJWT:
 
 - the signature, RS256 or ES256 only (a token naming any other algorithm — ``none``, ``HS256`` — is
-  refused before any key is looked at), against the keys of ``STEPAGENT_JWT_JWKS_URL`` (fetched and cached
-  by :class:`jwt.PyJWKClient`; a token signed by a key it has not seen makes it fetch the set again, so a
-  rotated key works at once, at most one refetch per :data:`JWKS_REFETCH_S`) or the PEM public key
-  ``STEPAGENT_JWT_PUBLIC_KEY`` (text or ``@path``);
+  refused before any key is looked at), against the keys of ``STEPAGENT_JWT_JWKS_URL`` (cached by
+  :class:`stepagent.api.jwks.KeyCache`: a token signed by a key it has not seen makes it fetch the set
+  again, so a rotated key works at once, at most one refetch per :data:`JWKS_REFETCH_S`; the provider
+  failing or hanging answers :class:`~stepagent.api.jwks.ProviderUnavailable`, a 503, never a 401) or the
+  PEM public key ``STEPAGENT_JWT_PUBLIC_KEY`` (text or ``@path``; an RSA key under 2048 bits or an EC key
+  on a curve other than P-256 is a configuration error);
+- the token's ``alg`` must be the algorithm of the key it names (an RS256 token naming an EC key is a 401,
+  not a crash), and an RSA key must have at least 2048 bits (RFC 7518 §3.3);
 - ``iss`` = ``STEPAGENT_JWT_ISSUER`` and ``aud`` containing ``STEPAGENT_JWT_AUDIENCE`` (both required
   settings, both required claims), ``exp`` required, ``exp``/``nbf``/``iat`` with at most
   :data:`LEEWAY_S` seconds of clock skew;
@@ -20,7 +24,6 @@ wrong, never which key would have worked.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Mapping
@@ -30,13 +33,13 @@ from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from stepagent.api.jwks import FETCH_TIMEOUT_S, MIN_RSA_BITS, KeyCache, KeyNotFound
 from stepagent.errors import ConfigurationError
 
 ALGORITHMS = ("RS256", "ES256")
 LEEWAY_S = 60
-JWKS_LIFESPAN_S = 300
 JWKS_REFETCH_S = 10.0
 ANONYMOUS = "local"
 DEV_ISSUER = "stepagent-dev"
@@ -59,6 +62,8 @@ class ApiAuthSettings:
     owner_claim: str = "sub"
     #: The shortest pause between two fetches of the key set that a token with an unknown key causes.
     jwks_refetch_s: float = JWKS_REFETCH_S
+    #: Seconds one fetch of the key set may take before the provider counts as unreachable.
+    jwks_timeout_s: float = FETCH_TIMEOUT_S
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> ApiAuthSettings:
@@ -97,19 +102,20 @@ class Verifier:
 
     def __init__(self, settings: ApiAuthSettings) -> None:
         self.settings = settings
-        self._jwks = (
-            jwt.PyJWKClient(
-                settings.jwks_url,
-                lifespan=JWKS_LIFESPAN_S,
-                cooldown_duration=settings.jwks_refetch_s,
-                timeout=10,
-            )
+        self.jwks = (
+            KeyCache(settings.jwks_url, refetch_s=settings.jwks_refetch_s, timeout_s=settings.jwks_timeout_s)
             if settings.jwks_url
             else None
         )
-        self._key: Any = (
-            serialization.load_pem_public_key(settings.public_key.encode()) if settings.public_key else None
-        )
+        self._key: Any = None
+        self._key_algorithm = ""
+        if settings.public_key:
+            self._key, self._key_algorithm = _public_key(settings.public_key)
+
+    async def aclose(self) -> None:
+        """Stop a key-set fetch in flight."""
+        if self.jwks is not None:
+            await self.jwks.aclose()
 
     async def subject(self, authorization: str | None) -> str:
         """The caller's subject; :class:`Unauthorized` when the credentials do not hold."""
@@ -127,16 +133,17 @@ class Verifier:
             raise Unauthorized(f"the bearer token is not a JWT: {error}") from None
         if header.get("alg") not in ALGORITHMS:
             raise Unauthorized(f"the token's algorithm must be one of {', '.join(ALGORITHMS)}")
-        key = await self._signing_key(token)
+        key, algorithm = await self._signing_key(header)
         try:
             claims = jwt.decode(
                 token,
                 key,
-                algorithms=list(ALGORITHMS),
+                # Only the key's own algorithm: a token naming another one is refused, never tried.
+                algorithms=[algorithm],
                 audience=self.settings.audience,
                 issuer=self.settings.issuer,
                 leeway=LEEWAY_S,
-                options={"require": ["exp", "iss", "aud"]},
+                options={"require": ["exp", "iss", "aud"], "enforce_minimum_key_length": True},
             )
         except jwt.ExpiredSignatureError:
             raise Unauthorized("the token has expired") from None
@@ -146,24 +153,45 @@ class Verifier:
             raise Unauthorized("the token is from another issuer") from None
         except jwt.InvalidSignatureError:
             raise Unauthorized("the token's signature does not verify") from None
-        except jwt.PyJWTError as error:
+        except jwt.InvalidAlgorithmError:
+            raise Unauthorized(f"the token's algorithm is not that of its key ({algorithm})") from None
+        except (jwt.PyJWTError, TypeError, ValueError) as error:
             raise Unauthorized(f"the token is not valid: {error}") from None
         subject = claims.get(self.settings.owner_claim)
         if not isinstance(subject, str) or not subject:
             raise Unauthorized(f"the token has no {self.settings.owner_claim!r} claim naming its subject")
         return subject
 
-    async def _signing_key(self, token: str) -> Any:
-        if self._jwks is None:
-            return self._key
-        jwks = self._jwks
+    async def _signing_key(self, header: dict[str, Any]) -> tuple[Any, str]:
+        """The key that must have signed a token with ``header``, and its algorithm."""
+        if self.jwks is None:
+            return self._key, self._key_algorithm
+        kid = header.get("kid")
+        if not isinstance(kid, str) or not kid:
+            raise Unauthorized("the token names no signing key (its header has no 'kid')")
         try:
-            # PyJWKClient fetches with urllib (blocking): off the event loop.
-            return (await asyncio.to_thread(jwks.get_signing_key_from_jwt, token)).key
-        except jwt.PyJWKClientConnectionError as error:
-            raise Unauthorized(f"the signing keys could not be fetched: {error}") from None
-        except jwt.PyJWTError as error:
-            raise Unauthorized(f"no signing key for this token: {error}") from None
+            key = await self.jwks.key(kid)
+        except KeyNotFound:
+            raise Unauthorized("no signing key of the identity provider has this token's 'kid'") from None
+        return key, str(key.algorithm_name)
+
+
+def _public_key(pem: str) -> tuple[Any, str]:
+    """``STEPAGENT_JWT_PUBLIC_KEY`` loaded, with the one algorithm its tokens may use."""
+    try:
+        key = serialization.load_pem_public_key(pem.encode())
+    except ValueError as error:
+        raise ConfigurationError(f"STEPAGENT_JWT_PUBLIC_KEY is not a PEM public key: {error}") from None
+    if isinstance(key, rsa.RSAPublicKey):
+        if key.key_size < MIN_RSA_BITS:
+            raise ConfigurationError(
+                f"STEPAGENT_JWT_PUBLIC_KEY is an RSA key of {key.key_size} bits: at least {MIN_RSA_BITS} "
+                "are required (RFC 7518 section 3.3)"
+            )
+        return key, "RS256"
+    if isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1):
+        return key, "ES256"
+    raise ConfigurationError("STEPAGENT_JWT_PUBLIC_KEY must be an RSA key (RS256) or a P-256 EC key (ES256)")
 
 
 @dataclass(frozen=True, slots=True)

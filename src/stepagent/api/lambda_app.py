@@ -26,6 +26,7 @@ from stepagent.api.app import SECURITY_HEADERS, STATIC_PATHS, ApiState, build_ap
 from stepagent.api.auth import ApiAuthSettings, Verifier
 from stepagent.api.keys import keys_for
 from stepagent.api.policy import ApiPolicy
+from stepagent.api.quotas import ApiLimits
 from stepagent.client import Client
 from stepagent.errors import ConfigurationError
 
@@ -47,6 +48,7 @@ class LambdaApi:
                         "STEPAGENT_API_AUTH must be jwt on Lambda (none is loopback only)"
                     )
                 policy = ApiPolicy.from_env(os.environ)
+                limits = ApiLimits.from_env(os.environ)
                 client = await Client().open()
                 try:
                     keys = await keys_for(client.settings, required=True)
@@ -54,7 +56,9 @@ class LambdaApi:
                     await client.close()
                     raise
                 self._client = client
-                self._app = build_app(ApiState(client, Verifier(auth), keys=keys, policy=policy))
+                self._app = build_app(
+                    ApiState(client, Verifier(auth), keys=keys, policy=policy, limits=limits)
+                )
             return self._app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

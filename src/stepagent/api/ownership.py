@@ -20,8 +20,8 @@ from collections import OrderedDict
 
 from stepagent.stores.base import ConversationStore, ThreadInfo
 from stepagent.stores.dynamodb_io import ConditionFailed, DynamoIo, item_key, put, s_attr
+from stepagent.stores.dynamodb_quotas import OWNER_SK
 
-OWNER_SK = "OWNER"
 _CACHED = 10_000
 
 
@@ -96,6 +96,10 @@ class Ownership:
         if allowed:
             self._remember(thread, subject)
         return allowed
+
+    async def unclaimed(self, thread: str, subject: str) -> bool:
+        """Whether ``thread`` has no owner yet (a message to it would create a conversation)."""
+        return (thread, subject) not in self._known and await self.owner(thread) is None
 
     def _remember(self, thread: str, subject: str) -> None:
         self._known[(thread, subject)] = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -21,6 +22,7 @@ from stepagent.api.app import ApiState, build_app
 from stepagent.api.auth import ApiAuthSettings, DevAuth, Verifier
 from stepagent.api.keys import ApiKeys, keys_for
 from stepagent.api.policy import ApiPolicy
+from stepagent.api.quotas import ApiLimits
 from stepagent.client import Client
 from stepagent.errors import ConfigurationError
 from stepagent.rap.server import is_loopback, serve_in_background
@@ -50,21 +52,28 @@ async def open_api(
     max_streams: int | None = None,
     keys: ApiKeys | None = None,
     policy: ApiPolicy | None = None,
+    limits: ApiLimits | None = None,
 ) -> AsyncIterator[str]:
     """Serve the API over the open ``api_client`` on ``host:port`` (0: a free port); yields its URL.
-    ``policy`` defaults to none (no profile selectable), ``keys`` to those of the client's settings."""
+    ``policy`` defaults to none (no profile selectable), ``keys`` to those of the client's settings,
+    ``limits`` (the per-subject quotas) to the environment's; ``max_streams`` overrides theirs."""
     if auth.mode == "none" and not is_loopback(host):
         raise ConfigurationError(f"STEPAGENT_API_AUTH=none is allowed only on a loopback address, not {host}")
     if keys is None:
         keys = await keys_for(api_client.settings, required=False)
-    state = ApiState(api_client, Verifier(auth), keys=keys, policy=policy or ApiPolicy())
+    limits = limits if limits is not None else ApiLimits.from_env(os.environ)
+    if max_streams is not None:
+        limits = dataclasses.replace(limits, max_open_streams=max_streams)
+    verifier = Verifier(auth)
+    state = ApiState(api_client, verifier, keys=keys, policy=policy or ApiPolicy(), limits=limits)
     if heartbeat_s is not None:
         state.heartbeat_s = heartbeat_s
-    if max_streams is not None:
-        state.max_streams = max_streams
     # The one embedded-server loop: it leaves Ctrl-C and SIGTERM to the program (bounded shutdown).
-    async with serve_in_background(build_app(state), host, port, lifespan="off", backlog=4096) as url:
-        yield url
+    try:
+        async with serve_in_background(build_app(state), host, port, lifespan="off", backlog=4096) as url:
+            yield url
+    finally:
+        await verifier.aclose()
 
 
 async def serve_api(

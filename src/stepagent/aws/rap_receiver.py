@@ -2,14 +2,17 @@
 
 Guarantees:
 
-- Cold start builds everything once (settings, the SQS client, and — for view updates — the stores; the
-  S3 client opens at the first oversized payload); ``STEPAGENT_INPUT_QUEUE_URL`` and the callback key
+- Cold start builds everything once (settings, the SQS client, the state store — which says whether a
+  call is already answered — and, for view updates, the conversation store; the S3 client opens at the
+  first oversized payload); ``STEPAGENT_INPUT_QUEUE_URL``, ``STEPAGENT_STATE_TABLE`` and the callback key
   (``STEPAGENT_CALLBACK_SECRET``, or a secret named by ``STEPAGENT_CALLBACK_SECRET_ID``, read once) are
   required (one :class:`~stepagent.errors.ConfigurationError` names what is missing). Every invocation runs on the
   process's one event loop (:func:`stepagent.aws.lambda_entry.event_loop`), where the clients live.
 - Authentication, validation and conversion are :func:`~stepagent.rap.receiver.receive_function_url_event`.
   Messages go to the FIFO input queue through :class:`~stepagent.senders.sqs.SqsSender` (group = thread,
   deterministic dedup id, claim check for big bodies via ``STEPAGENT_BLOB_BUCKET``).
+- A result, sign-in link or question for a call that is already answered is refused with 409, nothing
+  sent (:func:`~stepagent.rap.receiver_app.deliver`).
 - The answer is 200 only after every send succeeded; a queue failure is 500 ``{"error": "Internal
   error"}`` so the tool server retries (the same dedup id makes the retry harmless).
 - ``view_update`` needs ``STEPAGENT_OUTPUT_QUEUE_URL`` and both tables (it is published with the thread
@@ -36,9 +39,9 @@ from stepagent.rap.receiver import (
     function_url_response,
     receive_function_url_event,
 )
-from stepagent.rap.receiver_app import deliver
+from stepagent.rap.receiver_app import Answered, answered_in, deliver
 from stepagent.senders.sqs import SqsQueues, SqsSender
-from stepagent.stores.dynamodb import dynamo_stores
+from stepagent.stores.dynamodb import DynamoStateStore, dynamo_stores
 from stepagent.tracing import TRACEPARENT, continuing
 
 log = logging.getLogger(__name__)
@@ -53,10 +56,13 @@ class UnknownThread(Exception):
 class RapReceiverRuntime:
     """Clients and the request handler of the receiver. Build with :meth:`create`."""
 
-    def __init__(self, settings: Settings, sender: SqsSender, publisher: OutputPublisher | None) -> None:
+    def __init__(
+        self, settings: Settings, sender: SqsSender, publisher: OutputPublisher | None, answered: Answered
+    ) -> None:
         self.settings = settings
         self.sender = sender
         self.publisher = publisher
+        self.answered = answered
         self._stack = AsyncExitStack()
 
     @classmethod
@@ -64,7 +70,7 @@ class RapReceiverRuntime:
         settings = settings if settings is not None else Settings.from_env()
         session = session if session is not None else aws_session(settings)
         settings = await resolve_secrets(settings, session)
-        settings.require("STEPAGENT_INPUT_QUEUE_URL", "STEPAGENT_CALLBACK_SECRET")
+        settings.require("STEPAGENT_INPUT_QUEUE_URL", "STEPAGENT_STATE_TABLE", "STEPAGENT_CALLBACK_SECRET")
         stack = AsyncExitStack()
         try:
             sqs = await stack.enter_async_context(client(session, "sqs", settings))
@@ -77,12 +83,15 @@ class RapReceiverRuntime:
             queues = SqsQueues(sqs, s3_client=s3, bucket=settings.blob_bucket)
             sender = SqsSender(sqs, str(settings.input_queue_url), queues=queues)
             publisher = None
-            if settings.output_queue_url and settings.conversation_table and settings.state_table:
-                dynamodb = await stack.enter_async_context(client(session, "dynamodb", settings))
+            dynamodb = await stack.enter_async_context(client(session, "dynamodb", settings))
+            state_store = DynamoStateStore(
+                dynamodb, state_table=str(settings.state_table), s3_client=s3, bucket=settings.blob_bucket
+            )
+            if settings.output_queue_url and settings.conversation_table:
                 conversation, state = dynamo_stores(
                     dynamodb,
                     conversation_table=settings.conversation_table,
-                    state_table=settings.state_table,
+                    state_table=str(settings.state_table),
                     s3_client=s3,
                     bucket=settings.blob_bucket,
                 )
@@ -90,7 +99,7 @@ class RapReceiverRuntime:
         except BaseException:
             await stack.aclose()
             raise
-        runtime = cls(settings, sender, publisher)
+        runtime = cls(settings, sender, publisher, answered_in(state_store))
         runtime._stack = stack
         return runtime
 
@@ -121,7 +130,10 @@ class RapReceiverRuntime:
                 # A callback that carries a trace context (the one its call was sent with) continues it.
                 with continuing(_header(event, TRACEPARENT)):
                     result = await deliver(
-                        ReceiverResult(result.status, result.body, result.messages), self.sender, None
+                        ReceiverResult(result.status, result.body, result.messages, pending=result.pending),
+                        self.sender,
+                        None,
+                        self.answered,
                     )
         if not result.ok:
             log.warning("RAP callback refused: %s %s", result.status, result.body.get("error"))

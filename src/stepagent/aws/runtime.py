@@ -51,6 +51,8 @@ from stepagent.providers.base import ModelProvider
 from stepagent.providers.factory import make_provider
 from stepagent.senders.sqs import SqsQueues, SqsSender
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
+from stepagent.stores.dynamodb_io import DynamoIo
+from stepagent.stores.dynamodb_quotas import SubjectCounters
 from stepagent.stores.metrics import StoreMetrics
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
@@ -272,6 +274,9 @@ class AwsRuntime:
             self.metrics,
             live=self.live,
             max_receive_count=settings.max_receive_count,
+            counters=SubjectCounters(
+                DynamoIo(self.dynamodb, None, None, self.store_metrics), str(settings.state_table)
+            ),
         )
 
     @classmethod

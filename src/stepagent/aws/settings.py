@@ -74,6 +74,11 @@ KNOWN_NAMES = frozenset(
         "STEPAGENT_JWT_OWNER_CLAIM",
         # stepagent.api.policy reads it.
         "STEPAGENT_API_PROFILES",
+        # The HTTP API's per-subject quotas (stepagent.api.quotas reads them).
+        "STEPAGENT_API_MAX_NEW_THREADS_PER_MINUTE",
+        "STEPAGENT_API_MAX_MESSAGES_PER_MINUTE",
+        "STEPAGENT_API_MAX_OPEN_STREAMS",
+        "STEPAGENT_API_MAX_COST_USD_PER_DAY",
     }
 )
 

@@ -38,6 +38,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -64,11 +65,14 @@ from stepagent.errors import (
     MalformedMessageError,
     RetriesExhaustedError,
     StepagentError,
+    TransientError,
     classify,
 )
+from stepagent.events import AgentEvent, CompletionFinished
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.senders.sqs import SqsQueues, record_traceparent
+from stepagent.stores.dynamodb_quotas import SubjectCounters
 from stepagent.tracing import TRACEPARENT
 
 logger = logging.getLogger(__name__)
@@ -165,6 +169,7 @@ class Worker:
         *,
         live: LiveText | None = None,
         max_receive_count: int = 5,
+        counters: SubjectCounters | None = None,
     ) -> None:
         self.system = system
         self.queues = queues
@@ -173,6 +178,11 @@ class Worker:
         self.metrics = metrics
         self.live = live if live is not None else LiveText.disabled()
         self.max_receive_count = max_receive_count
+        #: Where each step's model cost is added to its conversation owner's daily spend (the HTTP API's
+        #: STEPAGENT_API_MAX_COST_USD_PER_DAY reads it); None: not counted.
+        self.counters = counters
+        #: Wall-clock seconds: the day a step's cost counts for.
+        self.clock: Callable[[], float] = time.time
 
     async def handle(self, event: SqsEvent) -> BatchResponse:
         records = list(await asyncio.gather(*(self._parse(raw) for raw in event.get("Records", []))))
@@ -352,6 +362,8 @@ class Worker:
             latency_ms=timing.latency_ms,
             prices=self.system.config.prices,
         )
+        if history is not None:
+            await self._count_spend(history.root_thread_id, observer.events)
         events = step_events(thread_id, observer.events, inputs)
         redelivered = [r.logical_id for r in records if r.receive_count > 1 and r.message is not None]
         if redelivered:
@@ -367,6 +379,27 @@ class Worker:
         await self.publisher.publish(thread_id, events, context=context)
         self.metrics.add_metric("Steps", "Count", 1)
         logger.info("step done", extra={"events": len(events)})
+
+    async def _count_spend(self, root_id: str, events: Sequence[AgentEvent]) -> None:
+        """Add the step's model cost (as its usage record stores it) to the owner's spend of the day. Only
+        model calls this run made are counted (a redelivery that re-runs nothing adds nothing); a failure
+        here is logged, never fails the committed step (the quota then undercounts that step)."""
+        if self.counters is None:
+            return
+        prices = self.system.config.prices
+        cost = sum(
+            prices.cost(e.model, e.step_usage) or 0.0
+            for e in events
+            if isinstance(e, CompletionFinished) and e.step_usage is not None
+        )
+        if cost <= 0:
+            return
+        try:
+            await self.counters.add_spend(root_id, cost, self.clock())
+        except TransientError as error:
+            logger.warning(
+                "could not add the step's cost to its owner's daily spend", extra={"error": str(error)}
+            )
 
     # ---- failure and rejection --------------------------------------------------------------------------
 

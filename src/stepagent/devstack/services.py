@@ -55,20 +55,25 @@ async def _serve_tool_servers(stack: contextlib.AsyncExitStack, settings: Settin
     from stepagent.aws.clients import aws_session, client
     from stepagent.devstack.rap_demo_server import build_server
     from stepagent.rap.receiver import ViewUpdate
-    from stepagent.rap.receiver_app import receiver_app
+    from stepagent.rap.receiver_app import answered_in, receiver_app
     from stepagent.rap.server import serve_in_background
     from stepagent.senders.sqs import SqsSender
+    from stepagent.stores.dynamodb import DynamoStateStore
 
     session = aws_session(settings)
     sqs = await stack.enter_async_context(client(session, "sqs", settings))
     s3 = await stack.enter_async_context(client(session, "s3", settings))
     sender = SqsSender(sqs, str(settings.input_queue_url), s3_client=s3, bucket=settings.blob_bucket)
+    dynamodb = await stack.enter_async_context(client(session, "dynamodb", settings))
+    state = DynamoStateStore(
+        dynamodb, state_table=str(settings.state_table), s3_client=s3, bucket=settings.blob_bucket
+    )
 
     async def on_view(view: ViewUpdate) -> None:
         log.info("view %s of thread %s updated", view.view_type, view.thread_id)
 
     if not settings.callback_url:
-        app = receiver_app(str(settings.callback_secret), sender, on_view)
+        app = receiver_app(str(settings.callback_secret), sender, on_view, answered=answered_in(state))
         url = await stack.enter_async_context(serve_in_background(app))
         settings = dataclasses.replace(settings, callback_url=url)
     if demo and not settings.rap_servers:

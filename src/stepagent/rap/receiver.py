@@ -14,6 +14,12 @@ Guarantees:
   names (``id``, or ``tool_call_id`` for events). Missing token → 401; a token for another thread or
   another call → 403. The body is parsed only after the token is seen, and the MAC is checked before
   anything is converted.
+- Callback URLs expire for what must answer a waiting call: a ``tool_result``, ``oauth`` or
+  ``user_choice`` whose token's expiry (:mod:`stepagent.rap.tokens`) has passed → 403. The same three
+  carry :attr:`ReceiverResult.pending` (thread, call): the caller refuses them with 409 when that call is
+  already answered (:func:`~stepagent.rap.receiver_app.deliver`), so a replayed callback can no longer
+  put a stale sign-in link or question in front of the user. ``subscription_event`` (many per call, for
+  as long as the subscription runs) and ``view_update`` are held to neither.
 - Rejections are 4xx with a JSON ``{"error": "..."}`` built by ``json.dumps`` (never string formatting):
   405 for a method other than POST, 413 for a body over :data:`MAX_BODY_BYTES` (Lambda's 6 MB request
   limit), 400 for a missing, undecodable, non-JSON or schema-violating body (naming the field), and for
@@ -42,6 +48,7 @@ import binascii
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
@@ -139,6 +146,8 @@ class ReceiverResult:
     body: ReceiverBody
     messages: tuple[OutgoingInput, ...] = ()
     views: tuple[ViewUpdate, ...] = field(default=())
+    #: (thread, tool call) that must still be waiting for an answer for the messages to be sent.
+    pending: tuple[str, str] | None = None
 
     @property
     def ok(self) -> bool:
@@ -240,11 +249,14 @@ def receive_callback(
     *,
     method: str = "POST",
     max_bytes: int = MAX_BODY_BYTES,
+    now: float | None = None,
 ) -> ReceiverResult:
-    """Authenticate, validate and convert one callback request. Never raises: an error the tree classifies
-    as bad input (:func:`~stepagent.errors.classify`) is a 400, any other a 500 (the server retries)."""
+    """Authenticate, validate and convert one callback request (``now``: Unix seconds, for the token's
+    expiry). Never raises: an error the tree classifies as bad input (:func:`~stepagent.errors.classify`)
+    is a 400, any other a 500 (the server retries)."""
     try:
-        return _receive_callback(body, token, secret, method=method, max_bytes=max_bytes)
+        when = time.time() if now is None else now
+        return _receive_callback(body, token, secret, method=method, max_bytes=max_bytes, now=when)
     except Exception as exc:
         if classify(exc) == "reject":
             return reject(400, f"the callback cannot be processed: {type(exc).__name__}: {exc}")
@@ -259,6 +271,7 @@ def _receive_callback(
     *,
     method: str,
     max_bytes: int,
+    now: float,
 ) -> ReceiverResult:
     if method.upper() != "POST":
         return reject(405, f"method {method.upper()} is not allowed; RAP callbacks are POSTed")
@@ -293,12 +306,9 @@ def _receive_callback(
         ):
             return reject(400, f"unknown callback type {data.get('type')!r}")
         return reject(400, f"invalid {data['type']} callback: {describe_validation_error(exc)}")
-    token_call = verify_token(secret, callback.group_id, token)
-    if token_call is None:
-        return reject(403, f"the callback token is not valid for thread {callback.group_id!r}")
-    named = _named_call(callback)
-    if named is not None and named != token_call:
-        return reject(403, f"the callback token was not issued for tool call {named!r}")
+    refused = _refusal(callback, token, secret, now)
+    if refused is not None:
+        return refused
     converted = convert_callback(callback)
     if isinstance(converted, ViewUpdate):
         return ReceiverResult(200, OK_BODY, views=(converted,))
@@ -306,11 +316,31 @@ def _receive_callback(
         check_input_fields(converted.message)  # the worker's rules: what is enqueued will be accepted
     except InputError as exc:
         return reject(400, str(exc))
-    return ReceiverResult(200, OK_BODY, messages=(converted,))
+    named = _named_call(callback)
+    pending = (callback.group_id, named) if named is not None and _answers_call(callback) else None
+    return ReceiverResult(200, OK_BODY, messages=(converted,), pending=pending)
+
+
+def _answers_call(callback: RapCallback) -> bool:
+    """Whether ``callback`` is for a call still waiting (its result, or a sign-in or question on the way)."""
+    return isinstance(callback, ToolResultCallback | OAuthCallback | UserChoiceCallback)
+
+
+def _refusal(callback: RapCallback, token: str | None, secret: str, now: float) -> ReceiverResult | None:
+    """Why ``token`` does not authorise ``callback`` (403), or ``None`` when it does."""
+    grant = verify_token(secret, callback.group_id, token)
+    if grant is None:
+        return reject(403, f"the callback token is not valid for thread {callback.group_id!r}")
+    named = _named_call(callback)
+    if named is not None and named != grant.tool_call_id:
+        return reject(403, f"the callback token was not issued for tool call {named!r}")
+    if _answers_call(callback) and grant.expired(now):
+        return reject(403, f"the callback URL of tool call {named!r} has expired")
+    return None
 
 
 def receive_function_url_event(
-    event: FunctionUrlEvent, secret: str, *, max_bytes: int = MAX_BODY_BYTES
+    event: FunctionUrlEvent, secret: str, *, max_bytes: int = MAX_BODY_BYTES, now: float | None = None
 ) -> ReceiverResult:
     """:func:`receive_callback` for a Lambda Function URL (payload format 2.0) event."""
     context = event.get("requestContext")
@@ -334,7 +364,7 @@ def receive_function_url_event(
             return reject(400, "the body is flagged base64 but is not valid base64")
     else:
         decoded = body.encode() if body is not None else None
-    return receive_callback(decoded, token, secret, method=method, max_bytes=max_bytes)
+    return receive_callback(decoded, token, secret, method=method, max_bytes=max_bytes, now=now)
 
 
 def function_url_response(result: ReceiverResult) -> FunctionUrlResponse:
