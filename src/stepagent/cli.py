@@ -263,6 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     Ctrl-C exits 130 and SIGTERM 143, within :data:`~stepagent.shutdown.SHUTDOWN_GRACE_SECONDS` whatever is
     still in flight (:mod:`stepagent.shutdown`)."""
     args = _parser().parse_args(argv)
+    from stepagent.aws.settings import report_unknown_names
+
+    # Before anything starts (and whatever the logging): a misspelt setting would otherwise be ignored.
+    report_unknown_names(os.environ, lambda text: print(f"stepagent: warning: {text}", file=sys.stderr))
     # "Run from your project directory": STEPAGENT_TOOLS=myapp.tools:toolset imports from the current
     # directory, as `python -m` would (the console script's sys.path does not include it).
     if "" not in sys.path and os.getcwd() not in sys.path:

@@ -68,7 +68,7 @@ async def run_chat(
     terminal_logs.configure(debug=debug, debug_sdk=debug_sdk)
     terminal_logs.adopt_powertools_loggers(debug=debug)
     model, demo = choose_model(os.environ)
-    validate_before_start(model)
+    validate_before_start(model, demo=demo)
     # Build the model provider before the local stack swaps in throwaway credentials: a bedrock: model
     # needs the real AWS credentials, while the tables and queues live on the local endpoint.
     provider = _bedrock_with_real_credentials(model) if model.startswith("bedrock:") else None
@@ -169,17 +169,30 @@ def resource_settings(environ: dict[str, str] | os._Environ[str]) -> dict[str, s
     return given
 
 
-def validate_before_start(model: str) -> None:
-    """Check every setting that can be checked without the stack (model, tools, MCP and RAP settings), so a
-    mistake is reported at once, not after the local stack has started."""
+def validate_before_start(model: str, *, demo: bool = False) -> None:
+    """Check every setting that can be checked without the stack (model, tools, agent settings, MCP and
+    RAP settings, approval entries and dollar limits), so a mistake is reported at once, not after the
+    local stack has started. Approval entries are checked here only when every tool is known now (no RAP
+    or MCP servers, not the demo, whose tools come from servers): otherwise the worker checks them when it
+    starts, before the first message."""
+    from stepagent.core.agents import fail_closed_problems
     from stepagent.providers.factory import make_provider
+    from stepagent.tools.base import Toolset
+    from stepagent.tools.builtins import builtin_tools
     from stepagent.tools.functions import load_toolset
+    from stepagent.tools.sleep import Sleep, SleepUntil
 
     settings = Settings.from_env({**os.environ, "STEPAGENT_MODEL": model})
-    if settings.tools:
-        load_toolset(settings.tools)
+    agent = settings.agent_config()
+    user_tools = load_toolset(settings.tools) if settings.tools else []
+    name = model
     if not model.startswith("bedrock:"):
-        make_provider(model)  # names a missing API key or a bad script; no network
+        name = make_provider(model).info.name  # names a missing API key or a bad script; no network
+    remote = bool(settings.rap_servers or settings.mcp_servers) or demo
+    toolset = None if remote else Toolset.of([*builtin_tools(), Sleep(), SleepUntil(), *user_tools])
+    problems = fail_closed_problems(agent, toolset, name, settings.prices)
+    if problems:
+        raise ConfigurationError("\n".join(problems))
 
 
 def _bedrock_with_real_credentials(model: str) -> ModelProvider:
