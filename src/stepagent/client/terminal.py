@@ -18,7 +18,10 @@ What a person gets:
 - **Approvals asked here**: a tool call that waits for a person shows
   ``⏸ send_email({...})  approve? [y]es [n]o [e]dit [r]espond``; the next line you type decides it —
   ``y``, ``n [why]``, ``e {"new": "arguments"}``, ``r <the answer the model gets instead>`` (with
-  ``--say``, the line is read from standard input; at its end the call keeps waiting).
+  ``--say``, the line is read from standard input; at its end the call keeps waiting). The chat keeps
+  asking until a decision is accepted: a decision the runtime refuses (invalid edited arguments) is shown
+  with its reason and the question comes back; lines typed meanwhile wait for the outcome, so none of them
+  is taken for a message (which would interrupt the call).
 
 Without a terminal (pipes, ``--say``) the same lines are printed with no prompt, status or escapes.
 """
@@ -334,9 +337,19 @@ class Chat:
     #: Whether approvals are answered here (``chat``, ``run``) or only shown (``tail``).
     decides: bool = True
     _sent: list[str] = field(default_factory=list)
+    #: The call our last decision was about and that decision's message id, until the runtime accepted
+    #: or refused it (:meth:`_follow_decision`).
+    deciding: tuple[Item, str] | None = None
+    #: Set when no decision of ours is waiting for its outcome.
+    decided: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.decided.set()
 
     def show(self, item: Item) -> None:
         self.activity.see(item)
+        if self.deciding is not None and self._follow_decision(item):
+            return
         kind = item.get("kind")
         if kind == "idle":
             self.quiet.set()
@@ -361,25 +374,61 @@ class Chat:
         self.refresh()
 
     async def decide(self, text: str) -> None:
-        """Answer the waiting approval with a typed line (see :func:`parse_decision`)."""
+        """Answer the waiting approval with a typed line (see :func:`parse_decision`). Until the runtime
+        has accepted or refused it, :attr:`decided` is clear."""
         waiting = self.activity.approval
         assert waiting is not None
         try:
             decision, args, message = parse_decision(text)
         except ValueError as error:
             self.screen.line(f"! {error} (to send a message instead, start the line with >)")
+            self.screen.line(approval_line(waiting, self.thread))
             return
         try:
-            await self.client.approve(
+            message_id = await self.client.approve(
                 str(waiting["thread_id"]), str(waiting["tool_call_id"]), decision, args, message
             )
         except ClientError as error:
             self.screen.line(f"! {error}")
+            self.screen.line(approval_line(waiting, self.thread))
             return
+        self.deciding = (waiting, message_id)
+        self.decided.clear()
         self.activity.approval = None
         self.activity.busy = True
         self.quiet.clear()
         self.screen.line(f"{PROMPT}{text.strip()}")
+        self.refresh()
+
+    def _follow_decision(self, item: Item) -> bool:
+        """Watch for the outcome of our pending decision: accepted (its ``approval`` row, or the call
+        answered) or refused (an ``error`` naming the decision's message id or the call). A refusal is
+        shown with the question again, and the chat waits for another answer. Returns whether ``item``
+        was fully handled here."""
+        assert self.deciding is not None
+        waiting, message_id = self.deciding
+        call_id = waiting.get("tool_call_id")
+        kind = item.get("kind")
+        if kind in ("approval", "tool_result", "event") and item.get("tool_call_id") == call_id:
+            self.deciding = None
+            self.decided.set()
+        elif kind == "error" and (
+            message_id in str(item.get("text", "")) or (call_id and item.get("tool_call_id") == call_id)
+        ):
+            self.screen.line(item_line(item, self.thread) or f"! {item.get('text', '')}")
+            self.refuse_decision()
+            return True
+        return False
+
+    def refuse_decision(self) -> None:
+        """Our decision was not applied (refused, or processed without deciding the call): ask again."""
+        if self.deciding is None:
+            return
+        waiting, _ = self.deciding
+        self.deciding = None
+        self.activity.approval = waiting
+        self.screen.line(approval_line(waiting, self.thread))
+        self.decided.set()
         self.refresh()
 
     def refresh(self) -> None:
@@ -456,6 +505,9 @@ async def _say(session: Chat, say: Sequence[str], limit: float, stdin: TextIO) -
             except TimeoutError as error:
                 print(f"stepagent: {error}", file=sys.stderr)
                 return 1
+            # The tree is idle, so our decision was processed: with no row deciding the call, it was not
+            # applied (its refusal notice may have been missed) and the call still waits.
+            session.refuse_decision()
             waiting = session.activity.approval
             if waiting is None:
                 break
@@ -487,6 +539,9 @@ async def _interactive(session: Chat, stdin: TextIO) -> int:
                 await session.answer(line)
             elif session.activity.approval is not None and not line.startswith(">"):
                 await session.decide(line)
+                # Until the decision is accepted or refused, the next line cannot be told apart (an
+                # answer again, or a message that would interrupt the call): wait for the outcome.
+                await _until_decided(session, tasks[0])
             elif line.strip().lstrip(">").strip():
                 await session.send(
                     line.strip().lstrip(">").strip() if line.startswith(">") else line, echo=True
@@ -507,6 +562,35 @@ async def _interactive(session: Chat, stdin: TextIO) -> int:
     if screen.interactive:
         screen.out.write("\n")
     return 1 if session.errors else 0
+
+
+async def _until_decided(session: Chat, follower: asyncio.Task[None], *, check_every: float = 5.0) -> None:
+    """Wait until our decision's outcome is known (or the follower stops, whose error is then raised).
+    Every ``check_every`` seconds without an outcome the stores are asked: a decision processed while its
+    call still waits was not applied (its refusal notice was missed), so the question comes back."""
+    while not session.decided.is_set():
+        waiter = asyncio.create_task(session.decided.wait())
+        try:
+            await asyncio.wait({waiter, follower}, timeout=check_every, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if follower.done() and not session.decided.is_set():
+            follower.result()
+            return
+        if not session.decided.is_set() and await _decision_lost(session):
+            session.refuse_decision()
+
+
+async def _decision_lost(session: Chat) -> bool:
+    """Whether our pending decision was processed and its call still waits for a person."""
+    if session.deciding is None or not hasattr(session.client, "state"):
+        return False  # over HTTP the stream carries every refusal
+    waiting, message_id = session.deciding
+    thread = str(waiting["thread_id"])
+    if not await session.client.state.filter_processed(thread, [message_id]):
+        return False
+    pending = await session.client.pending_approvals(session.thread)
+    return any(item.get("tool_call_id") == waiting.get("tool_call_id") for item in pending)
 
 
 async def _until_quiet(session: Chat, *, limit: float) -> None:
