@@ -12,7 +12,9 @@ import os
 from typing import Any
 
 import httpx
+import pytest
 
+from stepagent.cli import main
 from stepagent.client import Client
 from stepagent.client.terminal import chat
 from stepagent.console.app import ConsoleState, build_app
@@ -150,3 +152,26 @@ async def test_the_console_keeps_a_refused_edit_in_the_arguments_box() -> None:
             assert bad.status_code == 400
             fragment = (await http.get(f"/c/{T}/fragment")).text
             assert "Mars/Olympus" in fragment
+
+
+async def test_stepagent_approve_exits_non_zero_when_its_decision_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with (
+        deployment(model(), agent_settings={"STEPAGENT_APPROVAL": "get_time"}) as d,
+        Client(d.settings, poll_interval=0.03) as client,
+    ):
+        await client.send(T, "what time is it?")
+        [waiting] = [i async for i in client.replies(T, timeout=60) if i.get("approval") == "pending"]
+        for key, value in d.env().items():
+            monkeypatch.setenv(key, value)
+        call_id = waiting["tool_call_id"]
+        refused = await asyncio.to_thread(
+            main, ["approve", T, call_id, "--edit", BAD_EDIT, "--timeout", "60"]
+        )
+        err = capsys.readouterr().err
+        assert refused == 1 and "the decision was refused" in err and "get_time" in err
+        assert await client.pending_approvals(T) != []  # nothing changed: it still waits
+        approved = await asyncio.to_thread(main, ["approve", T, call_id, "--timeout", "60"])
+        assert approved == 0, capsys.readouterr().err
+        assert await client.pending_approvals(T) == []

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from stepagent.client.api import Client, ClientError
+from stepagent.client.decisions import decision_outcome
 from stepagent.transcript import Item, clip, item_line
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -401,20 +402,16 @@ class Chat:
         self.refresh()
 
     def _follow_decision(self, item: Item) -> bool:
-        """Watch for the outcome of our pending decision: accepted (its ``approval`` row, or the call
-        answered) or refused (an ``error`` naming the decision's message id or the call). A refusal is
-        shown with the question again, and the chat waits for another answer. Returns whether ``item``
-        was fully handled here."""
+        """Watch for the outcome of our pending decision (:func:`~stepagent.client.decisions.decision_outcome`).
+        A refusal is shown with the question again, and the chat waits for another answer. Returns whether
+        ``item`` was fully handled here."""
         assert self.deciding is not None
         waiting, message_id = self.deciding
-        call_id = waiting.get("tool_call_id")
-        kind = item.get("kind")
-        if kind in ("approval", "tool_result", "event") and item.get("tool_call_id") == call_id:
+        outcome = decision_outcome(item, str(waiting.get("tool_call_id")), message_id)
+        if outcome == "accepted":
             self.deciding = None
             self.decided.set()
-        elif kind == "error" and (
-            message_id in str(item.get("text", "")) or (call_id and item.get("tool_call_id") == call_id)
-        ):
+        elif outcome == "refused":
             self.screen.line(item_line(item, self.thread) or f"! {item.get('text', '')}")
             self.refuse_decision()
             return True
@@ -473,10 +470,12 @@ async def chat(
     out: TextIO | None = None,
     stdin: TextIO | None = None,
     interactive: bool | None = None,
+    decide_later: Callable[[Item], str] | None = None,
 ) -> int:
     """Chat on ``thread``. With ``say``: send each text, print the replies until the tree is idle, exit
     (1 if it was still busy after ``timeout`` seconds or an error was shown). Otherwise read lines until
-    end of input. Returns the exit status."""
+    end of input. Returns the exit status. ``decide_later``: what to tell the person when a call still
+    waits for a decision at the end of standard input (default: the ``stepagent approve`` command)."""
     out = out if out is not None else sys.stdout
     stdin = stdin if stdin is not None else sys.stdin
     if interactive is None:
@@ -484,11 +483,21 @@ async def chat(
     screen = Screen(out, interactive)
     session = Chat(client, thread, screen, Activity(thread))
     if say:
-        return await _say(session, say, timeout, stdin)
+        return await _say(session, say, timeout, stdin, decide_later or approve_command)
     return await _interactive(session, stdin)
 
 
-async def _say(session: Chat, say: Sequence[str], limit: float, stdin: TextIO) -> int:
+def approve_command(waiting: Item) -> str:
+    """The hint for a call left waiting: the ``stepagent approve`` command that decides it."""
+    return (
+        f"the call keeps waiting; decide it with `stepagent approve {waiting['thread_id']} "
+        f"{waiting['tool_call_id']}` [--reject [MSG] | --edit JSON | --respond TEXT]"
+    )
+
+
+async def _say(
+    session: Chat, say: Sequence[str], limit: float, stdin: TextIO, decide_later: Callable[[Item], str]
+) -> int:
     for text in say:
         if not text.strip():
             continue
@@ -513,10 +522,7 @@ async def _say(session: Chat, say: Sequence[str], limit: float, stdin: TextIO) -
                 break
             answer = await asyncio.to_thread(stdin.readline)
             if not answer:
-                session.screen.line(
-                    f"  (no answer on standard input: the call keeps waiting; decide it with `stepagent "
-                    f"approve {waiting['thread_id']} {waiting['tool_call_id']}`)"
-                )
+                session.screen.line(f"  (no answer on standard input: {decide_later(waiting)})")
                 break
             await session.decide(answer)
     return 1 if session.errors else 0
