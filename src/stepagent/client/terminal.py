@@ -42,6 +42,7 @@ from typing import Any, TextIO
 from stepagent.client.api import Client, ClientError
 from stepagent.client.decisions import decision_outcome
 from stepagent.transcript import Item, clip, item_line
+from stepagent.usage import TokenTotals
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 PROMPT = "you > "
@@ -51,6 +52,27 @@ _UP = "\x1b[1A"
 
 APPROVAL_QUESTION = "approve? [y]es [n]o [e]dit [r]espond"
 APPROVAL_HELP = 'answer y, n [why], e {"the": "new arguments"} or r <the answer the model gets instead>'
+
+
+def spent_line(before: TokenTotals, after: TokenTotals) -> str | None:
+    """``· turn: 1,234 in · 56 out · 2 model calls · $0.0012`` for what was spent between two totals
+    (``None``: no model call in between)."""
+    calls = after.completions - before.completions
+    if calls <= 0:
+        return None
+    parts = [
+        f"{after.input_tokens - before.input_tokens:,} in",
+        f"{after.output_tokens - before.output_tokens:,} out",
+    ]
+    cached = (after.cache_read_tokens - before.cache_read_tokens) + (
+        after.cache_write_tokens - before.cache_write_tokens
+    )
+    if cached:
+        parts.append(f"{cached:,} cache")
+    parts.append(f"{calls} model call{'s' if calls != 1 else ''}")
+    if after.cost_usd is not None:
+        parts.append(f"${after.cost_usd - (before.cost_usd or 0.0):,.4f}")
+    return "· turn: " + " · ".join(parts)
 
 
 def approval_line(item: Item, root: str) -> str:
@@ -343,6 +365,8 @@ class Chat:
     deciding: tuple[Item, str] | None = None
     #: Set when no decision of ours is waiting for its outcome.
     decided: asyncio.Event = field(default_factory=asyncio.Event)
+    #: What the tree had spent when the last turn's usage line was printed (``None``: not read yet).
+    spent: TokenTotals | None = None
 
     def __post_init__(self) -> None:
         self.decided.set()
@@ -431,6 +455,24 @@ class Chat:
     def refresh(self) -> None:
         self.screen.set_status(self.activity.status(self.screen._width()))
 
+    async def count_spent(self) -> None:
+        """Read what the tree has spent so far: the next :meth:`turn_spent` line counts from here."""
+        report = await self.client.usage(self.thread)
+        self.spent = report.total if report is not None else TokenTotals()
+
+    async def turn_spent(self) -> None:
+        """Print a quiet line with what the tree spent since the last one (a turn, as the tree is idle
+        again): tokens, model calls and dollars when the model's prices are known."""
+        if self.spent is None:
+            return
+        report = await self.client.usage(self.thread)
+        if report is None:
+            return
+        before, self.spent = self.spent, report.total
+        line = spent_line(before, report.total)
+        if line is not None:
+            self.screen.line(f"\x1b[2m{line}\x1b[0m" if self.screen.interactive else line)
+
     async def send(self, text: str, *, echo: bool) -> str:
         if echo:
             self.screen.line(f"{PROMPT}{text}")
@@ -498,6 +540,7 @@ def approve_command(waiting: Item) -> str:
 async def _say(
     session: Chat, say: Sequence[str], limit: float, stdin: TextIO, decide_later: Callable[[Item], str]
 ) -> int:
+    await session.count_spent()
     for text in say:
         if not text.strip():
             continue
@@ -519,6 +562,7 @@ async def _say(
             session.refuse_decision()
             waiting = session.activity.approval
             if waiting is None:
+                await session.turn_spent()
                 break
             answer = await asyncio.to_thread(stdin.readline)
             if not answer:
@@ -535,8 +579,11 @@ async def _interactive(session: Chat, stdin: TextIO) -> int:
     async def follow() -> None:
         async for item in session.client.replies(session.thread, partial=screen.interactive, follow=True):
             session.show(item)
+            if item.get("kind") == "idle" and session.activity.approval is None:
+                await session.turn_spent()
 
     await session.client.cursor(session.thread)  # what happens from here on is shown
+    await session.count_spent()
     tasks = [asyncio.create_task(follow()), asyncio.create_task(session.ticker())]
     reader.start()
     try:
@@ -631,6 +678,7 @@ async def tail(
             if item.get("kind") != "summary":
                 after[str(item["thread_id"])] = int(item["order"])
     ticker = asyncio.create_task(session.ticker()) if screen.interactive else None
+    await session.count_spent()
     print(
         f"following thread {thread} and its children"
         + (" until it is idle" if until_idle else " (Ctrl-C to stop)"),
@@ -642,6 +690,10 @@ async def tail(
             thread, after, partial=screen.interactive, follow=not until_idle, timeout=timeout
         ):
             session.show(item)
+            if item.get("kind") == "idle" and session.activity.approval is None:
+                await session.turn_spent()
+        if until_idle:
+            await session.turn_spent()
     except TimeoutError as error:
         print(f"stepagent: {error}", file=sys.stderr)
         return 1

@@ -185,6 +185,7 @@ def conversation_fragment(
         threads=page.threads,
         csrf=csrf,
         edits=edits or {},
+        turns=page.turns,
     )
 
 
