@@ -153,10 +153,7 @@ def limit_text(notice: LimitReachedOutput) -> str:
     if known is None:
         return f"{limit} limit reached ({used} of {value}): the agent stopped before calling the model"
     name, unit, setting = known
-    if unit == "$":
-        amount = f"${used:,.4f} of ${value:,.4g}"
-    else:
-        amount = f"{used:,.0f} of {value:,.0f} {unit}"
+    amount = f"${used:,.4f} of ${value:,.4g}" if unit == "$" else f"{used:,.0f} of {value:,.0f} {unit}"
     if limit == "model_calls_per_turn":
         return (
             f"{name} reached: {amount} — the agent stopped before calling the model again; your next "

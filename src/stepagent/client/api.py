@@ -28,8 +28,8 @@ from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore,
 from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_live import decode_live
 from stepagent.stores.metrics import StoreMetrics
-from stepagent.usage import UsageReport, thread_usage
 from stepagent.transcript import Item, choice_item, tree_items
+from stepagent.usage import UsageReport, thread_usage
 
 #: What a client needs of a deployment.
 REQUIRED_SETTINGS = ("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE", "STEPAGENT_INPUT_QUEUE_URL")
