@@ -35,8 +35,52 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, saying "did you mean ...?" for a mistyped command or choice (argparse's own
+    ``suggest_on_error`` needs Python 3.14); mistyped options: :func:`_parse`."""
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+        import re
+
+        found = re.search(r"invalid choice: '?([^'\s]*)'? \(choose from (.*)\)", message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found.group(2)) or [
+                c.strip() for c in found.group(2).split(",")
+            ]
+            close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.5)
+            if close:
+                message += f"; did you mean {close[0]}?"
+        super().error(message)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; an unknown option is reported by the command it was given to (its usage, not the
+    top level's), with the closest option that command has."""
+    import difflib
+
+    args, extras = parser.parse_known_args(argv)
+    if not extras:
+        return args
+    command = parser
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        chosen = getattr(args, str(action.dest), None)
+        if isinstance(action, argparse._SubParsersAction) and chosen in action.choices:
+            command = action.choices[chosen]
+            for sub in command._subparsers._group_actions if command._subparsers else ():
+                inner = getattr(args, str(sub.dest), None)
+                if isinstance(sub, argparse._SubParsersAction) and inner in sub.choices:
+                    command = sub.choices[inner]
+    options = sorted({o for a in [*command._actions, *parser._actions] for o in a.option_strings})
+    parts = []
+    for extra in extras:
+        close = difflib.get_close_matches(extra.split("=", 1)[0], options, n=1, cutoff=0.6)
+        parts.append(f"{extra} (did you mean {close[0]}?)" if extra.startswith("-") and close else extra)
+    command.error(f"unrecognized arguments: {' '.join(parts)}")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stepagent",
         description="Run AI agents as short steps driven by a queue.",
     )
@@ -278,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     A :class:`~stepagent.errors.StepagentError` is printed as one line and exits 2 (raised with ``--debug``);
     Ctrl-C exits 130 and SIGTERM 143, within :data:`~stepagent.shutdown.SHUTDOWN_GRACE_SECONDS` whatever is
     still in flight (:mod:`stepagent.shutdown`)."""
-    args = _parser().parse_args(argv)
+    args = _parse(_parser(), argv)
     from stepagent.aws.settings import report_unknown_names
 
     # Before anything starts (and whatever the logging): a misspelt setting would otherwise be ignored.
@@ -669,6 +713,16 @@ async def _show_letter(
     return 0
 
 
+#: How ``history`` marks a call that waited for a person (the chat's marks for the decision).
+APPROVAL_MARKS = {
+    "pending": "⏸ waiting for a decision",
+    "approved": "✔ approved",
+    "edited": "✎ edited (the arguments shown are the person's)",
+    "rejected": "✗ rejected",
+    "responded": "↩ responded",
+}
+
+
 def format_transcript(
     items: Sequence[Item], *, root_id: str, closed: frozenset[str] | set[str] = frozenset()
 ) -> list[str]:
@@ -686,7 +740,7 @@ def format_transcript(
             lines.append(f"── thread {thread}" + (f" ({', '.join(marks)})" if marks else ""))
         body = item_glyph_text(item, limit=None) or f"{item['kind']}: {item.get('text', '')}"
         if "approval" in item:
-            body += f"  [approval: {item['approval']}]"
+            body += f"  {APPROVAL_MARKS.get(str(item['approval']), item['approval'])}"
         lines.append(f"{item['order']:>4} {body}")
     return lines
 

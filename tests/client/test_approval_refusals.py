@@ -16,7 +16,7 @@ import pytest
 
 from stepagent.cli import main
 from stepagent.client import Client
-from stepagent.client.terminal import chat
+from stepagent.client.terminal import chat, tail
 from stepagent.console.app import ConsoleState, build_app
 from stepagent.console.dead_letters import DeadLetters
 from stepagent.providers.base import ModelRequest
@@ -175,3 +175,18 @@ async def test_stepagent_approve_exits_non_zero_when_its_decision_is_refused(
         approved = await asyncio.to_thread(main, ["approve", T, call_id, "--timeout", "60"])
         assert approved == 0, capsys.readouterr().err
         assert await client.pending_approvals(T) == []
+
+
+async def test_tail_with_history_shows_a_waiting_call_once() -> None:
+    async with deployment(model(), agent_settings={"STEPAGENT_APPROVAL": "get_time"}) as d:
+        async with Client(d.settings, poll_interval=0.03) as client:
+            await client.send(T, "what time is it?")
+            async for _ in client.replies(T, timeout=60):
+                pass
+        out = io.StringIO()
+        async with Client(d.settings, poll_interval=0.03) as client:  # a new `stepagent tail --history`
+            status = await tail(client, T, history=True, until_idle=True, timeout=60, out=out)
+        shown = out.getvalue()
+        assert status == 0, shown
+        assert shown.count("agent ⚙ get_time(") == 1, shown
+        assert shown.count("get_time waits for a person: stepagent approve") == 1, shown

@@ -77,6 +77,12 @@ def test_approve_decides_a_call_left_waiting_in_a_state_dir(tmp_path: Path) -> N
     again = stepagent("approve", "shop-1", call, "--state-dir", state, env=env)
     assert again.returncode == 1 and "already decided" in again.stderr
 
+    listed = stepagent("history", "shop-1", "--state-dir", state, env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert "⚙ refund(" in listed.stdout and "✔ approved" in listed.stdout
+    assert "HTTP/1.1" not in listed.stderr, listed.stderr  # no access log of the embedded moto server
+    assert listed.stderr.count("\n") <= 3, listed.stderr
+
 
 def test_run_without_a_state_dir_does_not_name_a_command_that_cannot_work(tmp_path: Path) -> None:
     env = clean_env(**_project(tmp_path))

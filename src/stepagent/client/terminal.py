@@ -367,6 +367,9 @@ class Chat:
     decided: asyncio.Event = field(default_factory=asyncio.Event)
     #: What the tree had spent when the last turn's usage line was printed (``None``: not read yet).
     spent: TokenTotals | None = None
+    #: ``(thread, order)`` of the waiting calls already shown (``tail --history`` reads one from the
+    #: transcript and again from the tree as it follows it).
+    _shown_waiting: set[tuple[str, int]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.decided.set()
@@ -380,6 +383,12 @@ class Chat:
             self.quiet.set()
         else:
             self.quiet.clear()
+        if kind == "tool_call" and item.get("approval") == "pending":
+            key = (str(item.get("thread_id")), int(item.get("order", -1)))
+            if key in self._shown_waiting:
+                self.refresh()
+                return  # already on screen, with its question or hint
+            self._shown_waiting.add(key)
         if kind == "user" and item.get("thread_id") == self.thread and item.get("text") in self._sent:
             self._sent.remove(str(item.get("text")))
             return  # our own message, already on screen
