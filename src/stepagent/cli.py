@@ -413,7 +413,7 @@ async def _settings(stack: str | None) -> Any:
 
 async def _chat_or_tail(args: argparse.Namespace) -> int:
     from stepagent.client import Client
-    from stepagent.client.terminal import chat, tail
+    from stepagent.client.terminal import approve_command, chat, tail
 
     async with Client(stack=args.stack) as client:
         if args.command == "chat":
@@ -422,7 +422,14 @@ async def _chat_or_tail(args: argparse.Namespace) -> int:
                 + ("type a message (Ctrl-D to quit)" if not args.say else "sending"),
                 file=sys.stderr,
             )
-            return await chat(client, args.thread, say=args.say, timeout=args.timeout)
+            stack = f" --stack {args.stack}" if args.stack else ""
+            return await chat(
+                client,
+                args.thread,
+                say=args.say,
+                timeout=args.timeout,
+                decide_later=lambda waiting: approve_command(waiting, stack),
+            )
         return await tail(
             client, args.thread, history=args.history, until_idle=args.until_idle, timeout=args.timeout
         )

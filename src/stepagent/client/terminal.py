@@ -538,11 +538,12 @@ async def chat(
     return await _interactive(session, stdin)
 
 
-def approve_command(waiting: Item) -> str:
-    """The hint for a call left waiting: the ``stepagent approve`` command that decides it."""
+def approve_command(waiting: Item, options: str = "") -> str:
+    """The hint for a call left waiting: the ``stepagent approve`` command that decides it (``options``:
+    how the command reaches the deployment, e.g. `` --stack NAME``)."""
     return (
         f"the call keeps waiting; decide it with `stepagent approve {waiting['thread_id']} "
-        f"{waiting['tool_call_id']}` [--reject [MSG] | --edit JSON | --respond TEXT]"
+        f"{waiting['tool_call_id']}{options}` [--reject [MSG] | --edit JSON | --respond TEXT]"
     )
 
 
