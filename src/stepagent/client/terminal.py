@@ -283,6 +283,7 @@ class Activity:
     partial: dict[str, Item] = field(default_factory=dict)  # thread -> its partial item
     choice: Item | None = None
     approval: Item | None = None  # a tool call waiting for a person's decision
+    names: dict[str, str] = field(default_factory=dict)  # call id -> tool, of the calls seen
     tick: int = 0
 
     def see(self, item: Item) -> None:
@@ -303,6 +304,7 @@ class Activity:
         if "order" in item:
             self.partial.pop(thread, None)  # committed rows replace the partial text
         if kind == "tool_call":
+            self.names[str(item.get("tool_call_id"))] = str(item.get("name"))
             if item.get("approval") == "pending":
                 self.approval = item
             else:
@@ -311,7 +313,8 @@ class Activity:
             if self.approval is not None and self.approval.get("tool_call_id") == item.get("tool_call_id"):
                 self.approval = None
             if item.get("approval") in ("approved", "edited"):
-                self.running[str(item.get("tool_call_id"))] = (thread, str(item.get("tool_call_id")))
+                call = str(item.get("tool_call_id"))
+                self.running[call] = (thread, self.names.get(call, call))
         elif kind in ("tool_result", "event"):
             if self.approval is not None and self.approval.get("tool_call_id") == item.get("tool_call_id"):
                 self.approval = None  # interrupted
