@@ -23,6 +23,10 @@ What a person gets:
   with its reason and the question comes back; lines typed meanwhile wait for the outcome, so none of them
   is taken for a message (which would interrupt the call).
 
+- **What each turn spent**: once the tree is idle again, a quiet line with the tokens, model calls and
+  dollars (when the model's prices are known) since the last one: ``· turn: 1,734 in · 41 out · 2 model
+  calls · $0.0058`` (``chat``, ``run`` and ``tail``).
+
 Without a terminal (pipes, ``--say``) the same lines are printed with no prompt, status or escapes.
 """
 
