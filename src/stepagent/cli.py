@@ -11,6 +11,7 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -34,8 +35,52 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, saying "did you mean ...?" for a mistyped command or choice (argparse's own
+    ``suggest_on_error`` needs Python 3.14); mistyped options: :func:`_parse`."""
+
+    def error(self, message: str) -> NoReturn:
+        import difflib
+        import re
+
+        found = re.search(r"invalid choice: '?([^'\s]*)'? \(choose from (.*)\)", message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found.group(2)) or [
+                c.strip() for c in found.group(2).split(",")
+            ]
+            close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.5)
+            if close:
+                message += f"; did you mean {close[0]}?"
+        super().error(message)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``; an unknown option is reported by the command it was given to (its usage, not the
+    top level's), with the closest option that command has."""
+    import difflib
+
+    args, extras = parser.parse_known_args(argv)
+    if not extras:
+        return args
+    command = parser
+    for action in parser._subparsers._group_actions if parser._subparsers else ():
+        chosen = getattr(args, str(action.dest), None)
+        if isinstance(action, argparse._SubParsersAction) and chosen in action.choices:
+            command = action.choices[chosen]
+            for sub in command._subparsers._group_actions if command._subparsers else ():
+                inner = getattr(args, str(sub.dest), None)
+                if isinstance(sub, argparse._SubParsersAction) and inner in sub.choices:
+                    command = sub.choices[inner]
+    options = sorted({o for a in [*command._actions, *parser._actions] for o in a.option_strings})
+    parts = []
+    for extra in extras:
+        close = difflib.get_close_matches(extra.split("=", 1)[0], options, n=1, cutoff=0.6)
+        parts.append(f"{extra} (did you mean {close[0]}?)" if extra.startswith("-") and close else extra)
+    command.error(f"unrecognized arguments: {' '.join(parts)}")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="stepagent",
         description="Run AI agents as short steps driven by a queue.",
     )
@@ -138,7 +183,9 @@ def _parser() -> argparse.ArgumentParser:
             "Decide a tool call that waits for approval (STEPAGENT_APPROVAL, a profile's approval list, "
             "@tool(approval=True)). Without an option the call runs as the model made it. THREAD is the "
             "conversation (or the thread that made the call); the decision goes to the thread waiting on "
-            "CALL_ID. A call that is not waiting gets an error event, and nothing changes."
+            "CALL_ID. It waits until the decision is accepted or refused: a refused decision (a call that "
+            "is not waiting, edited arguments that do not fit the tool) is printed, changes nothing, and "
+            "the exit status is 1."
         ),
     )
     approve.add_argument("thread", help="the conversation (root thread) id, or the thread that made the call")
@@ -157,6 +204,19 @@ def _parser() -> argparse.ArgumentParser:
         "--respond", metavar="TEXT", help="do not run the tool; the model gets TEXT as the call's result"
     )
     approve.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+    approve.add_argument(
+        "--state-dir",
+        default=os.environ.get("STEPAGENT_STATE_DIR"),
+        metavar="DIR",
+        help="decide a call of the local state kept by `run --state-dir DIR` (its worker runs until the "
+        "conversation is idle again, and what the agent does is printed)",
+    )
+    approve.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for the decision to be accepted or refused (default 120)",
+    )
 
     history = commands.add_parser(
         "history", help="print the stored transcript of a thread and its descendants"
@@ -262,7 +322,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     A :class:`~stepagent.errors.StepagentError` is printed as one line and exits 2 (raised with ``--debug``);
     Ctrl-C exits 130 and SIGTERM 143, within :data:`~stepagent.shutdown.SHUTDOWN_GRACE_SECONDS` whatever is
     still in flight (:mod:`stepagent.shutdown`)."""
-    args = _parser().parse_args(argv)
+    args = _parse(_parser(), argv)
+    from stepagent.aws.settings import report_unknown_names
+
+    # Before anything starts (and whatever the logging): a misspelt setting would otherwise be ignored.
+    report_unknown_names(os.environ, lambda text: print(f"stepagent: warning: {text}", file=sys.stderr))
     # "Run from your project directory": STEPAGENT_TOOLS=myapp.tools:toolset imports from the current
     # directory, as `python -m` would (the console script's sys.path does not include it).
     if "" not in sys.path and os.getcwd() not in sys.path:
@@ -306,7 +370,7 @@ def _command(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     if args.command == "send":
         return _send(args.thread, args.text, args.stack)
     if args.command == "approve":
-        return _approve(args)
+        return _approve_local(args) if args.state_dir else _approve(args)
     if args.command == "history":
         if args.state_dir:
             return _on_local_state(args.state_dir, False, _history(args.thread, as_json=args.json))
@@ -349,7 +413,7 @@ async def _settings(stack: str | None) -> Any:
 
 async def _chat_or_tail(args: argparse.Namespace) -> int:
     from stepagent.client import Client
-    from stepagent.client.terminal import chat, tail
+    from stepagent.client.terminal import approve_command, chat, tail
 
     async with Client(stack=args.stack) as client:
         if args.command == "chat":
@@ -358,7 +422,14 @@ async def _chat_or_tail(args: argparse.Namespace) -> int:
                 + ("type a message (Ctrl-D to quit)" if not args.say else "sending"),
                 file=sys.stderr,
             )
-            return await chat(client, args.thread, say=args.say, timeout=args.timeout)
+            stack = f" --stack {args.stack}" if args.stack else ""
+            return await chat(
+                client,
+                args.thread,
+                say=args.say,
+                timeout=args.timeout,
+                decide_later=lambda waiting: approve_command(waiting, stack),
+            )
         return await tail(
             client, args.thread, history=args.history, until_idle=args.until_idle, timeout=args.timeout
         )
@@ -424,13 +495,11 @@ async def _send(thread_id: str, text: str, stack: str | None = None) -> int:
     return 0
 
 
-async def _approve(args: argparse.Namespace) -> int:
-    from stepagent.client import Client
-
-    decision, arguments, message = "approve", None, None
+def _decision(args: argparse.Namespace) -> tuple[str, dict[str, Any] | None, str | None]:
+    """``(decision, arguments, message)`` from ``approve``'s options."""
     if args.reject is not None:
-        decision, message = "reject", args.reject or None
-    elif args.edit is not None:
+        return "reject", None, args.reject or None
+    if args.edit is not None:
         try:
             arguments = json.loads(args.edit)
         except json.JSONDecodeError as error:
@@ -439,23 +508,109 @@ async def _approve(args: argparse.Namespace) -> int:
             ) from None
         if not isinstance(arguments, dict):
             raise ConfigurationError('--edit: give the new arguments as a JSON object, e.g. {"to": "x"}')
-        decision = "edit"
-    elif args.respond is not None:
-        decision, message = "respond", args.respond
+        return "edit", arguments, None
+    if args.respond is not None:
+        return "respond", None, args.respond
+    return "approve", None, None
+
+
+async def _approve(args: argparse.Namespace) -> int:
+    from stepagent.client import Client
+
+    decision = _decision(args)
     async with Client(stack=args.stack) as client:
-        waiting = {item["tool_call_id"]: item for item in await client.pending_approvals(args.thread)}
-        message_id = await client.approve(args.thread, args.call_id, decision, arguments, message)
+        return await _decide(client, args, decision, follow=False)
+
+
+async def _approve_local(args: argparse.Namespace) -> int:
+    """``approve --state-dir DIR``: the embedded stack of ``run --state-dir DIR``, with its worker running
+    so that the decision is processed (and the call it lets run, and the model's next steps)."""
+    from stepagent.devstack.chat import run_chat
+    from stepagent.devstack.snapshot import has_snapshot
+
+    decision = _decision(args)
+    if not has_snapshot(Path(args.state_dir)):
+        raise ConfigurationError(
+            f"{args.state_dir} holds no local state (`stepagent run --state-dir {args.state_dir}` keeps it)"
+        )
+
+    async def session(settings: Any, thread_id: str, say: list[str]) -> int:
+        from stepagent.client import Client
+
+        async with Client(settings) as client:
+            return await _decide(client, args, decision, follow=True)
+
+    return await run_chat(
+        say=[],
+        thread_id=args.thread,
+        idle_timeout=args.timeout,
+        debug=args.debug,
+        debug_sdk=args.debug_sdk,
+        state_dir=args.state_dir,
+        session=session,
+    )
+
+
+async def _decide(
+    client: Any,
+    args: argparse.Namespace,
+    decision: tuple[str, dict[str, Any] | None, str | None],
+    *,
+    follow: bool,
+) -> int:
+    """Send the decision and wait for its outcome (:func:`stepagent.client.decisions.decision_outcome`):
+    0 when accepted, 1 when refused or not processed in time. ``follow``: print the tree's lines until it
+    is idle again (the local stack, whose worker runs only while this command does)."""
+    from stepagent.client.decisions import decision_outcome
+    from stepagent.transcript import item_line
+
+    verdict, arguments, message = decision
+    waiting = {item["tool_call_id"]: item for item in await client.pending_approvals(args.thread)}
+    message_id = await client.approve(args.thread, args.call_id, verdict, arguments, message)
     call = waiting.get(args.call_id)
     if call is None:
         print(
             f"stepagent: no call {args.call_id} is waiting for approval in {args.thread} now; sent anyway "
-            f"(message {message_id}): the thread answers with an error event if it is not waiting",
+            f"(message {message_id}) to see what the thread says",
             file=sys.stderr,
         )
-        return 0
-    print(
-        f"sent {decision} for {call['name']} ({args.call_id}) to thread {call['thread_id']} (message {message_id})"
-    )
+    else:
+        print(
+            f"sent {verdict} for {call['name']} ({args.call_id}) to thread {call['thread_id']} "
+            f"(message {message_id})",
+            flush=True,
+        )
+    accepted = False
+    try:
+        async with contextlib.aclosing(client.replies(args.thread, timeout=args.timeout)) as items:
+            async for item in items:
+                if follow and (line := item_line(item, args.thread)) is not None:
+                    print(line, flush=True)
+                outcome = decision_outcome(item, args.call_id, message_id)
+                if outcome == "refused":
+                    print(f"stepagent: the decision was refused: {item.get('text', '')}", file=sys.stderr)
+                    return 1
+                if outcome == "accepted":
+                    accepted = True
+                    if not follow:
+                        break
+    except TimeoutError:
+        if accepted:
+            print(f"stepagent: the agent was still working after {args.timeout:.0f} s", file=sys.stderr)
+            return 0
+        print(
+            f"stepagent: no outcome after {args.timeout:.0f} s: the decision (message {message_id}) is queued; "
+            f"see `stepagent history {args.thread}`",
+            file=sys.stderr,
+        )
+        return 1
+    if not accepted:
+        print(
+            f"stepagent: the decision was not applied: {args.thread} processed it, and nothing decided "
+            f"call {args.call_id}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -565,6 +720,16 @@ async def _show_letter(
     return 0
 
 
+#: How ``history`` marks a call that waited for a person (the chat's marks for the decision).
+APPROVAL_MARKS = {
+    "pending": "⏸ waiting for a decision",
+    "approved": "✔ approved",
+    "edited": "✎ edited (the arguments shown are the person's)",
+    "rejected": "✗ rejected",
+    "responded": "↩ responded",
+}
+
+
 def format_transcript(
     items: Sequence[Item], *, root_id: str, closed: frozenset[str] | set[str] = frozenset()
 ) -> list[str]:
@@ -582,7 +747,7 @@ def format_transcript(
             lines.append(f"── thread {thread}" + (f" ({', '.join(marks)})" if marks else ""))
         body = item_glyph_text(item, limit=None) or f"{item['kind']}: {item.get('text', '')}"
         if "approval" in item:
-            body += f"  [approval: {item['approval']}]"
+            body += f"  {APPROVAL_MARKS.get(str(item['approval']), item['approval'])}"
         lines.append(f"{item['order']:>4} {body}")
     return lines
 

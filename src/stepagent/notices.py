@@ -125,7 +125,40 @@ def read_notice(stored: str) -> LiveNotice | None:
     return cast(Notice, value)
 
 
+#: Per limit: what it is called, its unit, the setting and profile key that raise it.
+_LIMITS: dict[str, tuple[str, str, str]] = {
+    "model_calls_per_turn": (
+        "model-call limit for one turn",
+        "model calls",
+        "STEPAGENT_MAX_MODEL_CALLS_PER_TURN (or the profile's max_model_calls_per_turn)",
+    ),
+    "conversation_tokens": (
+        "conversation token limit",
+        "tokens",
+        "STEPAGENT_MAX_CONVERSATION_TOKENS (or the profile's max_conversation_tokens)",
+    ),
+    "conversation_cost_usd": (
+        "conversation cost limit",
+        "$",
+        "STEPAGENT_MAX_CONVERSATION_COST_USD (or the profile's max_conversation_cost_usd)",
+    ),
+}
+
+
 def limit_text(notice: LimitReachedOutput) -> str:
-    """A ``limit_reached`` notice in words, for a person."""
+    """A ``limit_reached`` notice in words, for a person: what was reached, with its unit, and what to do
+    next (a per-turn limit ends with the turn; a conversation limit holds until it is raised)."""
     limit, value, used = notice["limit"], notice["value"], notice["used"]
-    return f"{limit} limit reached ({used} of {value}): the agent stopped before calling the model"
+    known = _LIMITS.get(limit)
+    if known is None:
+        return f"{limit} limit reached ({used} of {value}): the agent stopped before calling the model"
+    name, unit, setting = known
+    amount = f"${used:,.4f} of ${value:,.4g}" if unit == "$" else f"{used:,.0f} of {value:,.0f} {unit}"
+    if limit == "model_calls_per_turn":
+        return (
+            f"{name} reached: {amount} — the agent stopped before calling the model again; your next "
+            f"message starts a new turn (and a new count), or raise {setting}"
+        )
+    return (
+        f"{name} reached: {amount} — raise {setting} to continue; this conversation stays stopped until then"
+    )

@@ -153,6 +153,11 @@ def schema_instruction(schema: Mapping[str, Any]) -> str:
     )
 
 
+#: In the row id of the feedback on an answer that did not match the schema (``<input id>-output-check-<n>``):
+#: how readers tell that user row from one a person wrote.
+OUTPUT_CHECK_ID = "-output-check-"
+
+
 def output_feedback(errors: list[str]) -> str:
     """What the model is told when its answer did not match the schema."""
     listed = "\n".join(f"- {e}" for e in errors)

@@ -39,7 +39,8 @@ from stepagent.history_items import (
     UserItem,
 )
 from stepagent.messages import ApprovalDecisionKind, UserChoiceRequired
-from stepagent.stores.base import ConversationStore, tree_threads
+from stepagent.output_schema import OUTPUT_CHECK_ID
+from stepagent.stores.base import ConversationStore, StoredRow, tree_threads
 
 #: What an item is: the stored kinds ``history`` lists, then the notices only replies carry (a question
 #: to answer, a link to open, a limit, an error, live partial text, and the tree going quiet).
@@ -97,6 +98,9 @@ class Item(TypedDict):
     tool: NotRequired[str | None]
     #: ``partial`` (over the HTTP API): the text streamed since the last one.
     delta: NotRequired[str]
+    #: ``user``: the runtime's feedback on an answer that did not match the output schema (the model saw it
+    #: as a user message; nobody typed it).
+    output_check: NotRequired[bool]
 
 
 def describe(thread_id: str, order: int, item: HistoryItem) -> Item:
@@ -181,6 +185,15 @@ def choice_item(thread_id: str, choice: UserChoiceRequired) -> Item:
     }
 
 
+def describe_row(thread_id: str, row: StoredRow) -> Item:
+    """:func:`describe` for a stored row, marking the output-schema feedback among user rows (by its row id,
+    :data:`stepagent.output_schema.OUTPUT_CHECK_ID`)."""
+    out = describe(thread_id, row.order, row.item)
+    if out["kind"] == "user" and OUTPUT_CHECK_ID in row.message_id:
+        out["output_check"] = True
+    return out
+
+
 async def thread_items(store: ConversationStore, thread_id: str) -> AsyncIterator[Item]:
     """The thread's own rows, with each compaction summary after the last row it covers."""
     summaries = await _summaries(store, thread_id)
@@ -192,7 +205,7 @@ async def thread_items(store: ConversationStore, thread_id: str) -> AsyncIterato
                 yield out
             held = []
         if not isinstance(row.item, ApprovalItem):
-            described = describe(thread_id, row.order, row.item)
+            described = describe_row(thread_id, row)
             if "approval" in described:
                 held.append(described)
             else:
@@ -244,6 +257,8 @@ def item_glyph_text(item: Item, *, limit: int | None = 300) -> str | None:
     shown = text if limit is None else clip(text, limit)
     if kind == "assistant":
         return f"> {text}"
+    if kind == "user" and item.get("output_check"):
+        return f"↻ output check: {shown}"
     if kind == "tool_call":
         args = json.dumps(item.get("args") or {}, ensure_ascii=False)
         return f"⚙ {item.get('name')}({'' if args == '{}' else args})"
@@ -273,7 +288,7 @@ def item_line(item: Item, root: str) -> str | None:
     root thread, ``[child <id>]`` for a child); ``None``: nothing to show."""
     thread = str(item.get("thread_id", ""))
     who = "agent" if thread == root else f"[child {thread[:8]}]"
-    if item.get("kind") == "user":
+    if item.get("kind") == "user" and not item.get("output_check"):
         text = item.get("text", "")
         return f"{who} · user: {text}" if thread != root else f"user > {text}"
     body = item_glyph_text(item)

@@ -24,6 +24,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from stepagent.history_items import UserItem
+from stepagent.output_schema import OUTPUT_CHECK_ID
 from stepagent.providers.base import Usage
 from stepagent.providers.prices import CATALOG_PRICES, PriceTable
 from stepagent.stores.base import ConversationStore, UsageRecord, tree_threads
@@ -177,3 +179,91 @@ async def thread_usage(
     # Threads that never ran the model still belong to the tree (with zero usage).
     ordered = {thread: report.threads.get(thread, TokenTotals()) for thread in threads}
     return UsageReport(thread_id, report.total, report.models, ordered)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnUsage:
+    """What one turn of a conversation spent: a turn starts with a user message on the root thread and
+    lasts until the next one, with the usage of the threads the root started meanwhile (children and
+    compaction threads, and theirs). ``complete``: the root has finished it (the last turn may still be
+    running); ``text``: the user message that started it (``None``: steps before any user message)."""
+
+    turn: int
+    totals: TokenTotals
+    complete: bool
+    text: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"turn": self.turn, "complete": self.complete, "text": self.text, **self.totals.as_dict()}
+
+    def line(self) -> str:
+        state = "" if self.complete else " (in progress)"
+        said = "" if self.text is None else f" {_quote(self.text)}"
+        return f"turn {self.turn}{said}{state}: {_short(self.totals)}"
+
+
+def _quote(text: str, limit: int = 40) -> str:
+    text = " ".join(text.split())
+    return "«" + (text if len(text) <= limit else text[: limit - 1] + "…") + "»"
+
+
+async def turn_usage(
+    conversation: ConversationStore, root_id: str, prices: PriceTable = CATALOG_PRICES
+) -> list[TurnUsage] | None:
+    """Per turn of ``root_id``'s conversation, what it spent (``None``: no such thread). A step counts in
+    the turn its commit ended in (by the root's order after it); a thread under the root counts whole in
+    the turn during which its root-level ancestor was spawned (a child that lives on across turns is
+    counted in the turn that started it). Reads the root's rows once and each thread's usage records."""
+    info = await conversation.get_thread(root_id)
+    if info is None:
+        return None
+    starts: list[tuple[int, str | None]] = []  # (order of the user message, its text)
+    async for row in conversation.load_rows(root_id):
+        if isinstance(row.item, UserItem) and not is_output_check(row.message_id):
+            starts.append(
+                (row.order, row.item.text if row.item.text is not None else f"[{row.item.content.type}]")
+            )
+    if not starts or starts[0][0] > 1:
+        starts.insert(0, (0, None))  # steps before the first user message (an imported or seeded root)
+    totals = [TokenTotals() for _ in starts]
+    index = 0
+    async for record in conversation.usage_records(root_id):
+        index = _turn_at(starts, record.tail) if record.tail is not None else index
+        totals[index] = totals[index].plus(record, record_cost(record, prices))
+    spawned_at: dict[str, int | None] = {}  # thread -> the spawn order of its root-level ancestor
+    async for thread in tree_threads(conversation, root_id):
+        child = None if thread == root_id else await conversation.get_thread(thread)
+        if child is None:
+            continue
+        order = child.spawn_order if child.parent_id == root_id else spawned_at.get(child.parent_id or "")
+        spawned_at[thread] = order
+        at = _turn_at(starts, order)
+        async for record in conversation.usage_records(thread):
+            totals[at] = totals[at].plus(record, record_cost(record, prices))
+    turns = [
+        TurnUsage(n, spent, True, text)
+        for n, ((_, text), spent) in enumerate(zip(starts, totals, strict=True), 1)
+    ]
+    if turns and starts[0][1] is None and not turns[0].totals.steps:
+        turns = [TurnUsage(t.turn - 1, t.totals, t.complete, t.text) for t in turns[1:]]
+    if turns and info.turn_complete is False:
+        last = turns[-1]
+        turns[-1] = TurnUsage(last.turn, last.totals, False, last.text)
+    return turns
+
+
+def is_output_check(message_id: str) -> bool:
+    """Whether a user row with this id is the runtime's feedback on an answer that did not match the
+    output schema (it continues the turn; nobody typed it)."""
+    return OUTPUT_CHECK_ID in message_id
+
+
+def _turn_at(starts: list[tuple[int, str | None]], order: int | None) -> int:
+    """The turn whose root rows include ``order`` (the last turn when it cannot be told)."""
+    if order is None:
+        return len(starts) - 1
+    found = 0
+    for index, (start, _) in enumerate(starts):
+        if start <= order:
+            found = index
+    return found

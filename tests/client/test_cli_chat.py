@@ -96,6 +96,7 @@ async def test_chat_say_against_a_stack_by_name() -> None:
             'agent ⚙ get_weather({"city": "Paris"})',
             "agent ← Sunny in Paris",
             "agent > It is sunny in Paris.",
+            "· turn: 0 in · 0 out · 2 model calls",  # what the turn spent (this model reports no tokens)
         ]
         assert f"conversation {T}" in err
 

@@ -143,7 +143,7 @@ def test_history_text_uses_the_glyphs_the_chat_shows() -> None:
     lines = format_transcript(items, root_id="root")
     assert lines[1:] == [
         "   1 user: hi",
-        '   2 ⚙ send({"to": "b"})  [approval: approved]',
+        '   2 ⚙ send({"to": "b"})  ✔ approved',
         f"   3 ← {long_result}",
         "   4 ✉ report",
         "   5 > done",

@@ -69,7 +69,9 @@ def test_the_console_shows_each_kind() -> None:
         {"kind": "error", "text": "gave up", "retrying": False},
         {
             "kind": "error",
-            "text": "model_calls_per_turn limit reached (50 of 50): the agent stopped before calling the model",
+            "text": "model-call limit for one turn reached: 50 of 50 model calls — the agent stopped before "
+            "calling the model again; your next message starts a new turn (and a new count), or raise "
+            "STEPAGENT_MAX_MODEL_CALLS_PER_TURN (or the profile's max_model_calls_per_turn)",
             "retrying": False,
         },
         {"kind": "oauth", "auth_url": "https://x.test/a", "tool_call_id": "c1", "open": True},

@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -207,18 +207,41 @@ class Settings:
 _warned: set[str] = set()
 
 
+def unknown_names(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """Each ``STEPAGENT_*`` variable of ``environ`` that nothing reads, with the closest valid name (or
+    ``None`` when none is close), sorted by name."""
+    unknown = sorted(name for name in environ if name.startswith("STEPAGENT_") and name not in KNOWN_NAMES)
+    return [
+        (name, next(iter(difflib.get_close_matches(name, sorted(KNOWN_NAMES), n=1, cutoff=0.6)), None))
+        for name in unknown
+    ]
+
+
+def unknown_name_text(name: str, closest: str | None) -> str:
+    """``unknown setting X is ignored; did you mean Y?``"""
+    return f"unknown setting {name} is ignored" + (f"; did you mean {closest}?" if closest else "")
+
+
+def report_unknown_names(environ: Mapping[str, str], say: Callable[[str], None]) -> list[str]:
+    """Tell ``say`` (e.g. a print to stderr) about each unknown ``STEPAGENT_*`` variable, whatever the
+    logging configuration; the settings reader then does not log them again. Returns the names."""
+    found = unknown_names(environ)
+    for name, closest in found:
+        _warned.add(name)
+        say(unknown_name_text(name, closest))
+    return [name for name, _ in found]
+
+
 def warn_unknown_names(environ: Mapping[str, str]) -> list[str]:
     """Log a warning for each ``STEPAGENT_*`` variable nothing reads, naming the closest valid one (once
     per name and process: settings are read more than once); returns the unknown names."""
-    unknown = sorted(name for name in environ if name.startswith("STEPAGENT_") and name not in KNOWN_NAMES)
-    for name in unknown:
+    found = unknown_names(environ)
+    for name, closest in found:
         if name in _warned:
             continue
         _warned.add(name)
-        close = difflib.get_close_matches(name, sorted(KNOWN_NAMES), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        log.warning("unknown setting %s is ignored%s", name, hint)
-    return unknown
+        log.warning("%s", unknown_name_text(name, closest))
+    return [name for name, _ in found]
 
 
 def _switch(name: str, raw: str | None, *, default: bool) -> bool:

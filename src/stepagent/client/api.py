@@ -29,6 +29,7 @@ from stepagent.stores.dynamodb_io import DynamoIo
 from stepagent.stores.dynamodb_live import decode_live
 from stepagent.stores.metrics import StoreMetrics
 from stepagent.transcript import Item, choice_item, tree_items
+from stepagent.usage import UsageReport, thread_usage
 
 #: What a client needs of a deployment.
 REQUIRED_SETTINGS = ("STEPAGENT_CONVERSATION_TABLE", "STEPAGENT_STATE_TABLE", "STEPAGENT_INPUT_QUEUE_URL")
@@ -301,6 +302,14 @@ class Client:
         await asyncio.sleep(self.poll_interval)
         _, idle = await watch.poll()
         return idle
+
+    async def usage(self, thread: str) -> UsageReport | None:
+        """The tokens and dollars the thread tree has spent (``stepagent usage``); ``None`` for a thread that
+        does not exist, and over HTTP (the API's stream carries each turn's ``usage`` instead)."""
+        self._require_open()
+        if self._http is not None:
+            return None
+        return await thread_usage(self.conversation, thread, self.settings.prices)
 
     async def history(self, thread: str) -> list[Item]:
         """The stored transcript of the thread and its descendants (``stepagent history --json``)."""

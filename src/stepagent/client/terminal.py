@@ -18,7 +18,14 @@ What a person gets:
 - **Approvals asked here**: a tool call that waits for a person shows
   ``⏸ send_email({...})  approve? [y]es [n]o [e]dit [r]espond``; the next line you type decides it —
   ``y``, ``n [why]``, ``e {"new": "arguments"}``, ``r <the answer the model gets instead>`` (with
-  ``--say``, the line is read from standard input; at its end the call keeps waiting).
+  ``--say``, the line is read from standard input; at its end the call keeps waiting). The chat keeps
+  asking until a decision is accepted: a decision the runtime refuses (invalid edited arguments) is shown
+  with its reason and the question comes back; lines typed meanwhile wait for the outcome, so none of them
+  is taken for a message (which would interrupt the call).
+
+- **What each turn spent**: once the tree is idle again, a quiet line with the tokens, model calls and
+  dollars (when the model's prices are known) since the last one: ``· turn: 1,734 in · 41 out · 2 model
+  calls · $0.0058`` (``chat``, ``run`` and ``tail``).
 
 Without a terminal (pipes, ``--say``) the same lines are printed with no prompt, status or escapes.
 """
@@ -37,7 +44,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from stepagent.client.api import Client, ClientError
+from stepagent.client.decisions import decision_outcome
 from stepagent.transcript import Item, clip, item_line
+from stepagent.usage import TokenTotals
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 PROMPT = "you > "
@@ -47,6 +56,27 @@ _UP = "\x1b[1A"
 
 APPROVAL_QUESTION = "approve? [y]es [n]o [e]dit [r]espond"
 APPROVAL_HELP = 'answer y, n [why], e {"the": "new arguments"} or r <the answer the model gets instead>'
+
+
+def spent_line(before: TokenTotals, after: TokenTotals) -> str | None:
+    """``· turn: 1,234 in · 56 out · 2 model calls · $0.0012`` for what was spent between two totals
+    (``None``: no model call in between)."""
+    calls = after.completions - before.completions
+    if calls <= 0:
+        return None
+    parts = [
+        f"{after.input_tokens - before.input_tokens:,} in",
+        f"{after.output_tokens - before.output_tokens:,} out",
+    ]
+    cached = (after.cache_read_tokens - before.cache_read_tokens) + (
+        after.cache_write_tokens - before.cache_write_tokens
+    )
+    if cached:
+        parts.append(f"{cached:,} cache")
+    parts.append(f"{calls} model call{'s' if calls != 1 else ''}")
+    if after.cost_usd is not None:
+        parts.append(f"${after.cost_usd - (before.cost_usd or 0.0):,.4f}")
+    return "· turn: " + " · ".join(parts)
 
 
 def approval_line(item: Item, root: str) -> str:
@@ -257,6 +287,7 @@ class Activity:
     partial: dict[str, Item] = field(default_factory=dict)  # thread -> its partial item
     choice: Item | None = None
     approval: Item | None = None  # a tool call waiting for a person's decision
+    names: dict[str, str] = field(default_factory=dict)  # call id -> tool, of the calls seen
     tick: int = 0
 
     def see(self, item: Item) -> None:
@@ -277,6 +308,7 @@ class Activity:
         if "order" in item:
             self.partial.pop(thread, None)  # committed rows replace the partial text
         if kind == "tool_call":
+            self.names[str(item.get("tool_call_id"))] = str(item.get("name"))
             if item.get("approval") == "pending":
                 self.approval = item
             else:
@@ -285,7 +317,8 @@ class Activity:
             if self.approval is not None and self.approval.get("tool_call_id") == item.get("tool_call_id"):
                 self.approval = None
             if item.get("approval") in ("approved", "edited"):
-                self.running[str(item.get("tool_call_id"))] = (thread, str(item.get("tool_call_id")))
+                call = str(item.get("tool_call_id"))
+                self.running[call] = (thread, self.names.get(call, call))
         elif kind in ("tool_result", "event"):
             if self.approval is not None and self.approval.get("tool_call_id") == item.get("tool_call_id"):
                 self.approval = None  # interrupted
@@ -334,14 +367,35 @@ class Chat:
     #: Whether approvals are answered here (``chat``, ``run``) or only shown (``tail``).
     decides: bool = True
     _sent: list[str] = field(default_factory=list)
+    #: The call our last decision was about and that decision's message id, until the runtime accepted
+    #: or refused it (:meth:`_follow_decision`).
+    deciding: tuple[Item, str] | None = None
+    #: Set when no decision of ours is waiting for its outcome.
+    decided: asyncio.Event = field(default_factory=asyncio.Event)
+    #: What the tree had spent when the last turn's usage line was printed (``None``: not read yet).
+    spent: TokenTotals | None = None
+    #: ``(thread, order)`` of the waiting calls already shown (``tail --history`` reads one from the
+    #: transcript and again from the tree as it follows it).
+    _shown_waiting: set[tuple[str, int]] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.decided.set()
 
     def show(self, item: Item) -> None:
         self.activity.see(item)
+        if self.deciding is not None and self._follow_decision(item):
+            return
         kind = item.get("kind")
         if kind == "idle":
             self.quiet.set()
         else:
             self.quiet.clear()
+        if kind == "tool_call" and item.get("approval") == "pending":
+            key = (str(item.get("thread_id")), int(item.get("order", -1)))
+            if key in self._shown_waiting:
+                self.refresh()
+                return  # already on screen, with its question or hint
+            self._shown_waiting.add(key)
         if kind == "user" and item.get("thread_id") == self.thread and item.get("text") in self._sent:
             self._sent.remove(str(item.get("text")))
             return  # our own message, already on screen
@@ -361,29 +415,79 @@ class Chat:
         self.refresh()
 
     async def decide(self, text: str) -> None:
-        """Answer the waiting approval with a typed line (see :func:`parse_decision`)."""
+        """Answer the waiting approval with a typed line (see :func:`parse_decision`). Until the runtime
+        has accepted or refused it, :attr:`decided` is clear."""
         waiting = self.activity.approval
         assert waiting is not None
         try:
             decision, args, message = parse_decision(text)
         except ValueError as error:
             self.screen.line(f"! {error} (to send a message instead, start the line with >)")
+            self.screen.line(approval_line(waiting, self.thread))
             return
         try:
-            await self.client.approve(
+            message_id = await self.client.approve(
                 str(waiting["thread_id"]), str(waiting["tool_call_id"]), decision, args, message
             )
         except ClientError as error:
             self.screen.line(f"! {error}")
+            self.screen.line(approval_line(waiting, self.thread))
             return
+        self.deciding = (waiting, message_id)
+        self.decided.clear()
         self.activity.approval = None
         self.activity.busy = True
         self.quiet.clear()
         self.screen.line(f"{PROMPT}{text.strip()}")
         self.refresh()
 
+    def _follow_decision(self, item: Item) -> bool:
+        """Watch for the outcome of our pending decision (:func:`~stepagent.client.decisions.decision_outcome`).
+        A refusal is shown with the question again, and the chat waits for another answer. Returns whether
+        ``item`` was fully handled here."""
+        assert self.deciding is not None
+        waiting, message_id = self.deciding
+        outcome = decision_outcome(item, str(waiting.get("tool_call_id")), message_id)
+        if outcome == "accepted":
+            self.deciding = None
+            self.decided.set()
+        elif outcome == "refused":
+            self.screen.line(item_line(item, self.thread) or f"! {item.get('text', '')}")
+            self.refuse_decision()
+            return True
+        return False
+
+    def refuse_decision(self) -> None:
+        """Our decision was not applied (refused, or processed without deciding the call): ask again."""
+        if self.deciding is None:
+            return
+        waiting, _ = self.deciding
+        self.deciding = None
+        self.activity.approval = waiting
+        self.screen.line(approval_line(waiting, self.thread))
+        self.decided.set()
+        self.refresh()
+
     def refresh(self) -> None:
         self.screen.set_status(self.activity.status(self.screen._width()))
+
+    async def count_spent(self) -> None:
+        """Read what the tree has spent so far: the next :meth:`turn_spent` line counts from here."""
+        report = await self.client.usage(self.thread)
+        self.spent = report.total if report is not None else TokenTotals()
+
+    async def turn_spent(self) -> None:
+        """Print a quiet line with what the tree spent since the last one (a turn, as the tree is idle
+        again): tokens, model calls and dollars when the model's prices are known."""
+        if self.spent is None:
+            return
+        report = await self.client.usage(self.thread)
+        if report is None:
+            return
+        before, self.spent = self.spent, report.total
+        line = spent_line(before, report.total)
+        if line is not None:
+            self.screen.line(f"\x1b[2m{line}\x1b[0m" if self.screen.interactive else line)
 
     async def send(self, text: str, *, echo: bool) -> str:
         if echo:
@@ -424,10 +528,12 @@ async def chat(
     out: TextIO | None = None,
     stdin: TextIO | None = None,
     interactive: bool | None = None,
+    decide_later: Callable[[Item], str] | None = None,
 ) -> int:
     """Chat on ``thread``. With ``say``: send each text, print the replies until the tree is idle, exit
     (1 if it was still busy after ``timeout`` seconds or an error was shown). Otherwise read lines until
-    end of input. Returns the exit status."""
+    end of input. Returns the exit status. ``decide_later``: what to tell the person when a call still
+    waits for a decision at the end of standard input (default: the ``stepagent approve`` command)."""
     out = out if out is not None else sys.stdout
     stdin = stdin if stdin is not None else sys.stdin
     if interactive is None:
@@ -435,11 +541,23 @@ async def chat(
     screen = Screen(out, interactive)
     session = Chat(client, thread, screen, Activity(thread))
     if say:
-        return await _say(session, say, timeout, stdin)
+        return await _say(session, say, timeout, stdin, decide_later or approve_command)
     return await _interactive(session, stdin)
 
 
-async def _say(session: Chat, say: Sequence[str], limit: float, stdin: TextIO) -> int:
+def approve_command(waiting: Item, options: str = "") -> str:
+    """The hint for a call left waiting: the ``stepagent approve`` command that decides it (``options``:
+    how the command reaches the deployment, e.g. `` --stack NAME``)."""
+    return (
+        f"the call keeps waiting; decide it with `stepagent approve {waiting['thread_id']} "
+        f"{waiting['tool_call_id']}{options}` [--reject [MSG] | --edit JSON | --respond TEXT]"
+    )
+
+
+async def _say(
+    session: Chat, say: Sequence[str], limit: float, stdin: TextIO, decide_later: Callable[[Item], str]
+) -> int:
+    await session.count_spent()
     for text in say:
         if not text.strip():
             continue
@@ -456,15 +574,16 @@ async def _say(session: Chat, say: Sequence[str], limit: float, stdin: TextIO) -
             except TimeoutError as error:
                 print(f"stepagent: {error}", file=sys.stderr)
                 return 1
+            # The tree is idle, so our decision was processed: with no row deciding the call, it was not
+            # applied (its refusal notice may have been missed) and the call still waits.
+            session.refuse_decision()
             waiting = session.activity.approval
             if waiting is None:
+                await session.turn_spent()
                 break
             answer = await asyncio.to_thread(stdin.readline)
             if not answer:
-                session.screen.line(
-                    f"  (no answer on standard input: the call keeps waiting; decide it with `stepagent "
-                    f"approve {waiting['thread_id']} {waiting['tool_call_id']}`)"
-                )
+                session.screen.line(f"  (no answer on standard input: {decide_later(waiting)})")
                 break
             await session.decide(answer)
     return 1 if session.errors else 0
@@ -477,8 +596,11 @@ async def _interactive(session: Chat, stdin: TextIO) -> int:
     async def follow() -> None:
         async for item in session.client.replies(session.thread, partial=screen.interactive, follow=True):
             session.show(item)
+            if item.get("kind") == "idle" and session.activity.approval is None:
+                await session.turn_spent()
 
     await session.client.cursor(session.thread)  # what happens from here on is shown
+    await session.count_spent()
     tasks = [asyncio.create_task(follow()), asyncio.create_task(session.ticker())]
     reader.start()
     try:
@@ -487,6 +609,9 @@ async def _interactive(session: Chat, stdin: TextIO) -> int:
                 await session.answer(line)
             elif session.activity.approval is not None and not line.startswith(">"):
                 await session.decide(line)
+                # Until the decision is accepted or refused, the next line cannot be told apart (an
+                # answer again, or a message that would interrupt the call): wait for the outcome.
+                await _until_decided(session, tasks[0])
             elif line.strip().lstrip(">").strip():
                 await session.send(
                     line.strip().lstrip(">").strip() if line.startswith(">") else line, echo=True
@@ -507,6 +632,35 @@ async def _interactive(session: Chat, stdin: TextIO) -> int:
     if screen.interactive:
         screen.out.write("\n")
     return 1 if session.errors else 0
+
+
+async def _until_decided(session: Chat, follower: asyncio.Task[None], *, check_every: float = 5.0) -> None:
+    """Wait until our decision's outcome is known (or the follower stops, whose error is then raised).
+    Every ``check_every`` seconds without an outcome the stores are asked: a decision processed while its
+    call still waits was not applied (its refusal notice was missed), so the question comes back."""
+    while not session.decided.is_set():
+        waiter = asyncio.create_task(session.decided.wait())
+        try:
+            await asyncio.wait({waiter, follower}, timeout=check_every, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if follower.done() and not session.decided.is_set():
+            follower.result()
+            return
+        if not session.decided.is_set() and await _decision_lost(session):
+            session.refuse_decision()
+
+
+async def _decision_lost(session: Chat) -> bool:
+    """Whether our pending decision was processed and its call still waits for a person."""
+    if session.deciding is None or not hasattr(session.client, "state"):
+        return False  # over HTTP the stream carries every refusal
+    waiting, message_id = session.deciding
+    thread = str(waiting["thread_id"])
+    if not await session.client.state.filter_processed(thread, [message_id]):
+        return False
+    pending = await session.client.pending_approvals(session.thread)
+    return any(item.get("tool_call_id") == waiting.get("tool_call_id") for item in pending)
 
 
 async def _until_quiet(session: Chat, *, limit: float) -> None:
@@ -541,6 +695,7 @@ async def tail(
             if item.get("kind") != "summary":
                 after[str(item["thread_id"])] = int(item["order"])
     ticker = asyncio.create_task(session.ticker()) if screen.interactive else None
+    await session.count_spent()
     print(
         f"following thread {thread} and its children"
         + (" until it is idle" if until_idle else " (Ctrl-C to stop)"),
@@ -552,6 +707,10 @@ async def tail(
             thread, after, partial=screen.interactive, follow=not until_idle, timeout=timeout
         ):
             session.show(item)
+            if item.get("kind") == "idle" and session.activity.approval is None:
+                await session.turn_spent()
+        if until_idle:
+            await session.turn_spent()
     except TimeoutError as error:
         print(f"stepagent: {error}", file=sys.stderr)
         return 1

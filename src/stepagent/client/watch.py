@@ -2,8 +2,9 @@
 
 Everything is read from the conversation and state tables with strongly consistent reads; nothing is
 consumed from the shared output queue. One poll is one ``BatchGetItem`` (the ``HEAD`` of every open
-thread of the tree and its ``LIVE`` item); rows, children and pending choices are read only for a thread
-whose head version moved.
+thread of the tree and its ``LIVE`` item; one more for the children it finds, so their rows come in the
+same poll); rows, children and pending choices are read only for a thread whose head version moved. The
+items of one poll are put in causal order across threads (:mod:`stepagent.client.interleave`).
 
 **Idle**, the end of :meth:`TreeWatch.replies`: every message the client is waiting for has been
 processed, and every thread of the tree is settled —
@@ -29,6 +30,7 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepagent.client.interleave import interleave
 from stepagent.history_items import ApprovalItem, ToolCallItem, ToolResultItem
 from stepagent.notices import UnknownNotice, limit_text
 from stepagent.stores.base import ThreadInfo
@@ -36,7 +38,7 @@ from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
 from stepagent.stores.dynamodb_io import BATCH_BACKOFF, DynamoIo, DynamoItem, item_key
 from stepagent.stores.dynamodb_layout import HEAD_SK, head_inbox, info_from_item
 from stepagent.stores.dynamodb_live import LIVE_SK, LiveState, decode_live
-from stepagent.transcript import Item, choice_item, describe
+from stepagent.transcript import Item, choice_item, describe, describe_row
 
 Cursor = dict[str, int]
 _BATCH_THREADS = 50  # two keys per thread, BatchGetItem takes 100
@@ -151,22 +153,28 @@ class TreeWatch:
         """One round of reads: the new items, and whether the tree is idle (twice in a row)."""
         out: list[Item] = []
         watched = [t for t, view in self.threads.items() if not view.closed_settled]
-        read = await self.reader.heads_and_live(watched)
-        for thread in watched:
-            head, live_item = read[thread]
-            view = self.threads[thread]
-            view.info = info_from_item(head) if head else None
-            view.inbox = head_inbox(head) if head else frozenset()
-            view.live = decode_live(live_item)
-        for thread in watched:
-            view = self.threads[thread]
-            if view.info is not None and view.listed_at != view.info.version:
-                out.extend(await self._catch_up(thread, view))
-            out.extend(self._notices(thread, view))
-            if self.partial:
-                out.extend(self._partial(thread, view))
-            if view.info is not None and view.info.closed and not view.closed_settled:
-                view.closed_settled = not await self.reader.state.open_intents(thread)
+        polled: set[str] = set()
+        while watched:  # children found in this poll are read in it too: their lines come in order
+            read = await self.reader.heads_and_live(watched)
+            for thread in watched:
+                head, live_item = read[thread]
+                view = self.threads[thread]
+                view.info = info_from_item(head) if head else None
+                view.inbox = head_inbox(head) if head else frozenset()
+                view.live = decode_live(live_item)
+            for thread in watched:
+                view = self.threads[thread]
+                if view.info is not None and view.listed_at != view.info.version:
+                    out.extend(await self._catch_up(thread, view))
+                out.extend(self._notices(thread, view))
+                if self.partial:
+                    out.extend(self._partial(thread, view))
+                if view.info is not None and view.info.closed and not view.closed_settled:
+                    view.closed_settled = not await self.reader.state.open_intents(thread)
+            polled.update(watched)
+            watched = [t for t, view in self.threads.items() if t not in polled and not view.closed_settled]
+        parents = {t: v.info.parent_id if v.info is not None else None for t, v in self.threads.items()}
+        out = interleave(out, parents, self.root)
         root = self.threads[self.root].info
         root_version = root.version if root is not None else 0
         if self.awaited and root_version != self._awaited_checked_at:
@@ -216,7 +224,7 @@ class TreeWatch:
                         out.append(describe(thread, row.order, row.item))
         if view.info.tail > after:
             async for row in self.reader.conversation.load_rows(thread, after=after):
-                item = describe(thread, row.order, row.item)
+                item = describe_row(thread, row)
                 if isinstance(row.item, ToolCallItem):
                     view.pending_calls[row.item.call.id] = row.item.call.name
                     if row.item.needs_approval:

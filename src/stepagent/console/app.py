@@ -88,6 +88,9 @@ class ConsoleState:
     loopback_only: bool = True
     #: Per conversation, its threads as of the last render (what the poll reads).
     trees: dict[str, list[str]] = field(default_factory=dict)
+    #: The arguments a person last typed for a waiting call, by ``(thread, tool call id)``: shown again in
+    #: the call's form while it waits, so an edit the runtime (or the console) refused is not lost.
+    edits: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 class _Routes:
@@ -140,7 +143,8 @@ class _Routes:
         notice = request.query_params.get("msg")
         if not page.exists and notice is None:
             notice = f"No conversation {root!r} yet: send a message to start it."
-        return self.html(pages.conversation_page(page, self.console.csrf), root, notice=notice)
+        body = pages.conversation_page(page, self.console.csrf, self.console.edits)
+        return self.html(body, root, notice=notice)
 
     async def open_conversation(self, request: Request) -> Response:
         thread = request.query_params.get("thread", "").strip() or f"console-{secrets.token_hex(4)}"
@@ -150,7 +154,7 @@ class _Routes:
         root = request.path_params["root"]
         page = await self.page_of(root)
         return HTMLResponse(
-            pages.conversation_fragment(page, self.console.csrf),
+            pages.conversation_fragment(page, self.console.csrf, self.console.edits),
             headers={**_SECURITY_HEADERS, "X-Signature": page.signature},
         )
 
@@ -240,6 +244,7 @@ class _Routes:
             raise ActionRefused("name the waiting call (tool_call_id)")
         args = None
         if decision == "edit":
+            self.console.edits[(thread, call_id)] = form.get("args") or ""
             try:
                 args = json.loads(form.get("args") or "")
             except json.JSONDecodeError as error:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -135,15 +135,19 @@ def conversations_page(listing: ConversationList, query: str) -> str:
 # ---- one conversation -----------------------------------------------------------------------------------
 
 
-def conversation_page(page: ConversationPage, csrf: str) -> str:
-    """A conversation's page: its live fragment (re-rendered on change), export links and the send form."""
+def conversation_page(
+    page: ConversationPage, csrf: str, edits: Mapping[tuple[str, str], str] | None = None
+) -> str:
+    """A conversation's page: its live fragment (re-rendered on change), export links and the send form.
+    ``edits``: arguments a person typed for waiting calls (``(thread, call id)`` → text), shown in their
+    forms instead of the model's."""
     root = page.root_id
     options = [(t.thread_id, _thread_label(t, root)) for t in page.threads if not t.info.closed]
     return _render(
         "conversation.html",
         root=root,
         signature=page.signature,
-        fragment=Markup(conversation_fragment(page, csrf)),
+        fragment=Markup(conversation_fragment(page, csrf, edits)),
         options=options,
         csrf=csrf,
     )
@@ -155,8 +159,11 @@ def _thread_label(thread: ThreadPage, root: str) -> str:
     return f"{'  ' * thread.depth}{thread.thread_id} ({thread.info.kind.value})"
 
 
-def conversation_fragment(page: ConversationPage, csrf: str) -> str:
-    """The part of the page that is re-rendered whenever the conversation changes."""
+def conversation_fragment(
+    page: ConversationPage, csrf: str, edits: Mapping[tuple[str, str], str] | None = None
+) -> str:
+    """The part of the page that is re-rendered whenever the conversation changes (``edits``: as for
+    :func:`conversation_page`)."""
     usage = page.usage.total if page.usage else None
     tokens = (
         f"{usage.input_tokens:,} input · {usage.output_tokens:,} output · "
@@ -177,6 +184,8 @@ def conversation_fragment(page: ConversationPage, csrf: str) -> str:
         tree_end=tree_end,
         threads=page.threads,
         csrf=csrf,
+        edits=edits or {},
+        turns=page.turns,
     )
 
 

@@ -39,7 +39,7 @@ from stepagent.stores.dynamodb_layout import head_inbox, info_from_item
 from stepagent.stores.dynamodb_live import LiveState, decode_live
 from stepagent.stores.dynamodb_roots import RootSummary, scan_roots
 from stepagent.transcript import Item, describe, thread_items
-from stepagent.usage import UsageReport, thread_usage
+from stepagent.usage import TurnUsage, UsageReport, thread_usage, turn_usage
 
 T = TypeVar("T")
 
@@ -207,6 +207,8 @@ class ConversationPage:
     usage: UsageReport | None
     metadata: Any
     signature: str
+    #: What each turn spent (full pages only).
+    turns: list[TurnUsage] = field(default_factory=list)
 
     def as_dict(self) -> ConversationJson:
         """The JSON API's shape of a conversation."""
@@ -383,8 +385,10 @@ async def conversation_page(
         return page
 
     threads = await _bounded([lambda pair=pair: one(pair) for pair in tree])  # type: ignore[misc]
-    usage, metadata = await asyncio.gather(
-        thread_usage(client.conversation, root_id), state.get_metadata(root_id)
+    usage, metadata, turns = await asyncio.gather(
+        thread_usage(client.conversation, root_id),
+        state.get_metadata(root_id),
+        turn_usage(client.conversation, root_id) if full else asyncio.sleep(0, None),
     )
     return ConversationPage(
         exists=exists,
@@ -394,6 +398,7 @@ async def conversation_page(
         usage=usage,
         metadata=metadata,
         signature=signature(heads),
+        turns=turns or [],
     )
 
 

@@ -6,9 +6,11 @@ Guarantees:
   root's metadata, so a whole thread tree runs as the root's profile. No key: the default agent. A name
   the configuration does not define raises :class:`~stepagent.errors.UnknownProfileError` (bad input: the
   worker rejects it with an ``error`` event instead of retrying it forever).
-- **Checked at start.** :func:`check_agents` (called when a ``StepConfig`` is built) fails with one
-  ``ConfigurationError`` line per problem: a profile's model with no provider, a profile's tool pattern
-  that matches none of the deployment's tools.
+- **Checked at start, failing closed.** :func:`check_agents` (called when a ``StepConfig`` is built) fails
+  with one ``ConfigurationError`` line per problem: a profile's model with no provider, a profile's tool
+  pattern that matches none of the deployment's tools, an approval entry (``STEPAGENT_APPROVAL`` or a
+  profile's ``approval``) that selects no tool — a typo there would otherwise let every call run unasked —
+  and a dollar limit on a model whose prices are unknown (it could never be reached).
 - **Offered tools.** The built-ins the agent selects (``builtin_tools``), plus ``report_to_parent`` and
   ``close_thread`` in every child thread (a child must be able to report and close), plus the
   deployment's own tools — those matching the profile's ``tools`` patterns, else all. The model is offered
@@ -33,7 +35,8 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
@@ -43,6 +46,7 @@ from stepagent.agent_config import CHILD_TOOLS, AgentConfig, AgentProfile, profi
 from stepagent.errors import ConfigurationError, UnknownProfileError
 from stepagent.output_schema import OutputSchema
 from stepagent.providers.base import ModelInfo, ModelProvider
+from stepagent.providers.prices import CATALOG_PRICES, PriceTable
 from stepagent.tools.base import Tool, Toolset
 
 _SPAWN = "spawn_thread"
@@ -190,8 +194,17 @@ def system_prompt(instructions: str | None, offered: Toolset, *, root_thread_id:
     return prompt + texts.THREAD_SUFFIX.format(root_thread_id=root_thread_id)
 
 
-def check_agents(agent: AgentConfig, toolset: Toolset, providers: Mapping[str, ModelProvider]) -> None:
-    """Fail at start, one line per problem, if a profile cannot be served (see the module docstring)."""
+def check_agents(
+    agent: AgentConfig,
+    toolset: Toolset,
+    providers: Mapping[str, ModelProvider],
+    *,
+    default_model: str | None = None,
+    prices: PriceTable = CATALOG_PRICES,
+) -> None:
+    """Fail at start, one line per problem, if a profile cannot be served, an approval entry selects no
+    tool, or a dollar limit applies to a model without prices (see the module docstring).
+    ``default_model``: the default agent's ``<provider>:<model id>`` (``None``: its limit is not checked)."""
     problems: list[str] = []
     own = [tool.name for tool in toolset if not tool.builtin]
     for name, profile in agent.profiles.items():
@@ -207,5 +220,70 @@ def check_agents(agent: AgentConfig, toolset: Toolset, providers: Mapping[str, M
                     f"STEPAGENT_PROFILES: profile {name!r}: tools entry {pattern!r} matches none of the "
                     f"deployment's tools ({known})"
                 )
+    problems += fail_closed_problems(agent, toolset, default_model, prices)
     if problems:
         raise ConfigurationError("\n".join(problems))
+
+
+def fail_closed_problems(
+    agent: AgentConfig, toolset: Toolset | None, default_model: str | None, prices: PriceTable
+) -> list[str]:
+    """The settings that would silently do less than they say: approval entries that select no tool of
+    ``toolset`` (``None``: the tools are not known yet, not checked) and dollar limits on a model without
+    prices (the default agent's ``default_model``, ``None``: not checked, and each profile's)."""
+    problems: list[str] = []
+    if toolset is not None:
+        problems += approval_problems(agent.approval, toolset, setting="STEPAGENT_APPROVAL")
+    if default_model is not None:
+        problems += unpriced_limit_problems(
+            agent.max_conversation_cost_usd, default_model, prices, "STEPAGENT_MAX_CONVERSATION_COST_USD"
+        )
+    for name, profile in agent.profiles.items():
+        if profile.approval is not None and toolset is not None:
+            problems += approval_problems(
+                profile.approval, toolset, setting=f"STEPAGENT_PROFILES: profile {name!r}: approval"
+            )
+        model = default_model if profile.model is None else _model_name(profile.model)
+        if model is None or (profile.max_conversation_cost_usd is None and profile.model is None):
+            continue  # the default agent's own limit and model: checked above
+        where = f"STEPAGENT_PROFILES: profile {name!r}: max_conversation_cost_usd"
+        if profile.max_conversation_cost_usd is None:
+            where = f"STEPAGENT_MAX_CONVERSATION_COST_USD (for profile {name!r}, model {model})"
+        limit = _pick(profile.max_conversation_cost_usd, agent.max_conversation_cost_usd)
+        problems += unpriced_limit_problems(limit, model, prices, where)
+    return problems
+
+
+def approval_problems(patterns: Sequence[str], toolset: Toolset, *, setting: str) -> list[str]:
+    """One line per approval entry that selects no tool of ``toolset`` (an own tool by name or pattern, a
+    built-in by its exact name: :meth:`ThreadAgent.needs_approval`), naming the closest tool names."""
+    own = [tool.name for tool in toolset if not tool.builtin]
+    builtins = [tool.name for tool in toolset if tool.builtin]
+    problems = []
+    for pattern in patterns:
+        if pattern in builtins or any(fnmatchcase(tool, pattern) for tool in own):
+            continue
+        close = difflib.get_close_matches(pattern, [*own, *builtins], n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        known = ", ".join(own) or "none"
+        problems.append(
+            f"{setting}: {pattern!r} matches no tool, so it would ask for nothing; {hint}"
+            f"(the deployment's tools: {known}; a built-in tool is named exactly)"
+        )
+    return problems
+
+
+def unpriced_limit_problems(limit: float | None, model: str, prices: PriceTable, setting: str) -> list[str]:
+    """A line when a dollar ``limit`` applies to ``model`` but nobody priced it: the limit could never be
+    reached, so the deployment would spend without the bound it asked for."""
+    if limit is None or prices.price(model) is not None:
+        return []
+    return [
+        f"{setting}=${limit:g} cannot be enforced: the prices of {model} are unknown; set them with "
+        f'STEPAGENT_PRICES (e.g. {{"{model}": {{"input": 3.0, "output": 15.0}}}}, dollars per million '
+        "tokens) or use STEPAGENT_MAX_CONVERSATION_TOKENS instead"
+    ]
+
+
+def _model_name(model: str | ModelProvider) -> str:
+    return model if isinstance(model, str) else model.info.name

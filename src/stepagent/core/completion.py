@@ -72,7 +72,7 @@ from stepagent.history_items import (
 )
 from stepagent.ids import completion_id, fresh_tool_call_id
 from stepagent.messages import ImageBlock, TextBlock, TextContent, ToolCall, ToolResult
-from stepagent.output_schema import OutputSchema, output_feedback
+from stepagent.output_schema import OUTPUT_CHECK_ID, OutputSchema, output_feedback
 from stepagent.providers.base import (
     CacheTtl,
     Final,
@@ -247,7 +247,7 @@ class CompletionRunner:
             # The errors go back to the model as the next user turn; its row id is fixed by the step's
             # input and the attempt, so a re-run of the step writes the same history.
             feedback = UserItem(content=TextContent(text=output_feedback(verdict.errors)))
-            self.history.append_generated(feedback, f"{self.message_id}-output-check-{retries}")
+            self.history.append_generated(feedback, f"{self.message_id}{OUTPUT_CHECK_ID}{retries}")
         self.emit(Info(f"Stopped after {MAX_ROUNDS_PER_STEP} model rounds in one step"))
         return outcome
 

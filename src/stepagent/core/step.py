@@ -139,7 +139,13 @@ class StepConfig:
     prices: PriceTable = CATALOG_PRICES
 
     def __post_init__(self) -> None:
-        check_agents(self.agent, self.toolset, self.providers)
+        check_agents(
+            self.agent,
+            self.toolset,
+            self.providers,
+            default_model=self.provider.info.name,
+            prices=self.prices,
+        )
 
 
 def should_compact(usage: Usage | None, context_window: int, threshold: float = 0.75) -> bool:

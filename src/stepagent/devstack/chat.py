@@ -22,6 +22,7 @@ from stepagent.devstack import terminal_logs
 from stepagent.devstack.stack import EmbeddedMoto, create_resources, use_fake_credentials
 from stepagent.errors import ConfigurationError
 from stepagent.providers.base import ModelProvider
+from stepagent.transcript import Item
 
 LOCAL_PREFIX = "stepagent-local"
 
@@ -68,11 +69,11 @@ async def run_chat(
     terminal_logs.configure(debug=debug, debug_sdk=debug_sdk)
     terminal_logs.adopt_powertools_loggers(debug=debug)
     model, demo = choose_model(os.environ)
-    validate_before_start(model)
+    validate_before_start(model, demo=demo)
     # Build the model provider before the local stack swaps in throwaway credentials: a bedrock: model
     # needs the real AWS credentials, while the tables and queues live on the local endpoint.
     provider = _bedrock_with_real_credentials(model) if model.startswith("bedrock:") else None
-    chat = _StartChat(model, demo, provider, say, thread_id, idle_timeout, session, trace)
+    chat = _StartChat(model, demo, provider, say, thread_id, idle_timeout, session, trace, state_dir)
     if state_dir is not None:
         from stepagent.devstack.snapshot import local_state
 
@@ -120,6 +121,7 @@ class _StartChat:
     idle_timeout: float
     session: Session | None = None
     trace: bool = False
+    state_dir: str | None = None
 
     async def start(self, env: dict[str, str]) -> int:
         os.environ.update(env)
@@ -142,7 +144,29 @@ class _StartChat:
             provider=self.provider,
             session=self.session,
             trace=self.trace,
+            state_dir=self.state_dir,
         )
+
+
+def _decide_later(state_dir: str | None) -> Callable[[Item], str]:
+    """What `run` tells the person about a call still waiting when its standard input ends: with a state
+    dir, the command that decides it there; without one the local stack (and the call) ends with `run`."""
+
+    def hint(waiting: Item) -> str:
+        thread, call = waiting["thread_id"], waiting["tool_call_id"]
+        if state_dir is not None:
+            return (
+                f"the call keeps waiting in {state_dir}; decide it with `stepagent approve {thread} {call} "
+                f"--state-dir {state_dir}` [--reject [MSG] | --edit JSON | --respond TEXT], or answer it "
+                f"in `stepagent run --state-dir {state_dir} --thread {thread}`"
+            )
+        return (
+            "this run's local stack, and the waiting call, end with it: answer on standard input "
+            "(e.g. `echo y | stepagent run --say ...`), or keep the state with --state-dir DIR and decide "
+            f"later with `stepagent approve {thread} {call} --state-dir DIR`"
+        )
+
+    return hint
 
 
 #: The settings that name the stack's resources; `run` uses them when all are given (`infra create` prints them).
@@ -169,17 +193,30 @@ def resource_settings(environ: dict[str, str] | os._Environ[str]) -> dict[str, s
     return given
 
 
-def validate_before_start(model: str) -> None:
-    """Check every setting that can be checked without the stack (model, tools, MCP and RAP settings), so a
-    mistake is reported at once, not after the local stack has started."""
+def validate_before_start(model: str, *, demo: bool = False) -> None:
+    """Check every setting that can be checked without the stack (model, tools, agent settings, MCP and
+    RAP settings, approval entries and dollar limits), so a mistake is reported at once, not after the
+    local stack has started. Approval entries are checked here only when every tool is known now (no RAP
+    or MCP servers, not the demo, whose tools come from servers): otherwise the worker checks them when it
+    starts, before the first message."""
+    from stepagent.core.agents import fail_closed_problems
     from stepagent.providers.factory import make_provider
+    from stepagent.tools.base import Toolset
+    from stepagent.tools.builtins import builtin_tools
     from stepagent.tools.functions import load_toolset
+    from stepagent.tools.sleep import Sleep, SleepUntil
 
     settings = Settings.from_env({**os.environ, "STEPAGENT_MODEL": model})
-    if settings.tools:
-        load_toolset(settings.tools)
+    agent = settings.agent_config()
+    user_tools = load_toolset(settings.tools) if settings.tools else []
+    name = model
     if not model.startswith("bedrock:"):
-        make_provider(model)  # names a missing API key or a bad script; no network
+        name = make_provider(model).info.name  # names a missing API key or a bad script; no network
+    remote = bool(settings.rap_servers or settings.mcp_servers) or demo
+    toolset = None if remote else Toolset.of([*builtin_tools(), Sleep(), SleepUntil(), *user_tools])
+    problems = fail_closed_problems(agent, toolset, name, settings.prices)
+    if problems:
+        raise ConfigurationError("\n".join(problems))
 
 
 def _bedrock_with_real_credentials(model: str) -> ModelProvider:
@@ -215,6 +252,7 @@ async def _chat(
     provider: ModelProvider | None,
     session: Session | None = None,
     trace: bool = False,
+    state_dir: str | None = None,
 ) -> int:
     """Run the local services and chat through :mod:`stepagent.client`, as against a deployment (or run
     ``session`` on them)."""
@@ -243,7 +281,9 @@ async def _chat(
                 file=sys.stderr,
             )
             async with Client(services.settings) as client:
-                return await chat(client, thread_id, say=say, timeout=idle_timeout)
+                return await chat(
+                    client, thread_id, say=say, timeout=idle_timeout, decide_later=_decide_later(state_dir)
+                )
     finally:
         if kept is not None:
             from stepagent.telemetry.tree import render

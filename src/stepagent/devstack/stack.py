@@ -8,6 +8,7 @@ embedded server listens on 127.0.0.1 only and is given fake credentials, so noth
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -43,6 +44,11 @@ class EmbeddedMoto:
                 "the embedded local stack needs moto: install stepagent with the 'local' extra "
                 "(pip install 'stepagent[local]'), or point AWS_ENDPOINT_URL at LocalStack"
             ) from None
+        # Its web server logs every request (werkzeug's access log, some 30 lines per command) unless its
+        # logger was configured: quiet by default; `--debug-sdk` sets it to DEBUG first and keeps it.
+        access_log = logging.getLogger("werkzeug")
+        if access_log.level == logging.NOTSET:
+            access_log.setLevel(logging.ERROR)
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
         host, port = server.get_host_and_port()

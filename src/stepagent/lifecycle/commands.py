@@ -27,7 +27,7 @@ from stepagent.lifecycle.importer import ImportLimits, import_tree
 from stepagent.lifecycle.rewind import rewind_thread
 from stepagent.providers.prices import PRICES_SETTING, parse_prices
 from stepagent.stores.base import ConversationStore, StateStore
-from stepagent.usage import thread_usage
+from stepagent.usage import thread_usage, turn_usage
 
 COMMANDS = ("export", "import", "rewind", "usage")
 
@@ -113,6 +113,11 @@ def add_lifecycle_commands(subparsers: Any) -> None:
     )
     usage.add_argument("thread", help="the thread id (usually a root)")
     usage.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    usage.add_argument(
+        "--turns",
+        action="store_true",
+        help="one row per turn of the conversation (what each user message cost, its threads included)",
+    )
     usage.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
 
 
@@ -209,11 +214,21 @@ async def _usage(conversation: ConversationStore, args: argparse.Namespace) -> i
     if report is None:
         print(f"stepagent: no thread {args.thread!r}", file=sys.stderr)
         return 1
+    turns = None
+    if args.turns:
+        turns = await turn_usage(conversation, args.thread, parse_prices(os.environ.get(PRICES_SETTING)))
     if args.json:
-        print(json.dumps(report.as_dict(), indent=2))
+        data = report.as_dict()
+        if turns is not None:
+            data["turns"] = [turn.as_dict() for turn in turns]
+        print(json.dumps(data, indent=2))
     else:
         for line in report.lines():
             print(line)
+        if turns is not None:
+            print("  by turn:")
+            for turn in turns:
+                print(f"    {turn.line()}")
     return 0
 
 
