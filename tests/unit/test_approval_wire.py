@@ -9,10 +9,10 @@ import json
 import pytest
 
 from stepagent.agent_config import AgentConfig, agent_config_from_env, load_profiles
-from stepagent.aws.outputs import row_events
 from stepagent.errors import ConfigurationError, MalformedMessageError
 from stepagent.history_items import ApprovalItem, ToolCallItem, decode_item, encode_item
 from stepagent.messages import ApprovalDecision, ToolCall, parse_input_message
+from stepagent.outputs.build import row_events
 from stepagent.stores.base import StoredRow
 
 

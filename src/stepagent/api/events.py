@@ -5,7 +5,7 @@ drains, so it cannot serve many browsers, nor replay what a dropped connection m
 are derived from what the worker committed, with the very ids the output queue carries:
 
 - ``text``, ``tool_call``, ``tool_result``, ``event`` — one per stored history row
-  (:func:`stepagent.aws.outputs.row_events`), in the thread's row order;
+  (:func:`stepagent.outputs.build.row_events`), in the thread's row order;
 - ``turn_complete`` — one per usage record that says the turn was complete, placed right after the last row
   of its commit (the record keeps the thread's tail at that commit);
 - ``error``, ``oauth_required``, ``limit_reached`` and any other notice — from the thread's ``LIVE``
@@ -15,7 +15,7 @@ are derived from what the worker committed, with the very ids the output queue c
 - ``text_delta`` (not an output-queue event) — the part of the ``LIVE`` item's partial text not sent yet,
   only while the head is still at the version that text follows (a commit makes it a ``text`` event).
 
-Each carries the thread context after its own keys (:func:`stepagent.aws.output_events.in_thread`;
+Each carries the thread context after its own keys (:func:`stepagent.outputs.events.in_thread`;
 ``text_delta`` has ``thread_id`` and ``root_thread_id`` but no ``event_id`` and no ``metadata``):
 :data:`StreamEvent` is their union.
 
@@ -44,15 +44,19 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from typing_extensions import TypedDict
-
-from stepagent.aws.output_events import OutputEvent, OutputEventInThread, ThreadContext, in_thread
-from stepagent.aws.outputs import row_events, turn_complete_event
 from stepagent.client.watch import StoreReader
-from stepagent.notices import OtherNotice, UnknownNotice
-from stepagent.providers.base import Usage
+from stepagent.notices import UnknownNotice
+from stepagent.outputs.build import row_events, turn_complete_from_record
+from stepagent.outputs.events import (
+    OtherNoticeInThread,
+    OutputEvent,
+    OutputEventInThread,
+    TextDeltaEvent,
+    ThreadContext,
+    in_thread,
+)
 from stepagent.stores.base import ThreadInfo, UsageRecord
 from stepagent.stores.dynamodb_layout import info_from_item
 from stepagent.stores.dynamodb_live import LiveState, decode_live
@@ -64,20 +68,7 @@ BUSY_INTERVAL = 0.2
 MAX_TOKEN_CHARS = 16_384
 
 
-class TextDelta(TypedDict):
-    """The part of a thread's reply being written that the stream has not sent yet."""
-
-    type: Literal["text_delta"]
-    thread_id: str
-    root_thread_id: str
-    text: str
-
-
-class OtherNoticeInThread(OtherNotice, ThreadContext):
-    """A notice of a kind this version does not read, as stored, with the thread context."""
-
-
-StreamEvent = OutputEventInThread | OtherNoticeInThread | TextDelta
+StreamEvent = OutputEventInThread | OtherNoticeInThread | TextDeltaEvent
 """One event of the stream (the SSE ``event:`` is its ``type``)."""
 
 
@@ -257,7 +248,7 @@ class TreeEvents:
         if live.phase is not None and live.version == version and live.text:
             delta = self._delta(pos, version, live)
             if delta:
-                delta_event: TextDelta = {
+                delta_event: TextDeltaEvent = {
                     "type": "text_delta",
                     "thread_id": thread,
                     "root_thread_id": self.root,
@@ -300,8 +291,7 @@ class TreeEvents:
 
     async def _turn_complete(self, thread: str, record: UsageRecord) -> tuple[str, StreamEvent]:
         self.positions[thread].usage = record.version
-        usage = Usage(input_tokens=record.input_tokens, output_tokens=record.output_tokens)
-        return await self._emit(thread, turn_complete_event(thread, record.version, usage, record.model))
+        return await self._emit(thread, turn_complete_from_record(thread, record))
 
     async def _emit(self, thread: str, event: OutputEvent | UnknownNotice) -> tuple[str, StreamEvent]:
         if self._metadata is None:

@@ -60,7 +60,7 @@ def _raise_for(response: httpx.Response) -> None:
 def item_of(event: Mapping[str, Any]) -> Item | None:
     """The client item for one stream event (``None`` for those it does not report). The event's values
     are taken as the API sent them: its stream carries the runtime's output events (the types of
-    :mod:`stepagent.aws.output_events`, plus ``thread_id``) and its own ``text_delta``."""
+    :mod:`stepagent.outputs.events`, plus ``thread_id``) and its own ``text_delta``."""
     kind = event.get("type")
     thread = str(event.get("thread_id", ""))
     if kind in _KINDS:

@@ -1,5 +1,5 @@
-"""The output queue's events as TypedDicts: what :mod:`stepagent.aws.outputs` builds and what a consumer
-of the output queue receives, checked by the type checker where they are made.
+"""The output events as TypedDicts: what :mod:`stepagent.outputs.build` makes and what a consumer of the
+output queue or of the HTTP API's stream receives, checked by the type checker where they are made.
 
 Guarantees: each event kind has its own type with a ``Literal`` ``type``; :data:`OutputEvent` is their
 union. ``args``, ``output`` and the tool-facing values stay open JSON (``Any``): they are whatever the model
@@ -9,7 +9,7 @@ decode them, and re-exported here.
 
 **The thread context.** An event is made without it; :func:`in_thread` adds ``thread_id``,
 ``root_thread_id`` and ``metadata`` (the root's stored metadata) after the event's own keys when it is
-published (the output queue) or streamed (the HTTP API). Each kind has its ``...InThread`` form, and
+published (the output queue) or streamed (the HTTP API), the same function for both. Each kind has its ``...InThread`` form, and
 :data:`OutputEventInThread` is their union: what a consumer receives.
 
 The TypedDicts come from ``typing_extensions`` (as those of :mod:`stepagent.notices`): a thread-context
@@ -25,6 +25,7 @@ from typing_extensions import TypedDict
 from stepagent.notices import ErrorEvent as ErrorEvent
 from stepagent.notices import LimitReachedOutput as LimitReachedOutput
 from stepagent.notices import OAuthRequiredOutput as OAuthRequiredOutput
+from stepagent.notices import OtherNotice
 
 
 class TextEvent(TypedDict):
@@ -189,20 +190,17 @@ def in_thread(event: OutputEvent, context: ThreadContext) -> OutputEventInThread
     # Each kind's ...InThread form is exactly that kind plus ThreadContext, which this merge builds; the
     # type checker follows a ``**`` of a TypedDict only for a single kind, not over the union, hence the cast.
     return cast(OutputEventInThread, {**event, **context})
-    if event["type"] == "tool_call" or event["type"] == "approval_required":
-        return {**event, **context}
-    if event["type"] == "tool_result" or event["type"] == "event":
-        return {**event, **context}
-    if event["type"] == "error":
-        return {**event, **context}
-    if event["type"] == "oauth_required":
-        return {**event, **context}
-    if event["type"] == "user_choice_required":
-        return {**event, **context}
-    if event["type"] == "user_choice_complete":
-        return {**event, **context}
-    if event["type"] == "limit_reached":
-        return {**event, **context}
-    if event["type"] == "turn_complete":
-        return {**event, **context}
-    return {**event, **context}
+
+
+class TextDeltaEvent(TypedDict):
+    """The HTTP API stream's live partial text of a thread (not an output-queue event): the part of the
+    reply being written that the stream has not sent yet."""
+
+    type: Literal["text_delta"]
+    thread_id: str
+    root_thread_id: str
+    text: str
+
+
+class OtherNoticeInThread(OtherNotice, ThreadContext):
+    """A notice of a kind this version does not read, as stored, with the thread context."""
