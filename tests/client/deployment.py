@@ -22,6 +22,7 @@ from stepagent.devstack.services import LocalServices, local_services
 from stepagent.history_items import EventItem, HistoryItem, ToolResultItem, UserItem
 from stepagent.messages import TextContent, ToolCall
 from stepagent.providers.base import Final, ModelInfo, ModelRequest, StreamEvent, TextDelta, ToolCallComplete
+from stepagent.providers.prices import parse_prices
 from tests.conftest import aws_client, unique_name
 from tests.integration.aws_helpers import create_resources, delete_resources
 
@@ -109,7 +110,11 @@ class Deployment:
 
 @asynccontextmanager
 async def deployment(
-    model: Any, *, live_text: bool = True, agent_settings: dict[str, str] | None = None
+    model: Any,
+    *,
+    live_text: bool = True,
+    agent_settings: dict[str, str] | None = None,
+    prices: str | None = None,
 ) -> AsyncIterator[Deployment]:
     """The stack, running until the context exits (``model``: a provider, e.g. :class:`FunctionModel`;
     ``agent_settings``: ``STEPAGENT_*`` agent settings, e.g. ``STEPAGENT_APPROVAL``)."""
@@ -125,5 +130,7 @@ async def deployment(
             live_text=live_text,
             agent_settings={**settings.agent_settings, **(agent_settings or {})},
         )
+        if prices is not None:  # STEPAGENT_PRICES
+            settings = dataclasses.replace(settings, prices=parse_prices(prices))
         services = await stack.enter_async_context(local_services(settings, demo=True, provider=model))
         yield Deployment(services.settings, services)
