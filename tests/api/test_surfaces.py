@@ -4,6 +4,7 @@ asked for one message's turn shows exactly that turn."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -15,9 +16,10 @@ from stepagent.api.auth import ApiAuthSettings
 from stepagent.api.server import open_api
 from stepagent.client import Client
 from stepagent.providers.factory import make_provider
-from tests.api.helpers import ApiStack, new_thread
-from tests.api.test_events import output_events, read_stream
+from tests.api.helpers import ApiStack, api_stack, new_thread
+from tests.api.test_events import output_events, read_stream, settle
 from tests.client.deployment import deployment
+from tests.console.helpers import scripted_model
 from tests.integration.aws_helpers import script_file
 
 NONE = ApiAuthSettings(mode="none")
@@ -77,3 +79,34 @@ async def test_the_api_stream_carries_turn_complete_as_the_output_queue_does_and
         # Every committed event the queue carried is streamed with the same keys and values.
         committed = [e.data for e in streamed if e.event != "text_delta"]
         assert committed == [e for e in queued if e["type"] in {x["type"] for x in committed}]
+
+
+async def test_a_stream_for_a_message_shows_exactly_the_turn_it_began_even_opened_before_the_worker_took_it() -> (
+    None
+):
+    async with api_stack(scripted_model(), NONE) as api:
+        thread = new_thread("demo")
+        first = await api.http.post(f"/v1/threads/{thread}/messages", json={"text": "plan the day"})
+        assert first.status_code == 202
+        await asyncio.wait_for(settle(api, thread), 60)  # a turn with a tool and a child, all done
+        before = [e for e in await output_events(api) if e["root_thread_id"] == thread]
+        assert len({e["thread_id"] for e in before}) == 2
+        second = await api.http.post(f"/v1/threads/{thread}/messages", json={"text": "hello"})
+        message_id = second.json()["message_id"]
+        streamed, ended = await asyncio.wait_for(
+            read_stream(api.http, f"/v1/threads/{thread}/events?message_id={message_id}"), 60
+        )
+        assert ended
+        events = [e.data for e in streamed if e.event != "text_delta"]
+        assert [(e["thread_id"], e["type"], e.get("text")) for e in events] == [
+            (thread, "text", "Hello back, friend."),
+            (thread, "turn_complete", None),
+        ]
+        # The same events, with the same values, as the output queue carried for that turn.
+        await asyncio.wait_for(settle(api, thread), 60)
+        queued = [e for e in await output_events(api) if e["root_thread_id"] == thread]
+        assert events == queued
+        # A client waiting for its message over the API follows that turn only.
+        async with Client(api_url=api.url, token=None) as remote:
+            third = await remote.send(thread, "hello")
+            assert await remote.wait(thread, third, timeout=60) is None

@@ -7,7 +7,8 @@
                                           ``message``) → 202 ``{"message_id"}``
 ``GET /v1/threads/{thread}``              the tree's items, as ``stepagent history --json``
 ``GET /v1/threads/{thread}/events``       Server-Sent Events (:mod:`stepagent.api.events`): ``Last-Event-ID``
-                                          or ``?after=`` resumes, ``?follow=1`` never ends
+                                          or ``?after=`` resumes, ``?follow=1`` never ends,
+                                          ``?message_id=M`` streams the turn ``M`` began, then ends
 ``GET /``                                 the chat page
 ========================================  ======================================================================
 
@@ -45,6 +46,8 @@ from stepagent.input_rules import MAX_MESSAGE_BYTES, check_id, check_json, check
 from stepagent.messages import ApprovalDecision, InputMessage
 from stepagent.transcript import tree_items
 
+#: The longest ``?message_id=`` a stream accepts (SQS's own limit on a deduplication id).
+MAX_MESSAGE_ID_CHARS = 128
 #: Seconds of silence after which an event stream sends a comment, so proxies keep it open.
 HEARTBEAT_S = 15.0
 #: Open event streams one subject may hold on one server.
@@ -238,7 +241,10 @@ async def get_events(request: Request, state: ApiState, subject: str, thread: st
         raise ApiError(
             429, "too_many_requests", f"at most {limit} open event streams per user", {"Retry-After": "5"}
         )
-    tree = TreeEvents(state.reads, thread, positions, follow=follow)
+    message_id = request.query_params.get("message_id") or None
+    if message_id is not None and len(message_id) > MAX_MESSAGE_ID_CHARS:
+        raise ApiError(400, "bad_request", f"message_id is longer than {MAX_MESSAGE_ID_CHARS} characters")
+    tree = TreeEvents(state.reads, thread, positions, follow=follow, message_id=message_id)
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     return StreamingResponse(
         _sse(state, subject, tree), media_type="text/event-stream; charset=utf-8", headers=headers

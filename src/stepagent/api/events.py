@@ -175,6 +175,7 @@ class TreeEvents:
         positions: dict[str, Position] | None = None,
         *,
         follow: bool = False,
+        message_id: str | None = None,
     ) -> None:
         self.reads = reads
         self.reader = reads.reader
@@ -184,6 +185,11 @@ class TreeEvents:
         self.ended = False
         self.busy = True
         self._metadata: Any = None
+        # ``message_id`` without a token: the stream starts at the row that message began (found by
+        # :meth:`_locate`, waiting for it) and ends with the root's next ``turn_complete``.
+        self._locating = message_id if message_id is not None and not positions else None
+        self._turn_start: int | None = None  # the root order the turn of ``message_id`` starts at
+        self._scanned = 0  # root rows already searched for it
 
     def token(self) -> str:
         return encode_token(self.positions)
@@ -195,6 +201,9 @@ class TreeEvents:
     async def poll(self) -> AsyncIterator[tuple[str, StreamEvent]]:
         """One round of reads, and the events it found. Threads discovered on the way (a child spawned
         since the last poll) are read in the same round, so a turn's events are all out before it ends."""
+        if self._locating is not None and not await self._locate(self._locating):
+            self.busy = True  # the message is on its way to the worker: look again soon
+            return
         pending = list(self.positions)
         max_age = self.interval * 0.9
         busy = False
@@ -217,6 +226,8 @@ class TreeEvents:
             max_age = 0.0
         self.busy = busy
         root = root_view.info if root_view is not None else None
+        if self._turn_start is not None:
+            return  # the turn's own end (see _turn_complete) ends this stream
         if (
             not self.follow
             and root is not None
@@ -233,7 +244,7 @@ class TreeEvents:
             async for event in self._catch_up(thread, info, pos):
                 yield event
             for child in await self.reader.conversation.children(thread):
-                if child.thread_id not in self.positions:
+                if child.thread_id not in self.positions and self._in_turn(thread, child):
                     self.positions[child.thread_id] = Position(notices=0)
             pos.version = info.version
         live = view.live
@@ -255,6 +266,38 @@ class TreeEvents:
                     "text": delta,
                 }
                 yield self.token(), delta_event
+
+    async def _locate(self, message_id: str) -> bool:
+        """Find the root row ``message_id`` began its turn with (each root row is searched once); from
+        then on the stream starts just before it, past every ``turn_complete`` of earlier turns."""
+        info = await self.reader.conversation.get_thread(self.root)
+        if info is None or info.tail <= self._scanned:
+            return False
+        start: int | None = None
+        async for row in self.reader.conversation.load_rows(self.root, after=self._scanned, up_to=info.tail):
+            self._scanned = row.order
+            if row.message_id == message_id:
+                start = row.order
+                break
+        if start is None:
+            return False
+        usage = 0
+        async for record in self.reader.conversation.usage_records(self.root):
+            if record.tail is None or record.tail >= start:
+                break
+            usage = record.version
+        # ``version`` stays 0, so the first poll catches up from the start; notices from before the
+        # stream are skipped as for any stream.
+        self.positions = {self.root: Position(order=start - 1, usage=usage)}
+        self._turn_start, self._locating = start, None
+        return True
+
+    def _in_turn(self, parent: str, child: ThreadInfo) -> bool:
+        """Whether a child belongs to what this stream shows: every child, except on a stream of one
+        message's turn, where the root's children spawned before that turn are left out."""
+        if self._turn_start is None or parent != self.root or child.spawn_order is None:
+            return True
+        return child.spawn_order >= self._turn_start
 
     @staticmethod
     def _delta(pos: Position, version: int, live: LiveState) -> str:
@@ -291,6 +334,8 @@ class TreeEvents:
 
     async def _turn_complete(self, thread: str, record: UsageRecord) -> tuple[str, StreamEvent]:
         self.positions[thread].usage = record.version
+        if thread == self.root and self._turn_start is not None and not self.follow:
+            self.ended = True  # the turn this stream was asked for is over
         return await self._emit(thread, turn_complete_from_record(thread, record))
 
     async def _emit(self, thread: str, event: OutputEvent | UnknownNotice) -> tuple[str, StreamEvent]:

@@ -195,22 +195,24 @@ class HttpApi:
             if item is not None and (partial or item["kind"] != "partial"):
                 yield item
 
-    async def wait(self, thread: str, timeout: float) -> Any:  # noqa: ASYNC109 - the client's signature
-        """Follow the stream until it ends (the root's turn is complete); the structured output of the
-        root's last ``turn_complete`` (``None`` without an output schema)."""
+    async def wait(self, thread: str, message_id: str, timeout: float) -> Any:  # noqa: ASYNC109
+        """Follow the stream of the turn ``message_id`` began (``?message_id=``: waiting for it if the
+        worker has not taken it yet) until it ends; the structured output of its ``turn_complete``
+        (``None`` without an output schema)."""
         output: Any = None
         async with asyncio.timeout(timeout):
-            async for token, event in self._events(thread, self.tokens.get(thread), follow=False):
-                self.tokens[thread] = token
+            async for _, event in self._events(thread, None, follow=False, message_id=message_id):
                 if event.get("type") == "turn_complete" and event.get("thread_id") == thread:
                     output = event.get("output")
         return output
 
     async def _events(
-        self, thread: str, after: str | None, *, follow: bool
+        self, thread: str, after: str | None, *, follow: bool, message_id: str | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """``(token, event)`` of the stream; a dropped connection is resumed from the last token."""
         params = {"follow": "1"} if follow else {}
+        if message_id is not None:
+            params["message_id"] = message_id
         failures = 0
         while True:
             headers = {"Last-Event-ID": after} if after else {}
