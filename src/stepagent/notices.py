@@ -44,6 +44,8 @@ class ErrorEvent(TypedDict):
     message: str
     retrying: bool
     attempts: NotRequired[int]
+    #: The tool call a refused input named (a decision on a call that is not waiting).
+    tool_call_id: NotRequired[str]
 
 
 class OAuthRequiredOutput(TypedDict):

@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent.client.watch import StoreReader
-from stepagent.notices import UnknownNotice
-from stepagent.outputs.build import row_events, turn_complete_from_record
+from stepagent.notices import Notice, UnknownNotice
+from stepagent.outputs.build import record_events, record_notices, row_events
 from stepagent.outputs.events import (
     OtherNoticeInThread,
     OutputEvent,
@@ -66,6 +66,8 @@ IDLE_INTERVAL = 1.0
 #: Seconds between two polls while the tree works (how smooth live text looks).
 BUSY_INTERVAL = 0.2
 MAX_TOKEN_CHARS = 16_384
+#: How many head versions back a ``LIVE`` notice's usage record is looked for (it is the same step's).
+KEPT_NOTICE_LOOKBACK = 8
 
 
 StreamEvent = OutputEventInThread | OtherNoticeInThread | TextDeltaEvent
@@ -86,9 +88,18 @@ class Position:
     notices: int | None = None  # notices seen (None: not read yet; those before the stream are skipped)
     partial_version: int = -1  # the head version the partial text sent follows
     partial_chars: int = 0  # characters of that partial text sent
+    part: int = 0  # events of the usage record after ``usage`` already sent (its notices, then turn_complete)
 
     def as_list(self) -> list[int | None]:
-        return [self.order, self.version, self.usage, self.notices, self.partial_version, self.partial_chars]
+        values: list[int | None] = [
+            self.order,
+            self.version,
+            self.usage,
+            self.notices,
+            self.partial_version,
+            self.partial_chars,
+        ]
+        return [*values, self.part] if self.part else values
 
 
 def encode_token(positions: dict[str, Position]) -> str:
@@ -105,13 +116,15 @@ def decode_token(token: str, root: str) -> dict[str, Position]:
         data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
         positions = {}
         for thread, values in data.items():
-            order, version, usage, notices, pv, pc = values
-            for number in (order, version, usage, pv, pc):
+            if len(values) == 6:
+                values = [*values, 0]  # a token with no record part sent
+            order, version, usage, notices, pv, pc, part = values
+            for number in (order, version, usage, pv, pc, part):
                 if not isinstance(number, int) or isinstance(number, bool):
                     raise TypeError
             if notices is not None and not isinstance(notices, int):
                 raise TypeError
-            positions[str(thread)] = Position(order, version, usage, notices, pv, pc)
+            positions[str(thread)] = Position(order, version, usage, notices, pv, pc, part)
     except (ValueError, TypeError, AttributeError, binascii.Error) as error:
         raise BadToken("the resume token (Last-Event-ID or after) is not one this stream sent") from error
     if root not in positions:
@@ -253,6 +266,8 @@ class TreeEvents:
         else:
             for number, notice in live.numbered_notices(pos.notices):
                 pos.notices = number  # the resume token names this notice, whatever was skipped before it
+                if await self._kept(thread, info, notice):
+                    continue  # the step kept it with the thread: sent from its usage record, in order
                 yield await self._emit(thread, notice)
             pos.notices = max(pos.notices, live.notice_seq)
         version = info.version if info is not None else 0
@@ -292,6 +307,19 @@ class TreeEvents:
         self._turn_start, self._locating = start, None
         return True
 
+    async def _kept(self, thread: str, info: ThreadInfo | None, notice: Notice | UnknownNotice) -> bool:
+        """Whether a ``LIVE`` notice is one a step kept in its usage record (a refusal, an answer given up
+        on, a limit stop): one read of the latest records, only when an ``error`` or a limit comes."""
+        if isinstance(notice, UnknownNotice) or notice["type"] not in ("error", "limit_reached"):
+            return False
+        if info is None:
+            return False
+        after = max(0, info.version - KEPT_NOTICE_LOOKBACK)
+        async for record in self.reader.conversation.usage_records(thread, after_version=after):
+            if any(kept["event_id"] == notice["event_id"] for kept in record_notices(thread, record)):
+                return True
+        return False
+
     def _in_turn(self, parent: str, child: ThreadInfo) -> bool:
         """Whether a child belongs to what this stream shows: every child, except on a stream of one
         message's turn, where the root's children spawned before that turn are left out."""
@@ -318,25 +346,40 @@ class TreeEvents:
             async for record in self.reader.conversation.usage_records(thread, after_version=pos.usage):
                 if record.version > info.version:
                     break
-                if record.turn_complete:
+                if record.turn_complete or record.notices is not None:
                     records.append(record)
         if info.tail > pos.order:
             async for row in self.reader.conversation.load_rows(thread, after=pos.order, up_to=info.tail):
                 while records and records[0].tail is not None and records[0].tail < row.order:
-                    yield await self._turn_complete(thread, records.pop(0))
+                    async for streamed in self._record_events(thread, records.pop(0)):
+                        yield streamed
                 events = row_events(thread, [row])
                 pos.order = row.order
                 for event in events:
                     yield await self._emit(thread, event)
         pos.order = max(pos.order, info.tail)
         while records:
-            yield await self._turn_complete(thread, records.pop(0))
+            async for streamed in self._record_events(thread, records.pop(0)):
+                yield streamed
 
-    async def _turn_complete(self, thread: str, record: UsageRecord) -> tuple[str, StreamEvent]:
-        self.positions[thread].usage = record.version
-        if thread == self.root and self._turn_start is not None and not self.follow:
-            self.ended = True  # the turn this stream was asked for is over
-        return await self._emit(thread, turn_complete_from_record(thread, record))
+    async def _record_events(
+        self, thread: str, record: UsageRecord
+    ) -> AsyncIterator[tuple[str, StreamEvent]]:
+        """A usage record's events (its notices, then its ``turn_complete``), from the part of it a
+        resumed stream had already sent."""
+        pos = self.positions[thread]
+        events = record_events(thread, record)
+        for index in range(pos.part, len(events)):
+            last = index == len(events) - 1
+            pos.part = 0 if last else index + 1
+            if last:
+                pos.usage = record.version
+            made = events[index]
+            if made["type"] == "turn_complete" and thread == self.root and self._turn_start is not None:
+                self.ended = not self.follow  # the turn this stream was asked for is over
+            yield await self._emit(thread, made)
+        if not events:
+            pos.usage, pos.part = record.version, 0
 
     async def _emit(self, thread: str, event: OutputEvent | UnknownNotice) -> tuple[str, StreamEvent]:
         if self._metadata is None:

@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from stepagent.outputs.build import turn_complete_from_record
+from stepagent.outputs.build import record_events
 from stepagent.outputs.events import OutputEvent, ThreadContext, in_thread
 from stepagent.senders.sqs import Outgoing, SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore, StoredRow
@@ -34,8 +34,9 @@ async def replay_turn_complete(
     message_ids: Sequence[str],
     published: Sequence[OutputEvent] = (),
 ) -> list[OutputEvent]:
-    """``turn_complete`` events of recent steps that answered ``message_ids`` (one bounded read of the
-    usage records near the head; used only on redelivery), minus those already in ``published``."""
+    """The events the usage records of recent steps that answered ``message_ids`` stand for — the notices
+    they kept (a refusal, an answer given up on, a limit stop) and their ``turn_complete`` — minus those
+    already in ``published`` (one bounded read of the records near the head; used only on redelivery)."""
     info = await conversation.get_thread(thread_id)
     if info is None:
         return []
@@ -44,10 +45,8 @@ async def replay_turn_complete(
     async for record in conversation.usage_records(
         thread_id, after_version=max(0, info.version - REPLAY_WINDOW)
     ):
-        if record.turn_complete and record.step_id in wanted:
-            event = turn_complete_from_record(thread_id, record)
-            if event["event_id"] not in seen:
-                out.append(event)
+        if record.step_id in wanted:
+            out.extend(e for e in record_events(thread_id, record) if e["event_id"] not in seen)
     return out
 
 

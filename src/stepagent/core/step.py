@@ -53,7 +53,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
 from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, system_prompt
@@ -71,9 +71,11 @@ from stepagent.events import (
     CompletionFinished,
     CompletionStarted,
     Info,
+    LimitReached,
     Observer,
     StepFailed,
     TurnComplete,
+    kept_notice,
 )
 from stepagent.history_items import EventItem, Summary, ToolResultItem, UserItem
 from stepagent.ids import derived_id
@@ -435,9 +437,17 @@ class ThreadStep:
                 f"The answer did not match the output schema after {attempts} attempt"
                 f"{'s' if attempts != 1 else ''}: " + "; ".join(outcome.output_errors)
             )
-        failed: list[AgentEvent] = [] if error is None else [StepFailed(message=error, retrying=False)]
+        failed: list[AgentEvent] = []
+        if error is not None:
+            failed.append(StepFailed(message=error, retrying=False, source_id=message_id))
         if outcome.limit is not None:
-            failed.append(outcome.limit)
+            failed.append(replace(outcome.limit, source_id=message_id))
+        # What ended the turn is kept with the thread, in the step's usage record: a stop without any
+        # model call stores no record (a redelivery re-runs it and re-reports the same events).
+        if outcome.completions or outcome.limit is None:
+            for stopped in failed:
+                assert isinstance(stopped, StepFailed | LimitReached)
+                history.keep_notice(kept_notice(stopped, message_id))
         request = self._compaction_request(history, outcome.usage, window, threshold, over=over)
         notice = Info(f"✦ Auto-compaction triggered (context > {agent.compaction_threshold:.0%})")
         if outcome.needs_compaction and request is not None:

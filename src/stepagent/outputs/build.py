@@ -48,11 +48,18 @@ from stepagent.events import (
     TurnComplete,
     UserChoiceDismissed,
     UserChoiceRequiredEvent,
+    kept_notice,
 )
 from stepagent.history_items import AssistantText, EventItem, ToolCallItem, ToolResultItem
 from stepagent.ids import derived_id
 from stepagent.messages import OAuthRequired, UserChoiceRequired
-from stepagent.outputs.events import ErrorEvent, OutputEvent, TurnCompleteOutput, UsageCounts
+from stepagent.outputs.events import (
+    ErrorEvent,
+    LimitReachedOutput,
+    OutputEvent,
+    TurnCompleteOutput,
+    UsageCounts,
+)
 from stepagent.providers.base import Usage
 from stepagent.stores.base import StoredRow, UsageRecord
 
@@ -161,11 +168,9 @@ def step_events(
     for event in events:
         if isinstance(event, TurnCommitted):
             out.extend(row_events(thread_id, event.rows))
-        elif isinstance(event, StepFailed):
-            out.append(error_event(thread_id, event.message, event.retrying, last_id))
-        elif isinstance(event, InputRejected):
-            text = f"Ignored input message {event.message_id}: {event.reason}"
-            out.append(error_event(thread_id, text, False, event.message_id))
+        elif isinstance(event, StepFailed | InputRejected):
+            source = event.message_id if isinstance(event, InputRejected) else event.source_id or last_id
+            out.append(notice_event(thread_id, kept_notice(event, source)))
         elif isinstance(event, OAuthRequiredEvent):
             source = _source_id(inputs, OAuthRequired, event.tool_call_id)
             out.append(
@@ -199,15 +204,7 @@ def step_events(
                 }
             )
         elif isinstance(event, LimitReached):
-            out.append(
-                {
-                    "type": "limit_reached",
-                    "event_id": event_id(thread_id, last_id, "limit_reached"),
-                    "limit": event.limit,
-                    "value": event.value,
-                    "used": event.used,
-                }
-            )
+            out.append(notice_event(thread_id, kept_notice(event, event.source_id or last_id)))
         elif isinstance(event, TurnComplete):
             out.append(
                 turn_complete_event(
@@ -256,6 +253,45 @@ def turn_complete_event(
     if output is not None:
         event["output"] = output.value
     return event
+
+
+def notice_event(thread_id: str, kept: dict[str, Any]) -> ErrorEvent | LimitReachedOutput:
+    """The output event of a notice a step kept (:func:`stepagent.events.kept_notice`): the same event
+    whether it is built as the step publishes it or read back from the step's usage record."""
+    source = str(kept["source_id"])
+    if kept["type"] == "limit_reached":
+        return {
+            "type": "limit_reached",
+            "event_id": event_id(thread_id, source, "limit_reached"),
+            "limit": str(kept["limit"]),
+            "value": kept["value"],
+            "used": kept["used"],
+        }
+    error = error_event(thread_id, str(kept["message"]), kept["retrying"] is True, source)
+    if isinstance(kept.get("tool_call_id"), str):
+        error["tool_call_id"] = kept["tool_call_id"]
+    return error
+
+
+def record_notices(thread_id: str, record: UsageRecord) -> list[ErrorEvent | LimitReachedOutput]:
+    """The notices a committed usage record keeps, as their output events (in the order they happened).
+    A record whose notices this version cannot read (a newer writer's) keeps none for it."""
+    if record.notices is None:
+        return []
+    try:
+        kept = json.loads(record.notices)
+        return [notice_event(thread_id, notice) for notice in kept]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return []
+
+
+def record_events(thread_id: str, record: UsageRecord) -> list[OutputEvent]:
+    """Everything a committed usage record stands for, in the order the step published it: its notices,
+    then its ``turn_complete`` when the turn was complete."""
+    out: list[OutputEvent] = list(record_notices(thread_id, record))
+    if record.turn_complete:
+        out.append(turn_complete_from_record(thread_id, record))
+    return out
 
 
 def turn_complete_from_record(thread_id: str, record: UsageRecord) -> TurnCompleteOutput:
