@@ -110,3 +110,149 @@ async def test_a_stream_for_a_message_shows_exactly_the_turn_it_began_even_opene
         async with Client(api_url=api.url, token=None) as remote:
             third = await remote.send(thread, "hello")
             assert await remote.wait(thread, third, timeout=60) is None
+
+
+ANSWER = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+CONVERSATION = {
+    "rules": [
+        {
+            "when": "^what time",
+            "on": ["user"],
+            "reply": [
+                {"text": "Let me check."},
+                {"tool_call": {"name": "get_time", "arguments": {"timezone": "UTC"}}},
+            ],
+        },
+        {
+            "when": "Europe/Paris",
+            "on": ["tool_result"],
+            "reply": [
+                {
+                    "tool_call": {
+                        "name": "spawn_thread",
+                        "arguments": {"instructions": "count to three", "child_of": "{thread_stack}"},
+                    }
+                }
+            ],
+        },
+        {"when": "successfully spawned", "reply": [{"output": {"answer": "spawned"}}]},
+        {
+            "when": "You are now INSIDE",
+            "reply": [{"tool_call": {"name": "report_to_parent", "arguments": {"report": "one two three"}}}],
+        },
+        {
+            "when": "Report sent to parent",
+            "reply": [
+                {
+                    "tool_call": {
+                        "name": "close_thread",
+                        "arguments": {"thread_id": "{thread_id}", "report_to_parent": "counted"},
+                    }
+                }
+            ],
+        },
+        {"when": "has shut down", "reply": [{"output": {"answer": "child done"}}]},
+        {"when": "Report from child thread", "reply": [{"output": {"answer": "one two three"}}]},
+    ],
+    "default": [{"output": {"answer": "?"}}],
+}
+
+
+async def test_one_conversation_tells_the_same_facts_on_the_queue_the_stream_and_the_history() -> None:
+    settings = {"STEPAGENT_OUTPUT_SCHEMA": json.dumps(ANSWER), "STEPAGENT_APPROVAL": "get_time"}
+    async with priced_stack(CONVERSATION, **settings) as api:
+        thread = new_thread("parity")
+        events_path = f"/v1/threads/{thread}/events"
+        fresh: list[Any] = []
+        done = asyncio.Event()
+
+        async def follow() -> None:
+            # A stream opened before the conversation starts, read while it happens.
+            def over(sse: Any) -> bool:
+                if sse.data is not None:
+                    fresh.append(sse)
+                return done.is_set() and sse.comment is not None
+
+            await read_stream(api.http, f"{events_path}?follow=1", until=over)
+
+        sent = await api.http.post(f"/v1/threads/{thread}/messages", json={"text": "what time is it?"})
+        assert sent.status_code == 202
+        following = asyncio.create_task(follow())  # from the start, then live
+        asked, _ = await asyncio.wait_for(
+            read_stream(api.http, f"{events_path}?follow=1", until=lambda e: e.event == "approval_required"),
+            60,
+        )
+        call_id = asked[-1].data["tool_call_id"]
+
+        async def decide(body: dict[str, Any]) -> None:
+            response = await api.http.post(f"/v1/threads/{thread}/approvals", json=body)
+            assert response.status_code == 202, response.text
+
+        await decide({"tool_call_id": "call-nope", "decision": "approve"})  # not waiting: refused
+        await decide(
+            {"tool_call_id": call_id, "decision": "edit", "args": {"timezone": 5}}
+        )  # invalid: refused
+        await decide({"tool_call_id": call_id, "decision": "edit", "args": {"timezone": "Europe/Paris"}})
+        for _ in range(600):
+            replay, ended = await read_stream(api.http, events_path)
+            outputs = [e.data.get("output") for e in replay if e.event == "turn_complete"]
+            if ended and {"answer": "child done"} in outputs and {"answer": "one two three"} in outputs:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(settle(api, thread), 60)
+        replay, ended = await read_stream(api.http, events_path)
+        assert ended
+        streamed = [e.data for e in replay if e.event != "text_delta"]
+        done.set()
+        await asyncio.wait_for(following, 60)
+
+        # The output queue and the stream from the start: the same events, with the same values, in each
+        # thread's order (threads of a tree interleave as they were observed).
+        queued = [e for e in await output_events(api) if e["root_thread_id"] == thread]
+        assert by_thread(streamed) == by_thread(queued)
+        # The stream read while it happened, and resumed after every single event.
+        assert by_thread([e.data for e in fresh if e.event != "text_delta"]) == by_thread(streamed)
+        for index, event in enumerate(replay):
+            rest, ended = await read_stream(api.http, events_path, after=event.id)
+            assert ended and [e.data for e in rest if e.event != "text_delta"] == streamed[index + 1 :]
+
+        # What the conversation holds: a priced model, a typed answer, both refusals with their calls, the
+        # edited decision, a child.
+        turns = [e for e in queued if e["type"] == "turn_complete" and e["thread_id"] == thread]
+        assert all(t["usage"]["cost_usd"] > 0 and "output" in t for t in turns)
+        errors = [e for e in queued if e["type"] == "error"]
+        assert [e["tool_call_id"] for e in errors] == ["call-nope", call_id]
+        assert all(e["retrying"] is False for e in errors)
+        [decided] = [e for e in queued if e["type"] == "approval"]
+        assert (decided["decision"], decided["args"]) == ("edit", {"timezone": "Europe/Paris"})
+        assert len({e["thread_id"] for e in queued}) == 2
+
+        # history --json (and GET /v1/threads/{t}): the same facts, as the model saw them.
+        history = await api.client.history(thread)
+        assert (await api.http.get(f"/v1/threads/{thread}")).json() == history
+        assert [
+            (i["thread_id"], i["text"], i.get("tool_call_id")) for i in history if i["kind"] == "error"
+        ] == [(e["thread_id"], e["message"], e["tool_call_id"]) for e in errors]
+        edits = {e["tool_call_id"]: e["args"] for e in queued if e["type"] == "approval" and "args" in e}
+        assert [
+            (i["thread_id"], i["name"], i["tool_call_id"], i["args"])
+            for i in history
+            if i["kind"] == "tool_call"
+        ] == [
+            (e["thread_id"], e["name"], e["tool_call_id"], edits.get(e["tool_call_id"], e["args"]))
+            for e in queued
+            if e["type"] == "tool_call"
+        ]
+        [call] = [i for i in history if i["kind"] == "tool_call" and i["tool_call_id"] == call_id]
+        assert call["approval"] == "edited"
+        for kind, item_kind in (("text", "assistant"), ("tool_result", "tool_result"), ("event", "event")):
+            assert [(i["thread_id"], i["text"]) for i in history if i["kind"] == item_kind] == [
+                (e["thread_id"], e["text"]) for e in queued if e["type"] == kind
+            ]
+
+
+def by_thread(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for event in events:
+        out.setdefault(event["thread_id"], []).append(event)
+    return out

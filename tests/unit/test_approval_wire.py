@@ -63,7 +63,10 @@ def test_a_waiting_call_row_publishes_approval_required() -> None:
     asked = events[1]
     assert (asked["tool_call_id"], asked["name"], asked["args"]) == ("c1", "send_email", {"to": "x"})
     assert asked["event_id"] != events[0]["event_id"]
-    assert row_events("t1", [StoredRow(4, "a", ApprovalItem("c1", "approve"))]) == []
+    # A decision row publishes the decision only (never the call again), with the edited arguments.
+    [decided] = row_events("t1", [StoredRow(4, "a", ApprovalItem("c1", "edit", {"to": "y"}))])
+    assert (decided["type"], decided["tool_call_id"], decided["decision"]) == ("approval", "c1", "edit")
+    assert (decided["approval"], decided["args"]) == ("edited", {"to": "y"})
 
 
 def test_the_setting_and_the_profile_field() -> None:

@@ -89,6 +89,7 @@ class Position:
     partial_version: int = -1  # the head version the partial text sent follows
     partial_chars: int = 0  # characters of that partial text sent
     part: int = 0  # events of the usage record after ``usage`` already sent (its notices, then turn_complete)
+    row_part: int = 0  # events of the row after ``order`` already sent (a call, then approval_required)
 
     def as_list(self) -> list[int | None]:
         values: list[int | None] = [
@@ -99,6 +100,8 @@ class Position:
             self.partial_version,
             self.partial_chars,
         ]
+        if self.row_part:
+            return [*values, self.part, self.row_part]
         return [*values, self.part] if self.part else values
 
 
@@ -116,15 +119,16 @@ def decode_token(token: str, root: str) -> dict[str, Position]:
         data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
         positions = {}
         for thread, values in data.items():
-            if len(values) == 6:
-                values = [*values, 0]  # a token with no record part sent
-            order, version, usage, notices, pv, pc, part = values
-            for number in (order, version, usage, pv, pc, part):
+            values = (
+                [*values, 0, 0][:8] if len(values) in (6, 7) else values
+            )  # no part of a record or row sent
+            order, version, usage, notices, pv, pc, part, row_part = values
+            for number in (order, version, usage, pv, pc, part, row_part):
                 if not isinstance(number, int) or isinstance(number, bool):
                     raise TypeError
             if notices is not None and not isinstance(notices, int):
                 raise TypeError
-            positions[str(thread)] = Position(order, version, usage, notices, pv, pc, part)
+            positions[str(thread)] = Position(order, version, usage, notices, pv, pc, part, row_part)
     except (ValueError, TypeError, AttributeError, binascii.Error) as error:
         raise BadToken("the resume token (Last-Event-ID or after) is not one this stream sent") from error
     if root not in positions:
@@ -354,9 +358,13 @@ class TreeEvents:
                     async for streamed in self._record_events(thread, records.pop(0)):
                         yield streamed
                 events = row_events(thread, [row])
+                skip, pos.row_part = pos.row_part, 0
+                for index in range(skip, len(events)):
+                    # The token names the event within its row, so a resume never skips the rest of it.
+                    last = index == len(events) - 1
+                    pos.order, pos.row_part = (row.order, 0) if last else (row.order - 1, index + 1)
+                    yield await self._emit(thread, events[index])
                 pos.order = row.order
-                for event in events:
-                    yield await self._emit(thread, event)
         pos.order = max(pos.order, info.tail)
         while records:
             async for streamed in self._record_events(thread, records.pop(0)):

@@ -236,6 +236,8 @@ class CompletionRunner:
                 continue
             if outcome.action is not None or self.output_schema is None:
                 return outcome
+            if self.history.waiting_for_approval() is not None:
+                return outcome  # the round ended on a call waiting for a person: not the turn's answer
             verdict = self.output_schema.check(self._answer_since(start))
             if verdict.ok:
                 outcome.output, outcome.has_output = verdict.value, True

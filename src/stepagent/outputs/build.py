@@ -50,10 +50,18 @@ from stepagent.events import (
     UserChoiceRequiredEvent,
     kept_notice,
 )
-from stepagent.history_items import AssistantText, EventItem, ToolCallItem, ToolResultItem
+from stepagent.history_items import (
+    APPROVAL_STATES,
+    ApprovalItem,
+    AssistantText,
+    EventItem,
+    ToolCallItem,
+    ToolResultItem,
+)
 from stepagent.ids import derived_id
 from stepagent.messages import OAuthRequired, UserChoiceRequired
 from stepagent.outputs.events import (
+    ApprovalEvent,
     ErrorEvent,
     LimitReachedOutput,
     OutputEvent,
@@ -105,8 +113,10 @@ def row_event_id(thread_id: str, row: StoredRow, kind: str) -> str:
 
 
 def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[OutputEvent]:
-    """``text``, ``tool_call``, ``tool_result`` and ``event`` (a report or subscription event folded into
-    the thread) events, without the thread context, for committed rows."""
+    """The events of committed rows, without the thread context: ``text``, ``tool_call`` (and
+    ``approval_required``), ``tool_result``, ``event`` (a report or subscription event folded into the
+    thread) and ``approval`` (a person's decision on a waiting call, with the edited ``args``: what the
+    call runs with and the model sees from then on)."""
     out: list[OutputEvent] = []
     for row in rows:
         item = row.item
@@ -134,6 +144,8 @@ def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[OutputEvent]:
                         "tool_call_id": item.call.id,
                     }
                 )
+        elif isinstance(item, ApprovalItem):
+            out.append(_decision_event(thread_id, row, item))
         elif isinstance(item, ToolResultItem | EventItem):
             kind: Literal["tool_result", "event"] = (
                 "tool_result" if isinstance(item, ToolResultItem) else "event"
@@ -148,6 +160,21 @@ def row_events(thread_id: str, rows: Iterable[StoredRow]) -> list[OutputEvent]:
                 }
             )
     return out
+
+
+def _decision_event(thread_id: str, row: StoredRow, item: ApprovalItem) -> ApprovalEvent:
+    decided: ApprovalEvent = {
+        "type": "approval",
+        "event_id": row_event_id(thread_id, row, "approval"),
+        "tool_call_id": item.tool_call_id,
+        "decision": item.decision,
+        "approval": APPROVAL_STATES[item.decision],
+    }
+    if item.args is not None:
+        decided["args"] = item.args
+    if item.message is not None:
+        decided["message"] = item.message
+    return decided
 
 
 def _source_id(inputs: Sequence[StepInput], kind: type[Any], content_id: str) -> str:

@@ -55,6 +55,20 @@ class ToolResultEvent(TypedDict):
     text: str
 
 
+class ApprovalEvent(TypedDict):
+    """A person's decision on a call that waited for approval, as committed: ``decision``, where it left
+    the call (``approval``: ``approved``, ``edited``, ``rejected``, ``responded``), the edited ``args`` of
+    an ``edit`` (what the tool runs with and the model sees from then on), and the ``message``."""
+
+    type: Literal["approval"]
+    event_id: str
+    tool_call_id: str
+    decision: Literal["approve", "edit", "reject", "respond"]
+    approval: Literal["approved", "edited", "rejected", "responded"]
+    args: NotRequired[dict[str, Any]]
+    message: NotRequired[str]
+
+
 class UserChoiceRequiredOutput(TypedDict):
     """A tool asks the user to pick one of ``choices``."""
 
@@ -110,6 +124,7 @@ OutputEvent = (
     TextEvent
     | ToolCallEvent
     | ToolResultEvent
+    | ApprovalEvent
     | ErrorEvent
     | OAuthRequiredOutput
     | UserChoiceRequiredOutput
@@ -139,6 +154,10 @@ class ToolCallEventInThread(ToolCallEvent, ThreadContext):
 
 class ToolResultEventInThread(ToolResultEvent, ThreadContext):
     """A ``tool_result`` or ``event`` event as published."""
+
+
+class ApprovalEventInThread(ApprovalEvent, ThreadContext):
+    """An ``approval`` event as published."""
 
 
 class ErrorEventInThread(ErrorEvent, ThreadContext):
@@ -173,6 +192,7 @@ OutputEventInThread = (
     TextEventInThread
     | ToolCallEventInThread
     | ToolResultEventInThread
+    | ApprovalEventInThread
     | ErrorEventInThread
     | OAuthRequiredInThread
     | UserChoiceRequiredInThread
