@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stepagent.messages import UserChoiceRequired
+from stepagent.notices import LIMIT_REACHED
 from stepagent.providers.base import Usage
 from stepagent.stores.base import StoredRow
 
@@ -150,7 +151,7 @@ class TurnComplete:
 
 @dataclass(frozen=True, slots=True)
 class LimitReached:
-    """A spending limit stopped the thread before a model call (the ``limit_reached`` output event):
+    """A spending limit stopped the thread before a model call (its output event):
     ``limit`` is ``model_calls_per_turn``, ``conversation_tokens`` or ``conversation_cost_usd``, ``value``
     the configured limit and ``used`` what had been used. The turn ends there (``TurnComplete`` follows)."""
 
@@ -215,7 +216,7 @@ def kept_notice(event: InputRejected | StepFailed | LimitReached, source_id: str
     output notice's own fields and ``source_id``; see ``UsageRecord.notices``)."""
     if isinstance(event, LimitReached):
         return {
-            "type": "limit_reached",
+            "type": LIMIT_REACHED,
             "source_id": source_id,
             "limit": event.limit,
             "value": event.value,

@@ -28,12 +28,19 @@ import functools
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal, NotRequired, cast
+from typing import Any, Final, Literal, NotRequired, cast
 
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 log = logging.getLogger(__name__)
+
+
+#: The kind of the event that says a limit stopped a thread: the one place its name is spelled.
+LIMIT_REACHED: Final = "limit_reached"
+#: The notice kinds a step also keeps with the thread (its usage record): refusals, answers given up on,
+#: limit stops.
+KEPT_NOTICE_KINDS: Final = ("error", LIMIT_REACHED)
 
 
 class ErrorEvent(TypedDict):
@@ -99,7 +106,7 @@ def _kinds() -> dict[str, TypeAdapter[Any]]:
     return {
         "error": TypeAdapter(ErrorEvent),
         "oauth_required": TypeAdapter(OAuthRequiredOutput),
-        "limit_reached": TypeAdapter(LimitReachedOutput),
+        LIMIT_REACHED: TypeAdapter(LimitReachedOutput),
     }
 
 
@@ -128,6 +135,6 @@ def read_notice(stored: str) -> LiveNotice | None:
 
 
 def limit_text(notice: LimitReachedOutput) -> str:
-    """A ``limit_reached`` notice in words, for a person."""
+    """A limit notice in words, for a person."""
     limit, value, used = notice["limit"], notice["value"], notice["used"]
     return f"{limit} limit reached ({used} of {value}): the agent stopped before calling the model"

@@ -8,7 +8,7 @@ are derived from what the worker committed, with the very ids the output queue c
   (:func:`stepagent.outputs.build.row_events`), in the thread's row order;
 - ``turn_complete`` — one per usage record that says the turn was complete, placed right after the last row
   of its commit (the record keeps the thread's tail at that commit);
-- ``error``, ``oauth_required``, ``limit_reached`` and any other notice — from the thread's ``LIVE``
+- the notices (errors, sign-in links, limit stops, any other kind) — from the thread's ``LIVE``
   item's notices, when they are recorded (only those recorded after the stream began, as for any
   watcher); a notice of a kind this version does not read is forwarded as stored
   (:class:`OtherNoticeInThread`);
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent.client.watch import StoreReader
-from stepagent.notices import Notice, UnknownNotice
+from stepagent.notices import KEPT_NOTICE_KINDS, Notice, UnknownNotice
 from stepagent.outputs.build import record_events, record_notices, row_events
 from stepagent.outputs.events import (
     OtherNoticeInThread,
@@ -314,7 +314,7 @@ class TreeEvents:
     async def _kept(self, thread: str, info: ThreadInfo | None, notice: Notice | UnknownNotice) -> bool:
         """Whether a ``LIVE`` notice is one a step kept in its usage record (a refusal, an answer given up
         on, a limit stop): one read of the latest records, only when an ``error`` or a limit comes."""
-        if isinstance(notice, UnknownNotice) or notice["type"] not in ("error", "limit_reached"):
+        if isinstance(notice, UnknownNotice) or notice["type"] not in KEPT_NOTICE_KINDS:
             return False
         if info is None:
             return False

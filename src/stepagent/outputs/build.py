@@ -60,6 +60,7 @@ from stepagent.history_items import (
 )
 from stepagent.ids import derived_id
 from stepagent.messages import OAuthRequired, UserChoiceRequired
+from stepagent.notices import LIMIT_REACHED
 from stepagent.outputs.events import (
     ApprovalEvent,
     ErrorEvent,
@@ -286,10 +287,10 @@ def notice_event(thread_id: str, kept: dict[str, Any]) -> ErrorEvent | LimitReac
     """The output event of a notice a step kept (:func:`stepagent.events.kept_notice`): the same event
     whether it is built as the step publishes it or read back from the step's usage record."""
     source = str(kept["source_id"])
-    if kept["type"] == "limit_reached":
+    if kept["type"] == LIMIT_REACHED:
         return {
-            "type": "limit_reached",
-            "event_id": event_id(thread_id, source, "limit_reached"),
+            "type": LIMIT_REACHED,
+            "event_id": event_id(thread_id, source, LIMIT_REACHED),
             "limit": str(kept["limit"]),
             "value": kept["value"],
             "used": kept["used"],

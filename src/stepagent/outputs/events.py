@@ -4,7 +4,7 @@ output queue or of the HTTP API's stream receives, checked by the type checker w
 Guarantees: each event kind has its own type with a ``Literal`` ``type``; :data:`OutputEvent` is their
 union. ``args``, ``output`` and the tool-facing values stay open JSON (``Any``): they are whatever the model
 or a tool produced. The kinds a thread's ``LIVE`` item also keeps as notices (``error``,
-``oauth_required``, ``limit_reached``) are defined in :mod:`stepagent.notices`, below the stores that
+``oauth_required`` and the limit stop) are defined in :mod:`stepagent.notices`, below the stores that
 decode them, and re-exported here.
 
 **The thread context.** An event is made without it; :func:`in_thread` adds ``thread_id``,
@@ -177,7 +177,7 @@ class UserChoiceCompleteInThread(UserChoiceCompleteOutput, ThreadContext):
 
 
 class LimitReachedInThread(LimitReachedOutput, ThreadContext):
-    """A ``limit_reached`` event as published."""
+    """A limit event as published."""
 
 
 class TurnCompleteInThread(TurnCompleteOutput, ThreadContext):

@@ -128,7 +128,7 @@ class FunctionModelProvider:
 
 
 class LimitHit(TypedDict):
-    """A limit that stopped a thread (its ``limit_reached`` event)."""
+    """A limit that stopped a thread (its limit output event)."""
 
     thread_id: str
     limit: str
@@ -146,7 +146,7 @@ class Transcript:
     #: The root thread's structured output of the last turn (``turn_complete.output``; ``None`` without
     #: an output schema, or when the last answer did not match it).
     output: Any = None
-    #: Every limit that stopped a thread: ``{"thread_id", "limit", "value", "used"}`` (``limit_reached``).
+    #: Every limit that stopped a thread: ``{"thread_id", "limit", "value", "used"}`` (its output event).
     limits: list[LimitHit] = field(default_factory=list)
     #: ``error`` events the agent emitted without failing a step (e.g. an answer that never matched the
     #: output schema), as their messages.
