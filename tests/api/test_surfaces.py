@@ -256,3 +256,27 @@ def by_thread(events: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     for event in events:
         out.setdefault(event["thread_id"], []).append(event)
     return out
+
+
+async def test_a_limit_stop_is_kept_with_the_thread_the_stream_and_the_history_show_it() -> None:
+    looping = {
+        "rules": [],
+        "default": [{"text": "Checking."}, {"tool_call": {"name": "get_time", "arguments": {}}}],
+    }
+    async with priced_stack(looping, STEPAGENT_MAX_MODEL_CALLS_PER_TURN="2") as api:
+        thread = new_thread("loop")
+        sent = await api.http.post(f"/v1/threads/{thread}/messages", json={"text": "loop"})
+        assert sent.status_code == 202
+        for _ in range(600):
+            replay, ended = await read_stream(api.http, f"/v1/threads/{thread}/events")
+            if ended and any(e.event == "limit_reached" for e in replay):
+                break
+            await asyncio.sleep(0.05)
+        streamed = [e.data for e in replay if e.event != "text_delta"]
+        queued = [e for e in await output_events(api) if e["root_thread_id"] == thread]
+        assert streamed == queued
+        assert [e["type"] for e in streamed][-2:] == ["limit_reached", "turn_complete"]
+        [limit] = [e for e in streamed if e["type"] == "limit_reached"]
+        assert (limit["limit"], limit["value"], limit["used"]) == ("model_calls_per_turn", 2, 2)
+        history = await api.client.history(thread)
+        assert history[-1]["kind"] == "limit" and "model_calls_per_turn" in history[-1]["text"]

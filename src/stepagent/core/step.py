@@ -401,9 +401,15 @@ class ThreadStep:
             and history.pending_tool_call() is None
         )
         cost = self.config.prices.cost(agent.model, step_usage)
-        if outcome.completions or outcome.limit is None:
-            # A step that a limit stopped before any model call stores no record: a redelivery of it then
-            # commits nothing and re-reports the same turn_complete.
+        # A limit that stopped the step before any model call: its stop is kept in a record of no usage,
+        # once — a redelivery that stops again finds it and commits nothing, re-reporting the same events.
+        stopped_early = outcome.limit is not None and not outcome.completions
+        kept_before = stopped_early and await self._stop_kept(history, message_id, outcome.limit)
+        if stopped_early and not kept_before:
+            history.record_usage(
+                UsageRecord(step_id=message_id, model=agent.model, turn_complete=complete, cost_usd=cost)
+            )
+        if not stopped_early:
             history.record_usage(
                 UsageRecord(
                     step_id=message_id,
@@ -442,9 +448,8 @@ class ThreadStep:
             failed.append(StepFailed(message=error, retrying=False, source_id=message_id))
         if outcome.limit is not None:
             failed.append(replace(outcome.limit, source_id=message_id))
-        # What ended the turn is kept with the thread, in the step's usage record: a stop without any
-        # model call stores no record (a redelivery re-runs it and re-reports the same events).
-        if outcome.completions or outcome.limit is None:
+        # What ended the turn is kept with the thread, in the step's usage record.
+        if not kept_before:
             for stopped in failed:
                 assert isinstance(stopped, StepFailed | LimitReached)
                 history.keep_notice(kept_notice(stopped, message_id))
@@ -649,6 +654,22 @@ class ThreadStep:
         if any(isinstance(i.message.content, ToolResult) and i.message.synthetic is None for i in batch):
             return await self.state.pending_choices(self.thread_id)
         return []
+
+    async def _stop_kept(self, history: HistoryManager, message_id: str, limit: LimitReached | None) -> bool:
+        """Whether the thread's last commit already kept this step's limit stop (a redelivery of it)."""
+        if limit is None or history.version == 0:
+            return False
+        kept = kept_notice(replace(limit, source_id=message_id), message_id)
+        async for record in self.conversation.usage_records(
+            self.thread_id, after_version=history.version - 1
+        ):
+            if (
+                record.step_id == message_id
+                and record.notices is not None
+                and kept in json.loads(record.notices)
+            ):
+                return True
+        return False
 
     @staticmethod
     def _awaits_model(history: HistoryManager) -> bool:

@@ -3,7 +3,8 @@
 ``run_conversation(["weather in Paris?"], model=..., tools=[get_weather])`` drives step mode in this
 process exactly as the queue would (every input a step; tool calls dispatched and their results fed back;
 child threads spawned, reporting and closing) on in-memory stores, until nothing is left to do, then returns
-a :class:`Transcript`: the stored items of the thread tree in the shape of ``stepagent history --json``.
+a :class:`Transcript`: the stored items of the thread tree in the shape of ``stepagent history --json``
+(limit stops apart, in ``Transcript.limits``).
 
 The model is the scripted model (a script file path, ``scripted:<path>``, or the script as a dict), any
 :class:`~stepagent.providers.base.ModelProvider`, or a plain Python function of a :class:`ModelTurn`
@@ -248,7 +249,9 @@ async def arun_conversation(
         for result in await driver.run_until_idle(events, max_batches=max_batches):
             if result.error is not None:
                 errors.append(f"thread {result.thread_id}: {type(result.error).__name__}: {result.error}")
-    items = [item async for item in tree_items(conversation, thread_id)]
+    # A limit stop is asserted on through ``Transcript.limits``; the items are the conversation's own
+    # (a refused input, kept with the thread, stays an ``error`` item as ``history --json`` lists it).
+    items = [item async for item in tree_items(conversation, thread_id) if item["kind"] != "limit"]
     transcript = Transcript(thread_id, items, errors)
     for source, event in events.events:
         if isinstance(event, TurnComplete) and source == thread_id:
