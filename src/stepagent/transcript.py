@@ -263,8 +263,7 @@ async def thread_items(store: ConversationStore, thread_id: str) -> AsyncIterato
                 yield notices.pop(0)[1]
     for out in held:
         yield out
-    for _, notice in notices:
-        yield notice
+    # Notices left over follow rows a rewind dropped: they went with them.
 
 
 async def _summaries(store: ConversationStore, thread_id: str) -> list[tuple[int, str]]:
