@@ -8,10 +8,14 @@ Guarantees (the output queue's wire format, which consumers rely on):
 - Only *committed* content is reported: ``text`` (one per assistant text row), ``tool_call`` (one per
   tool-call row, followed by ``approval_required`` — ``tool_call_id``, ``name``, ``args`` — when the call
   waits for a person's decision), ``tool_result`` and ``event`` (results and folded-in reports/events, with ``text``)
-  come from :class:`~stepagent.events.TurnCommitted`, never from stream chunks, so a step
-  that fails after streaming shows nothing it did not keep.
-- ``limit_reached`` (``limit``, ``value``, ``used``: a spending limit stopped the thread before a model
-  call) comes just before its step's ``turn_complete``; its id derives from the step's input.
+  and ``approval`` (a person's decision row: ``tool_call_id``, ``decision``, ``approval``, the edited
+  ``args``, ``message``) come from :class:`~stepagent.events.TurnCommitted`, never from stream chunks, so a
+  step that fails after streaming shows nothing it did not keep.
+- The notices a step keeps with the thread (:func:`stepagent.events.kept_notice`, stored in its usage
+  record): ``error`` for a refused input (with the ``tool_call_id`` a refused decision named) or an
+  answer given up on, and the limit stop (``limit``, ``value``, ``used``: a spending limit stopped the
+  thread before a model call), which comes just before its step's ``turn_complete``. :func:`notice_event`
+  builds each the same way from the step's event and from the stored record; ids derive from the input.
 - ``turn_complete`` (the step ran the model and left the thread with nothing pending: no open call, no
   held input) comes last in its step's events and carries ``usage`` (``input_tokens``, ``output_tokens``,
   ``cache_read_tokens``, ``cache_write_tokens`` of the step's model calls — prompt-cache tokens are not in
@@ -24,8 +28,8 @@ Guarantees (the output queue's wire format, which consumers rely on):
   from (thread, the head version of the commit that stored its usage); the others from the input's logical
   message id (``error``, ``oauth_required``, ``user_choice_required``) or the choice id
   (``user_choice_complete``). A redelivered or re-run step re-emits the same ids, so consumers (and the
-  queue's own dedup) see each event once. :func:`turn_complete_from_record` builds a
-  ``turn_complete`` from the stored usage record, identically to the step that committed it, so a replay
+  queue's own dedup) see each event once. :func:`record_events` builds a usage
+  record's notices and ``turn_complete`` identically to the step that committed it, so a replay
   (:mod:`stepagent.aws.outputs`) or a stream (:mod:`stepagent.api.events`) carries the same keys and values.
 """
 
