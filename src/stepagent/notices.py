@@ -5,7 +5,7 @@ Guarantees:
 
 - **One definition.** :class:`ErrorEvent`, :class:`OAuthRequiredOutput` and :class:`LimitReachedOutput`
   are the output queue's ``error``, ``oauth_required`` and ``limit_reached`` events
-  (:mod:`stepagent.aws.output_events` re-exports them); they live here, below the stores, so that the
+  (:mod:`stepagent.outputs.events` re-exports them); they live here, below the stores, so that the
   ``LIVE`` item's reader can decode them. A notice is stored as the event's compact JSON, without the
   thread context.
 - **Read as stored.** :func:`read_notice` returns the stored JSON object itself, never a normalised copy:
@@ -19,7 +19,7 @@ Guarantees:
   object, no string ``type`` — is skipped (logged at debug: a poller reads the item every second).
 
 The TypedDicts come from ``typing_extensions``: pydantic validates only those on Python 3.11, and the
-thread-context forms that extend them (:mod:`stepagent.aws.output_events`) must share their base.
+thread-context forms that extend them (:mod:`stepagent.outputs.events`) must share their base.
 """
 
 from __future__ import annotations
