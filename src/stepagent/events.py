@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from stepagent.messages import UserChoiceRequired
+from stepagent.notices import LIMIT_REACHED
 from stepagent.providers.base import Usage
 from stepagent.stores.base import StoredRow
 
@@ -150,13 +151,15 @@ class TurnComplete:
 
 @dataclass(frozen=True, slots=True)
 class LimitReached:
-    """A spending limit stopped the thread before a model call (the ``limit_reached`` output event):
+    """A spending limit stopped the thread before a model call (its output event):
     ``limit`` is ``model_calls_per_turn``, ``conversation_tokens`` or ``conversation_cost_usd``, ``value``
     the configured limit and ``used`` what had been used. The turn ends there (``TurnComplete`` follows)."""
 
     limit: str
     value: float
     used: float
+    #: The logical id of the input the step answered (its event's id derives from it).
+    source_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +192,13 @@ class InputRejected:
 
     message_id: str
     reason: str
+    #: The tool call the refused input named (a decision on a call that is not waiting), if any.
+    tool_call_id: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The refusal in words, as its ``error`` event carries it."""
+        return f"Ignored input message {self.message_id}: {self.reason}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +207,32 @@ class StepFailed:
 
     message: str
     retrying: bool
+    #: The logical id of the input the step answered (its ``error`` event's id derives from it).
+    source_id: str | None = None
+
+
+def kept_notice(event: InputRejected | StepFailed | LimitReached, source_id: str) -> dict[str, Any]:
+    """The JSON a step keeps with the thread for a refusal, an answer given up on or a limit stop (the
+    output notice's own fields and ``source_id``; see ``UsageRecord.notices``)."""
+    if isinstance(event, LimitReached):
+        return {
+            "type": LIMIT_REACHED,
+            "source_id": source_id,
+            "limit": event.limit,
+            "value": event.value,
+            "used": event.used,
+        }
+    if isinstance(event, InputRejected):
+        notice: dict[str, Any] = {
+            "type": "error",
+            "source_id": event.message_id,
+            "message": event.text,
+            "retrying": False,
+        }
+        if event.tool_call_id is not None:
+            notice["tool_call_id"] = event.tool_call_id
+        return notice
+    return {"type": "error", "source_id": source_id, "message": event.message, "retrying": event.retrying}
 
 
 AgentEvent = (

@@ -5,7 +5,7 @@ Guarantees:
 
 - **One definition.** :class:`ErrorEvent`, :class:`OAuthRequiredOutput` and :class:`LimitReachedOutput`
   are the output queue's ``error``, ``oauth_required`` and ``limit_reached`` events
-  (:mod:`stepagent.aws.output_events` re-exports them); they live here, below the stores, so that the
+  (:mod:`stepagent.outputs.events` re-exports them); they live here, below the stores, so that the
   ``LIVE`` item's reader can decode them. A notice is stored as the event's compact JSON, without the
   thread context.
 - **Read as stored.** :func:`read_notice` returns the stored JSON object itself, never a normalised copy:
@@ -19,7 +19,7 @@ Guarantees:
   object, no string ``type`` — is skipped (logged at debug: a poller reads the item every second).
 
 The TypedDicts come from ``typing_extensions``: pydantic validates only those on Python 3.11, and the
-thread-context forms that extend them (:mod:`stepagent.aws.output_events`) must share their base.
+thread-context forms that extend them (:mod:`stepagent.outputs.events`) must share their base.
 """
 
 from __future__ import annotations
@@ -28,12 +28,19 @@ import functools
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal, NotRequired, cast
+from typing import Any, Final, Literal, NotRequired, cast
 
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict
 
 log = logging.getLogger(__name__)
+
+
+#: The kind of the event that says a limit stopped a thread: the one place its name is spelled.
+LIMIT_REACHED: Final = "limit_reached"
+#: The notice kinds a step also keeps with the thread (its usage record): refusals, answers given up on,
+#: limit stops.
+KEPT_NOTICE_KINDS: Final = ("error", LIMIT_REACHED)
 
 
 class ErrorEvent(TypedDict):
@@ -44,6 +51,8 @@ class ErrorEvent(TypedDict):
     message: str
     retrying: bool
     attempts: NotRequired[int]
+    #: The tool call a refused input named (a decision on a call that is not waiting).
+    tool_call_id: NotRequired[str]
 
 
 class OAuthRequiredOutput(TypedDict):
@@ -97,7 +106,7 @@ def _kinds() -> dict[str, TypeAdapter[Any]]:
     return {
         "error": TypeAdapter(ErrorEvent),
         "oauth_required": TypeAdapter(OAuthRequiredOutput),
-        "limit_reached": TypeAdapter(LimitReachedOutput),
+        LIMIT_REACHED: TypeAdapter(LimitReachedOutput),
     }
 
 

@@ -12,6 +12,10 @@ A call that waited for a person's decision carries ``approval``: ``pending`` whi
 decision rows themselves are not listed (their orders are skipped). A waiting call that user text
 interrupted was never decided and carries no ``approval``.
 
+What a step refused or gave up on is kept with the thread (its usage record) and listed after the row
+that step left last (``order`` is that row's): ``error`` (``text``, ``retrying: false``, and the
+``tool_call_id`` of a refused decision) and ``limit`` (``text``: the limit that stopped the agent).
+
 One rendering of items as text lines serves every place that shows them (``stepagent history``, the
 terminal chat, ``tail``, the test helper's transcript): :func:`item_glyph_text` gives an item's glyph and
 content — ``>`` model text, ``⚙`` a tool call, ``←`` its result, ``✉`` a report or event, ``?`` a
@@ -39,7 +43,9 @@ from stepagent.history_items import (
     UserItem,
 )
 from stepagent.messages import ApprovalDecisionKind, UserChoiceRequired
+from stepagent.notices import Notice, limit_text
 from stepagent.output_schema import OUTPUT_CHECK_ID
+from stepagent.outputs.build import record_notices
 from stepagent.stores.base import ConversationStore, StoredRow, tree_threads
 
 #: What an item is: the stored kinds ``history`` lists, then the notices only replies carry (a question
@@ -194,10 +200,55 @@ def describe_row(thread_id: str, row: StoredRow) -> Item:
     return out
 
 
+def notice_item(thread_id: str, notice: Notice, order: int | None = None) -> Item | None:
+    """The item of a notice: ``error`` (``text``, ``retrying``, the ``tool_call_id`` a refused decision
+    named), ``limit`` (``text``), ``oauth`` (the link); ``order``: the row it follows, for a notice kept
+    in the thread's history."""
+    item: Item
+    if notice["type"] == "error":
+        item = {
+            "thread_id": thread_id,
+            "kind": "error",
+            "text": notice["message"],
+            "retrying": notice["retrying"],
+        }
+        if "tool_call_id" in notice:
+            item["tool_call_id"] = notice["tool_call_id"]
+    elif notice["type"] == "oauth_required":
+        item = {
+            "thread_id": thread_id,
+            "kind": "oauth",
+            "tool_call_id": notice["tool_call_id"],
+            "auth_url": notice["auth_url"],
+        }
+    else:
+        item = {"thread_id": thread_id, "kind": "limit", "text": limit_text(notice)}
+    if order is not None:
+        item["order"] = order
+    return item
+
+
+async def _kept_notices(store: ConversationStore, thread_id: str) -> list[tuple[int, Item]]:
+    """The notices the thread's steps kept (refusals, answers given up on, limit stops), each with the
+    row it follows."""
+    found: list[tuple[int, Item]] = []
+    async for record in store.usage_records(thread_id):
+        for notice in record_notices(thread_id, record):
+            tail = record.tail if record.tail is not None else 0
+            item = notice_item(thread_id, notice, tail)
+            if item is not None:
+                found.append((tail, item))
+    return found
+
+
 async def thread_items(store: ConversationStore, thread_id: str) -> AsyncIterator[Item]:
-    """The thread's own rows, with each compaction summary after the last row it covers."""
+    """The thread's own rows, with each compaction summary after the last row it covers and each kept
+    notice after the row its step left last."""
     summaries = await _summaries(store, thread_id)
+    notices = await _kept_notices(store, thread_id)
     held: list[Item] = []  # a waiting call (first) and what follows it until the next row
+    while notices and notices[0][0] <= 0:
+        yield notices.pop(0)[1]
     async for row in store.load_rows(thread_id):
         if held:
             settle(held[0], row.item)
@@ -217,8 +268,15 @@ async def thread_items(store: ConversationStore, thread_id: str) -> AsyncIterato
                 held.append(summary)
             else:
                 yield summary
+        while notices and notices[0][0] <= row.order:
+            # A refusal leaves a waiting call waiting: it is listed after the call, which stays pending.
+            if held:
+                held.append(notices.pop(0)[1])
+            else:
+                yield notices.pop(0)[1]
     for out in held:
         yield out
+    # Notices left over follow rows a rewind dropped: they went with them.
 
 
 async def _summaries(store: ConversationStore, thread_id: str) -> list[tuple[int, str]]:

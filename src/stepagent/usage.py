@@ -174,7 +174,8 @@ async def thread_usage(
     async for current in tree_threads(conversation, thread_id):
         threads.append(current)
         async for record in conversation.usage_records(current):
-            pairs.append((current, record))
+            if record.ran_model:  # a record kept only for a step's notices counts nothing
+                pairs.append((current, record))
     report = summarize(thread_id, pairs, prices)
     # Threads that never ran the model still belong to the tree (with zero usage).
     ordered = {thread: report.threads.get(thread, TokenTotals()) for thread in threads}

@@ -34,6 +34,15 @@ class LiveApi:
 
 
 def reply(text: str, request: Any, gate: Gate) -> list[Any]:
+    thread = request.thread_stack[-1]
+    if text.startswith("You are now INSIDE"):
+        return call("close_thread", "call-close", thread_id=thread, report_to_parent="child: counted")
+    if text == "delegate":
+        return call("spawn_thread", "call-spawn", instructions="count to three", child_of=[thread])
+    if text.startswith("Child thread is successfully spawned"):
+        return say("A helper is on it.")
+    if "has shut down" in text:
+        return say("The helper is done.")
     if "story" in text:
         return say("Once upon ", "a time, ", gate, "the end.")
     if "time" in text and "UTC" not in text:
@@ -123,3 +132,21 @@ def test_approve_a_call(live_api: LiveApi, browser: WebDriver) -> None:  # noqa:
     )
     button[0].click()
     wait_for(browser, lambda d: "Time received." in transcript(d), "the call run after the approval")
+
+
+def test_a_child_threads_work_is_folded_under_the_conversation(
+    live_api: LiveApi,
+    browser: WebDriver,  # noqa: F811
+) -> None:
+    open_conversation(browser, live_api, "page-child")
+    send(browser, "delegate")
+    wait_for(browser, lambda d: "The helper is done." in transcript(d), "the root's answer after its child")
+    # The conversation reads as the user's: the child's seed prompt and calls are not shown...
+    assert "INSIDE" not in transcript(browser) and "close_thread" not in transcript(browser)
+    [folded] = browser.find_elements(By.CSS_SELECTOR, "#transcript li.child-thread details")
+    assert folded.get_attribute("open") is None
+    root_items = browser.find_elements(By.CSS_SELECTOR, "#transcript > li:not(.child-thread)")
+    assert root_items[0].text == "delegate"
+    # ...until the user unfolds it.
+    folded.find_element(By.TAG_NAME, "summary").click()
+    wait_for(browser, lambda d: "You are now INSIDE" in transcript(d), "the child's work, unfolded")

@@ -22,7 +22,7 @@ from stepagent.devstack.services import LocalServices, local_services
 from stepagent.history_items import EventItem, HistoryItem, ToolResultItem, UserItem
 from stepagent.messages import TextContent, ToolCall
 from stepagent.providers.base import Final, ModelInfo, ModelRequest, StreamEvent, TextDelta, ToolCallComplete
-from stepagent.providers.prices import PriceTable
+from stepagent.providers.prices import PriceTable, parse_prices
 from stepagent.tools.base import Tool
 from tests.conftest import aws_client, unique_name
 from tests.integration.aws_helpers import create_resources, delete_resources
@@ -116,11 +116,13 @@ async def deployment(
     live_text: bool = True,
     agent_settings: dict[str, str] | None = None,
     tools: Sequence[Tool] | None = None,
-    prices: PriceTable | None = None,
+    prices: PriceTable | str | None = None,
 ) -> AsyncIterator[Deployment]:
     """The stack, running until the context exits (``model``: a provider, e.g. :class:`FunctionModel`;
     ``agent_settings``: ``STEPAGENT_*`` agent settings, e.g. ``STEPAGENT_APPROVAL``; ``tools``: the
     agent's Python tools; ``prices``: the model prices, as ``STEPAGENT_PRICES`` would give them)."""
+    if isinstance(prices, str):  # as STEPAGENT_PRICES says it
+        prices = parse_prices(prices)
     async with AsyncExitStack() as stack:
         sqs = await stack.enter_async_context(aws_client("sqs"))
         s3 = await stack.enter_async_context(aws_client("s3"))

@@ -114,7 +114,11 @@ async def test_approvals_through_the_client_the_terminal_and_the_cli(monkeypatch
         third = await replies(client)
         [error] = kinds(third, "error")
         assert "already decided" in error["text"] and error["retrying"] is False
-        assert await client.history(T) == before
+        # Nothing changes in the conversation; the refusal is kept with it, naming the call.
+        after = await client.history(T)
+        assert [i for i in after if i["kind"] != "error"] == before
+        [kept] = [i for i in after if i["kind"] == "error"]
+        assert kept["tool_call_id"] == "call-time" and kept["text"] == error["text"]
 
         # In a child: the child's call waits; the decision, addressed to the conversation, goes to the
         # child's group; the child answers its parent.

@@ -313,3 +313,38 @@ async def test_an_mcp_tool_selected_by_pattern_waits_and_an_edit_is_checked_agai
     assert "'seven' is not of type 'integer'" in refused.reason and submitted == []
     await decide(h, "edit", "a2", args={"id": 7})
     assert submitted == [("crm__update", {"id": 7}, "tc-1")]
+
+
+async def test_a_refused_decision_is_kept_with_the_thread_and_listed_in_the_history_with_its_call() -> None:
+    from stepagent.outputs.build import record_notices
+    from stepagent.transcript import tree_items
+
+    tool = mail()
+    h = await asked(harness(provider_mailing(text("Okay.")), tool))
+    await decide(h, "approve", "x1", call_id="tc-unknown")
+    await decide(h, "edit", "x2", args={"to": 7})
+    kept = [n async for r in h.conversation.usage_records("t1") for n in record_notices("t1", r)]
+    assert [(n["type"], n.get("tool_call_id"), n["retrying"]) for n in kept] == [
+        ("error", "tc-unknown", False),
+        ("error", "tc-1", False),
+    ]
+    items = [i async for i in tree_items(h.conversation, "t1")]
+    errors = [i for i in items if i["kind"] == "error"]
+    assert [(i["tool_call_id"], i["text"]) for i in errors] == [
+        (n["tool_call_id"], n["message"]) for n in kept
+    ]
+    [call_item] = [i for i in items if i["kind"] == "tool_call"]
+    assert call_item["approval"] == "pending"  # a refusal leaves the call waiting
+    assert [i["kind"] for i in items][-3:] == ["tool_call", "error", "error"]
+
+
+async def test_a_call_waiting_for_approval_is_not_taken_for_a_structured_answer() -> None:
+    tool = mail()
+    h = harness(provider_mailing(text('{"sent": true}')), tool)
+    h.config.agent = AgentConfig(
+        approval=("send_email",), output_schema={"type": "object", "required": ["sent"]}
+    )
+    await asked(h)
+    assert len(h.provider.requests) == 1  # the text before the call was not sent back as a wrong answer
+    await decide(h, "approve", "a1")
+    assert tool.dispatches != []

@@ -11,12 +11,12 @@ from pydantic import BaseModel
 
 from stepagent import tool
 from stepagent.agent_config import AgentConfig
-from stepagent.aws.outputs import step_events
 from stepagent.core.step import StepConfig, StepInput
 from stepagent.events import EventCollector, LimitReached, TurnComplete
 from stepagent.history_items import AssistantText
 from stepagent.messages import InputMessage
 from stepagent.modes.step_mode import AgentSystem
+from stepagent.outputs.build import step_events
 from stepagent.providers.base import ModelRequest, Usage
 from stepagent.providers.prices import PriceTable, parse_prices
 from stepagent.providers.scripted import ScriptedProvider

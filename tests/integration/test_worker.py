@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from stepagent.aws.outputs import event_id
 from stepagent.errors import PayloadTooLargeError, ProviderError, QueueError, StoreError
 from stepagent.messages import InputMessage
+from stepagent.outputs.build import event_id
 from stepagent.providers.base import ModelInfo, ModelRequest, StreamEvent, ToolCallComplete
 from stepagent.providers.scripted import ScriptedProvider
 from stepagent.senders.sqs import SqsSender
@@ -602,7 +602,7 @@ async def test_the_answer_after_a_rewind_gets_a_new_event_id_and_reaches_the_out
         assert answer["text"] == "Welcome back." and answer["event_id"] != dropped[1]["event_id"]
         # Stable across redelivery: re-publishing the same rows gives the same id.
         rows = [row async for row in stack.runtime.conversation.load_rows(thread)]
-        from stepagent.aws.outputs import row_events
+        from stepagent.outputs.build import row_events
 
         assert row_events(thread, rows[3:])[0]["event_id"] == answer["event_id"]
         assert row_events(thread, rows[1:2])[0]["event_id"] == dropped[0]["event_id"]  # kept rows keep theirs

@@ -893,7 +893,7 @@ async def instrument_runtime(
 def expected_output_ids(snap: Snapshot) -> dict[str, tuple[str, int, str]]:
     """The output event every committed row must have produced (``event_id`` -> thread, order, kind),
     except the rows a spawn seeds directly into a new child (they are not the child's step output)."""
-    from stepagent.aws.outputs import row_events
+    from stepagent.outputs.build import row_events
 
     expected: dict[str, tuple[str, int, str]] = {}
     for thread, view in snap.items():

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from stepagent.agent_config import AgentConfig, agent_config_from_env, load_profiles
-from stepagent.aws.outputs import row_events
 from stepagent.errors import ConfigurationError, MalformedMessageError
 from stepagent.history_items import ApprovalItem, ToolCallItem, decode_item, encode_item
 from stepagent.messages import ApprovalDecision, ToolCall, parse_input_message
+from stepagent.outputs.build import row_events
 from stepagent.stores.base import StoredRow
 
 
@@ -63,7 +63,10 @@ def test_a_waiting_call_row_publishes_approval_required() -> None:
     asked = events[1]
     assert (asked["tool_call_id"], asked["name"], asked["args"]) == ("c1", "send_email", {"to": "x"})
     assert asked["event_id"] != events[0]["event_id"]
-    assert row_events("t1", [StoredRow(4, "a", ApprovalItem("c1", "approve"))]) == []
+    # A decision row publishes the decision only (never the call again), with the edited arguments.
+    [decided] = row_events("t1", [StoredRow(4, "a", ApprovalItem("c1", "edit", {"to": "y"}))])
+    assert (decided["type"], decided["tool_call_id"], decided["decision"]) == ("approval", "c1", "edit")
+    assert (decided["approval"], decided["args"]) == ("edited", {"to": "y"})
 
 
 def test_the_setting_and_the_profile_field() -> None:

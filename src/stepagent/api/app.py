@@ -10,7 +10,8 @@
                                           ``message``) → 202 ``{"message_id"}``
 ``GET /v1/threads/{thread}``              the tree's items, as ``stepagent history --json``
 ``GET /v1/threads/{thread}/events``       Server-Sent Events (:mod:`stepagent.api.events`): ``Last-Event-ID``
-                                          or ``?after=`` resumes, ``?follow=1`` never ends
+                                          or ``?after=`` resumes, ``?follow=1`` never ends,
+                                          ``?message_id=M`` streams the turn ``M`` began, then ends
 ``GET /``                                 the chat page
 ========================================  ======================================================================
 
@@ -67,6 +68,8 @@ from stepagent.messages import ApprovalDecision, InputMessage, parse_input_messa
 from stepagent.stores.dynamodb_quotas import Lease, SubjectCounters
 from stepagent.transcript import tree_items
 
+#: The longest ``?message_id=`` a stream accepts (SQS's own limit on a deduplication id).
+MAX_MESSAGE_ID_CHARS = 128
 #: Seconds of silence after which an event stream sends a comment, so proxies keep it open.
 HEARTBEAT_S = 15.0
 
@@ -427,9 +430,14 @@ async def get_events(request: Request, state: ApiState, subject: str, thread: st
     await _readable(state, thread, subject)
     if positions is not None:
         positions = await tree_positions(state.reads.reader, thread, positions)
+    message_id = request.query_params.get("message_id") or None
+    if message_id is not None and len(message_id) > MAX_MESSAGE_ID_CHARS:
+        raise ApiError(400, "bad_request", f"message_id is longer than {MAX_MESSAGE_ID_CHARS} characters")
     # One lease per open stream, counted across every instance of the API (a 429 over the limit).
     lease = await state.quotas.open_stream(subject) if state.limited else None
-    tree = TreeEvents(state.reads, thread, positions, tokens=state.tokens, follow=follow)
+    tree = TreeEvents(
+        state.reads, thread, positions, tokens=state.tokens, follow=follow, message_id=message_id
+    )
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
     return StreamingResponse(
         _sse(state, lease, tree), media_type="text/event-stream; charset=utf-8", headers=headers

@@ -5,17 +5,17 @@ drains, so it cannot serve many browsers, nor replay what a dropped connection m
 are derived from what the worker committed, with the very ids the output queue carries:
 
 - ``text``, ``tool_call``, ``tool_result``, ``event`` — one per stored history row
-  (:func:`stepagent.aws.outputs.row_events`), in the thread's row order;
+  (:func:`stepagent.outputs.build.row_events`), in the thread's row order;
 - ``turn_complete`` — one per usage record that says the turn was complete, placed right after the last row
   of its commit (the record keeps the thread's tail at that commit);
-- ``error``, ``oauth_required``, ``limit_reached`` and any other notice — from the thread's ``LIVE``
+- the notices (errors, sign-in links, limit stops, any other kind) — from the thread's ``LIVE``
   item's notices, when they are recorded (only those recorded after the stream began, as for any
   watcher); a notice of a kind this version does not read is forwarded as stored
   (:class:`OtherNoticeInThread`);
 - ``text_delta`` (not an output-queue event) — the part of the ``LIVE`` item's partial text not sent yet,
   only while the head is still at the version that text follows (a commit makes it a ``text`` event).
 
-Each carries the thread context after its own keys (:func:`stepagent.aws.output_events.in_thread`;
+Each carries the thread context after its own keys (:func:`stepagent.outputs.events.in_thread`;
 ``text_delta`` has ``thread_id`` and ``root_thread_id`` but no ``event_id`` and no ``metadata``):
 :data:`StreamEvent` is their union.
 
@@ -49,15 +49,19 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from typing_extensions import TypedDict
-
-from stepagent.aws.output_events import OutputEvent, OutputEventInThread, ThreadContext, in_thread
-from stepagent.aws.outputs import row_events, turn_complete_event
 from stepagent.client.watch import StoreReader
-from stepagent.notices import OtherNotice, UnknownNotice
-from stepagent.providers.base import Usage
+from stepagent.notices import KEPT_NOTICE_KINDS, Notice, UnknownNotice
+from stepagent.outputs.build import record_events, record_notices, row_events
+from stepagent.outputs.events import (
+    OtherNoticeInThread,
+    OutputEvent,
+    OutputEventInThread,
+    TextDeltaEvent,
+    ThreadContext,
+    in_thread,
+)
 from stepagent.stores.base import ThreadInfo, UsageRecord
 from stepagent.stores.dynamodb_layout import info_from_item
 from stepagent.stores.dynamodb_live import LiveState, decode_live
@@ -67,22 +71,11 @@ IDLE_INTERVAL = 1.0
 #: Seconds between two polls while the tree works (how smooth live text looks).
 BUSY_INTERVAL = 0.2
 MAX_TOKEN_CHARS = 16_384
+#: How many head versions back a ``LIVE`` notice's usage record is looked for (it is the same step's).
+KEPT_NOTICE_LOOKBACK = 8
 
 
-class TextDelta(TypedDict):
-    """The part of a thread's reply being written that the stream has not sent yet."""
-
-    type: Literal["text_delta"]
-    thread_id: str
-    root_thread_id: str
-    text: str
-
-
-class OtherNoticeInThread(OtherNotice, ThreadContext):
-    """A notice of a kind this version does not read, as stored, with the thread context."""
-
-
-StreamEvent = OutputEventInThread | OtherNoticeInThread | TextDelta
+StreamEvent = OutputEventInThread | OtherNoticeInThread | TextDeltaEvent
 """One event of the stream (the SSE ``event:`` is its ``type``)."""
 
 
@@ -100,9 +93,21 @@ class Position:
     notices: int | None = None  # notices seen (None: not read yet; those before the stream are skipped)
     partial_version: int = -1  # the head version the partial text sent follows
     partial_chars: int = 0  # characters of that partial text sent
+    part: int = 0  # events of the usage record after ``usage`` already sent (its notices, then turn_complete)
+    row_part: int = 0  # events of the row after ``order`` already sent (a call, then approval_required)
 
     def as_list(self) -> list[int | None]:
-        return [self.order, self.version, self.usage, self.notices, self.partial_version, self.partial_chars]
+        values: list[int | None] = [
+            self.order,
+            self.version,
+            self.usage,
+            self.notices,
+            self.partial_version,
+            self.partial_chars,
+        ]
+        if self.row_part:
+            return [*values, self.part, self.row_part]
+        return [*values, self.part] if self.part else values
 
 
 class ResumeTokens:
@@ -137,13 +142,15 @@ class ResumeTokens:
             data = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
             positions = {}
             for thread, values in data.items():
-                order, version, usage, notices, pv, pc = values
-                for number in (order, version, usage, pv, pc):
+                if len(values) in (6, 7):  # no part of a record or row sent yet
+                    values = [*values, 0, 0][:8]
+                order, version, usage, notices, pv, pc, part, row_part = values
+                for number in (order, version, usage, pv, pc, part, row_part):
                     if not isinstance(number, int) or isinstance(number, bool):
                         raise TypeError
                 if notices is not None and not isinstance(notices, int):
                     raise TypeError
-                positions[str(thread)] = Position(order, version, usage, notices, pv, pc)
+                positions[str(thread)] = Position(order, version, usage, notices, pv, pc, part, row_part)
         except (ValueError, TypeError, AttributeError, binascii.Error) as error:
             raise BadToken("the resume token (Last-Event-ID or after) cannot be read") from error
         if root not in positions:
@@ -236,6 +243,7 @@ class TreeEvents:
         *,
         tokens: ResumeTokens,
         follow: bool = False,
+        message_id: str | None = None,
     ) -> None:
         self.reads = reads
         self.tokens = tokens
@@ -246,6 +254,11 @@ class TreeEvents:
         self.ended = False
         self.busy = True
         self._metadata: Any = None
+        # ``message_id`` without a token: the stream starts at the row that message began (found by
+        # :meth:`_locate`, waiting for it) and ends with the root's next ``turn_complete``.
+        self._locating = message_id if message_id is not None and not positions else None
+        self._turn_start: int | None = None  # the root order the turn of ``message_id`` starts at
+        self._scanned = 0  # root rows already searched for it
 
     def token(self) -> str:
         return self.tokens.encode(self.root, self.positions)
@@ -257,6 +270,9 @@ class TreeEvents:
     async def poll(self) -> AsyncIterator[tuple[str, StreamEvent]]:
         """One round of reads, and the events it found. Threads discovered on the way (a child spawned
         since the last poll) are read in the same round, so a turn's events are all out before it ends."""
+        if self._locating is not None and not await self._locate(self._locating):
+            self.busy = True  # the message is on its way to the worker: look again soon
+            return
         pending = list(self.positions)
         max_age = self.interval * 0.9
         busy = False
@@ -279,6 +295,8 @@ class TreeEvents:
             max_age = 0.0
         self.busy = busy
         root = root_view.info if root_view is not None else None
+        if self._turn_start is not None:
+            return  # the turn's own end (see _turn_complete) ends this stream
         if (
             not self.follow
             and root is not None
@@ -295,7 +313,7 @@ class TreeEvents:
             async for event in self._catch_up(thread, info, pos):
                 yield event
             for child in await self.reader.conversation.children(thread):
-                if child.thread_id not in self.positions:
+                if child.thread_id not in self.positions and self._in_turn(thread, child):
                     self.positions[child.thread_id] = Position(notices=0)
             pos.version = info.version
         live = view.live
@@ -304,19 +322,66 @@ class TreeEvents:
         else:
             for number, notice in live.numbered_notices(pos.notices):
                 pos.notices = number  # the resume token names this notice, whatever was skipped before it
+                if await self._kept(thread, info, notice):
+                    continue  # the step kept it with the thread: sent from its usage record, in order
                 yield await self._emit(thread, notice)
             pos.notices = max(pos.notices, live.notice_seq)
         version = info.version if info is not None else 0
         if live.phase is not None and live.version == version and live.text:
             delta = self._delta(pos, version, live)
             if delta:
-                delta_event: TextDelta = {
+                delta_event: TextDeltaEvent = {
                     "type": "text_delta",
                     "thread_id": thread,
                     "root_thread_id": self.root,
                     "text": delta,
                 }
                 yield self.token(), delta_event
+
+    async def _locate(self, message_id: str) -> bool:
+        """Find the root row ``message_id`` began its turn with (each root row is searched once); from
+        then on the stream starts just before it, past every ``turn_complete`` of earlier turns."""
+        info = await self.reader.conversation.get_thread(self.root)
+        if info is None or info.tail <= self._scanned:
+            return False
+        start: int | None = None
+        async for row in self.reader.conversation.load_rows(self.root, after=self._scanned, up_to=info.tail):
+            self._scanned = row.order
+            if row.message_id == message_id:
+                start = row.order
+                break
+        if start is None:
+            return False
+        usage = 0
+        async for record in self.reader.conversation.usage_records(self.root):
+            if record.tail is None or record.tail >= start:
+                break
+            usage = record.version
+        # ``version`` stays 0, so the first poll catches up from the start; notices from before the
+        # stream are skipped as for any stream.
+        self.positions = {self.root: Position(order=start - 1, usage=usage)}
+        self._turn_start, self._locating = start, None
+        return True
+
+    async def _kept(self, thread: str, info: ThreadInfo | None, notice: Notice | UnknownNotice) -> bool:
+        """Whether a ``LIVE`` notice is one a step kept in its usage record (a refusal, an answer given up
+        on, a limit stop): one read of the latest records, only when an ``error`` or a limit comes."""
+        if isinstance(notice, UnknownNotice) or notice["type"] not in KEPT_NOTICE_KINDS:
+            return False
+        if info is None:
+            return False
+        after = max(0, info.version - KEPT_NOTICE_LOOKBACK)
+        async for record in self.reader.conversation.usage_records(thread, after_version=after):
+            if any(kept["event_id"] == notice["event_id"] for kept in record_notices(thread, record)):
+                return True
+        return False
+
+    def _in_turn(self, parent: str, child: ThreadInfo) -> bool:
+        """Whether a child belongs to what this stream shows: every child, except on a stream of one
+        message's turn, where the root's children spawned before that turn are left out."""
+        if self._turn_start is None or parent != self.root or child.spawn_order is None:
+            return True
+        return child.spawn_order >= self._turn_start
 
     @staticmethod
     def _delta(pos: Position, version: int, live: LiveState) -> str:
@@ -337,24 +402,44 @@ class TreeEvents:
             async for record in self.reader.conversation.usage_records(thread, after_version=pos.usage):
                 if record.version > info.version:
                     break
-                if record.turn_complete:
+                if record.turn_complete or record.notices is not None:
                     records.append(record)
         if info.tail > pos.order:
             async for row in self.reader.conversation.load_rows(thread, after=pos.order, up_to=info.tail):
                 while records and records[0].tail is not None and records[0].tail < row.order:
-                    yield await self._turn_complete(thread, records.pop(0))
+                    async for streamed in self._record_events(thread, records.pop(0)):
+                        yield streamed
                 events = row_events(thread, [row])
+                skip, pos.row_part = pos.row_part, 0
+                for index in range(skip, len(events)):
+                    # The token names the event within its row, so a resume never skips the rest of it.
+                    last = index == len(events) - 1
+                    pos.order, pos.row_part = (row.order, 0) if last else (row.order - 1, index + 1)
+                    yield await self._emit(thread, events[index])
                 pos.order = row.order
-                for event in events:
-                    yield await self._emit(thread, event)
         pos.order = max(pos.order, info.tail)
         while records:
-            yield await self._turn_complete(thread, records.pop(0))
+            async for streamed in self._record_events(thread, records.pop(0)):
+                yield streamed
 
-    async def _turn_complete(self, thread: str, record: UsageRecord) -> tuple[str, StreamEvent]:
-        self.positions[thread].usage = record.version
-        usage = Usage(input_tokens=record.input_tokens, output_tokens=record.output_tokens)
-        return await self._emit(thread, turn_complete_event(thread, record.version, usage, record.model))
+    async def _record_events(
+        self, thread: str, record: UsageRecord
+    ) -> AsyncIterator[tuple[str, StreamEvent]]:
+        """A usage record's events (its notices, then its ``turn_complete``), from the part of it a
+        resumed stream had already sent."""
+        pos = self.positions[thread]
+        events = record_events(thread, record)
+        for index in range(pos.part, len(events)):
+            last = index == len(events) - 1
+            pos.part = 0 if last else index + 1
+            if last:
+                pos.usage = record.version
+            made = events[index]
+            if made["type"] == "turn_complete" and thread == self.root and self._turn_start is not None:
+                self.ended = not self.follow  # the turn this stream was asked for is over
+            yield await self._emit(thread, made)
+        if not events:
+            pos.usage, pos.part = record.version, 0
 
     async def _emit(self, thread: str, event: OutputEvent | UnknownNotice) -> tuple[str, StreamEvent]:
         if self._metadata is None:

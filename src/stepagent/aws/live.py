@@ -32,7 +32,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from stepagent.aws.output_events import OutputEvent
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.core.step import ThreadStep
 from stepagent.events import (
@@ -49,6 +48,7 @@ from stepagent.events import (
     TurnCommitted,
 )
 from stepagent.notices import Notice
+from stepagent.outputs.events import OutputEvent
 from stepagent.senders.sqs import SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore
 from stepagent.stores.dynamodb_io import AwsClient, DynamoIo

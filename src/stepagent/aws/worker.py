@@ -48,15 +48,7 @@ from stepagent.aws.lambda_events import BatchResponse, SqsEvent, SqsRecord, SqsR
 from stepagent.aws.live import LiveText
 from stepagent.aws.log_keys import append_keys
 from stepagent.aws.metrics import ModelTiming, publish_usage
-from stepagent.aws.outputs import (
-    OutputPublisher,
-    StepEvents,
-    error_event,
-    replay_rows,
-    replay_turn_complete,
-    row_events,
-    step_events,
-)
+from stepagent.aws.outputs import OutputPublisher, replay_rows, replay_turn_complete
 from stepagent.backoff import Backoff
 from stepagent.core.step import StepInput, ThreadStep
 from stepagent.errors import (
@@ -71,6 +63,7 @@ from stepagent.errors import (
 from stepagent.events import AgentEvent, CompletionFinished
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.modes.step_mode import AgentSystem
+from stepagent.outputs.build import StepEvents, error_event, row_events, step_events
 from stepagent.senders.sqs import SqsQueues, record_traceparent
 from stepagent.stores.dynamodb_quotas import SubjectCounters
 from stepagent.tracing import TRACEPARENT

@@ -270,7 +270,7 @@ class Client:
         output (``turn_complete.output``) when an output schema is configured, else ``None``."""
         self._require_open()
         if self._http is not None:
-            return await self._http.wait(thread, timeout)
+            return await self._http.wait(thread, timeout, message_id=message_id)
         cursor, seqs = await self._snapshot(thread)
         watch = TreeWatch(self._reader, thread, cursor, awaited={message_id}, notice_seq=seqs)
         async for _ in watch.replies(interval=self.poll_interval, limit=timeout):

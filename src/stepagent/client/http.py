@@ -22,6 +22,8 @@ import httpx
 
 from stepagent.backoff import Backoff
 from stepagent.errors import StepagentError
+from stepagent.history_items import ApprovalState
+from stepagent.messages import ApprovalDecisionKind
 from stepagent.transcript import Item, ItemKind
 
 #: A dropped event stream is reopened (from the last event id) after a jittered wait of 0.4 s, doubling up
@@ -60,7 +62,7 @@ def _raise_for(response: httpx.Response) -> None:
 def item_of(event: Mapping[str, Any]) -> Item | None:
     """The client item for one stream event (``None`` for those it does not report). The event's values
     are taken as the API sent them: its stream carries the runtime's output events (the types of
-    :mod:`stepagent.aws.output_events`, plus ``thread_id``) and its own ``text_delta``."""
+    :mod:`stepagent.outputs.events`, plus ``thread_id``) and its own ``text_delta``."""
     kind = event.get("type")
     thread = str(event.get("thread_id", ""))
     if kind in _KINDS:
@@ -83,11 +85,36 @@ def item_of(event: Mapping[str, Any]) -> Item | None:
             "text": str(event.get("message", "")),
             "retrying": bool(event.get("retrying")),
         }
+    if kind == "approval":
+        return _decision_item(thread, event)
     if kind == "text_delta":
         return {"thread_id": thread, "kind": "partial", "delta": str(event.get("text", ""))}
     return None
 
 
+def _decision_item(thread: str, event: Mapping[str, Any]) -> Item | None:
+    """The ``approval`` item of a decision event, as the stores' replies give it."""
+    call_id, decision, state = event.get("tool_call_id"), event.get("decision"), event.get("approval")
+    if not isinstance(call_id, str) or decision not in _DECISIONS or state not in _STATES:
+        return None
+    item: Item = {
+        "thread_id": thread,
+        "kind": "approval",
+        "tool_call_id": call_id,
+        # Both checked above against their literal types.
+        "decision": cast(ApprovalDecisionKind, decision),
+        "approval": cast(ApprovalState, state),
+    }
+    args, message = event.get("args"), event.get("message")
+    if isinstance(args, dict):
+        item["args"] = args
+    if isinstance(message, str):
+        item["text"] = message
+    return item
+
+
+_DECISIONS = frozenset(get_args(ApprovalDecisionKind))
+_STATES = frozenset(get_args(ApprovalState))
 _ITEM_KINDS = frozenset(get_args(ItemKind))
 
 
@@ -195,22 +222,28 @@ class HttpApi:
             if item is not None and (partial or item["kind"] != "partial"):
                 yield item
 
-    async def wait(self, thread: str, timeout: float) -> Any:  # noqa: ASYNC109 - the client's signature
-        """Follow the stream until it ends (the root's turn is complete); the structured output of the
-        root's last ``turn_complete`` (``None`` without an output schema)."""
+    async def wait(self, thread: str, timeout: float, message_id: str | None = None) -> Any:  # noqa: ASYNC109
+        """Follow the stream until it ends; the structured output of the root's last ``turn_complete``
+        (``None`` without an output schema). With ``message_id``: the stream of the turn that message
+        began (``?message_id=``, waiting for it if the worker has not taken it yet), which ends with that
+        turn; without it, from this client's last position until the root's turn is complete."""
         output: Any = None
+        after = None if message_id is not None else self.tokens.get(thread)
         async with asyncio.timeout(timeout):
-            async for token, event in self._events(thread, self.tokens.get(thread), follow=False):
-                self.tokens[thread] = token
+            async for token, event in self._events(thread, after, follow=False, message_id=message_id):
+                if message_id is None:
+                    self.tokens[thread] = token
                 if event.get("type") == "turn_complete" and event.get("thread_id") == thread:
                     output = event.get("output")
         return output
 
     async def _events(
-        self, thread: str, after: str | None, *, follow: bool
+        self, thread: str, after: str | None, *, follow: bool, message_id: str | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """``(token, event)`` of the stream; a dropped connection is resumed from the last token."""
         params = {"follow": "1"} if follow else {}
+        if message_id is not None:
+            params["message_id"] = message_id
         failures = 0
         while True:
             headers = {"Last-Event-ID": after} if after else {}

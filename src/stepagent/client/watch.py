@@ -32,13 +32,13 @@ from typing import Any
 
 from stepagent.client.interleave import interleave
 from stepagent.history_items import ApprovalItem, ToolCallItem, ToolResultItem
-from stepagent.notices import UnknownNotice, limit_text
+from stepagent.notices import UnknownNotice
 from stepagent.stores.base import ThreadInfo
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
 from stepagent.stores.dynamodb_io import BATCH_BACKOFF, DynamoIo, DynamoItem, item_key
 from stepagent.stores.dynamodb_layout import HEAD_SK, head_inbox, info_from_item
 from stepagent.stores.dynamodb_live import LIVE_SK, LiveState, decode_live
-from stepagent.transcript import Item, choice_item, describe, describe_row
+from stepagent.transcript import Item, choice_item, describe, describe_row, notice_item
 
 Cursor = dict[str, int]
 _BATCH_THREADS = 50  # two keys per thread, BatchGetItem takes 100
@@ -262,19 +262,10 @@ class TreeWatch:
                     # what can be read, and a waited-for message it names is still over.
                     self._error(thread, notice.fields.get("message"), notice.fields.get("retrying"), out)
                 continue  # any other kind: one this client does not know how to show
-            if notice["type"] == "oauth_required":
-                out.append(
-                    {
-                        "thread_id": thread,
-                        "kind": "oauth",
-                        "tool_call_id": notice["tool_call_id"],
-                        "auth_url": notice["auth_url"],
-                    }
-                )
-            elif notice["type"] == "limit_reached":
-                out.append({"thread_id": thread, "kind": "limit", "text": limit_text(notice)})
-            else:
-                self._error(thread, notice["message"], notice["retrying"], out)
+            item = notice_item(thread, notice)
+            if item is not None:
+                out.append(item)
+                self._end_wait(item)
         view.notice_seq = live.notice_seq
         return out
 
@@ -282,8 +273,14 @@ class TreeWatch:
         """An ``error`` item; a failure that will not be retried ends the wait for a message it names."""
         text = message if isinstance(message, str) else ""
         again = retrying is True
-        out.append({"thread_id": thread, "kind": "error", "text": text, "retrying": again})
-        if not again and text:
+        item: Item = {"thread_id": thread, "kind": "error", "text": text, "retrying": again}
+        out.append(item)
+        self._end_wait(item)
+
+    def _end_wait(self, item: Item) -> None:
+        """A failure that will not be retried ends the wait for a message it names."""
+        text = item.get("text", "")
+        if item["kind"] == "error" and not item.get("retrying") and text:
             self.awaited -= {m for m in self.awaited if m in text}
 
     def _partial(self, thread: str, view: WatchedThread) -> list[Item]:

@@ -448,9 +448,9 @@ def _notice(notice: LiveNotice, pending_ids: set[str]) -> NoticeView:
             "tool_call_id": notice["tool_call_id"],
             "open": notice["tool_call_id"] in pending_ids,
         }
-    if notice["type"] == "limit_reached":
-        return {"kind": "error", "text": limit_text(notice), "retrying": False}
-    return {"kind": "error", "text": notice["message"], "retrying": notice["retrying"]}
+    if notice["type"] == "error":
+        return {"kind": "error", "text": notice["message"], "retrying": notice["retrying"]}
+    return {"kind": "error", "text": limit_text(notice), "retrying": False}
 
 
 @dataclass(slots=True)

@@ -7,7 +7,8 @@ A call whose tool needs approval (``ThreadAgent.needs_approval``) is committed l
 - **Only a waiting call is decided.** A decision for a call that is not this thread's trailing, waiting
   call — unknown, already decided, answered, interrupted — or an ``edit`` whose arguments fail the tool's
   JSON Schema is refused with an :class:`~stepagent.events.InputRejected` (an ``error`` output event,
-  ``retrying: false``) and changes nothing but recording the input as processed: the call keeps waiting.
+  ``retrying: false``, with the decision's ``tool_call_id``, kept with the thread so history and replays
+  show it) and changes nothing else but recording the input as processed: the call keeps waiting.
 - **The decision is durable before the call runs.** A decision becomes an
   :class:`~stepagent.history_items.ApprovalItem` row (the input's logical id is its row id) in the step's
   commit; ``approve`` and ``edit`` add the call's dispatch intent — with the edited arguments — to the same
@@ -57,7 +58,7 @@ def fold_decision(
     """Fold one decision into ``history`` (pending changes, committed by the step); see the module docstring."""
     waiting = history.waiting_for_approval()
     if waiting is None or waiting.call.id != decision.tool_call_id:
-        return _refuse(history, message_id, emit, _not_waiting(history, decision.tool_call_id))
+        return _refuse(history, message_id, emit, _not_waiting(history, decision.tool_call_id), decision)
     call = waiting.call
     arguments = call.arguments
     if decision.decision == "edit":
@@ -67,7 +68,7 @@ def fold_decision(
             reason = (
                 f"the edited arguments for {call.name} ({call.id}) are invalid: {problem}; it keeps waiting"
             )
-            return _refuse(history, message_id, emit, reason)
+            return _refuse(history, message_id, emit, reason, decision)
         arguments = decision.args
     row = ApprovalItem(call.id, decision.decision, decision.args, decision.message)
     history.append_generated(row, message_id)
@@ -118,8 +119,13 @@ def _not_waiting(history: HistoryManager, tool_call_id: str) -> str:
 
 
 def _refuse(
-    history: HistoryManager, message_id: str, emit: Callable[[AgentEvent], None], reason: str
+    history: HistoryManager,
+    message_id: str,
+    emit: Callable[[AgentEvent], None],
+    reason: str,
+    decision: ApprovalDecision,
 ) -> Folded:
-    history.record_processed(message_id)
-    emit(InputRejected(message_id, f"approval refused: {reason}"))
+    refusal = InputRejected(message_id, f"approval refused: {reason}", tool_call_id=decision.tool_call_id)
+    history.refuse(refusal)
+    emit(refusal)
     return Folded()

@@ -225,7 +225,7 @@ class CompletionRunner:
             if self.cancel is not None and self.cancel.is_set():
                 outcome.cancelled = True  # interrupted between rounds: the next step starts afresh
                 return outcome
-            outcome.limit = self._limit_reached(outcome)
+            outcome.limit = self._limit_hit(outcome)
             if outcome.limit is not None:
                 return outcome
             start = len(self.history.history)
@@ -236,6 +236,8 @@ class CompletionRunner:
                 continue
             if outcome.action is not None or self.output_schema is None:
                 return outcome
+            if self.history.waiting_for_approval() is not None:
+                return outcome  # the round ended on a call waiting for a person: not the turn's answer
             verdict = self.output_schema.check(self._answer_since(start))
             if verdict.ok:
                 outcome.output, outcome.has_output = verdict.value, True
@@ -251,7 +253,7 @@ class CompletionRunner:
         self.emit(Info(f"Stopped after {MAX_ROUNDS_PER_STEP} model rounds in one step"))
         return outcome
 
-    def _limit_reached(self, outcome: CompletionOutcome) -> LimitReached | None:
+    def _limit_hit(self, outcome: CompletionOutcome) -> LimitReached | None:
         if self.limits is None:
             return None
         spent = self.history.snapshot.spend

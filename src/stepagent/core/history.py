@@ -30,14 +30,16 @@ What it guarantees:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepagent.call_id_filter import CallIdFilter
 from stepagent.core.ancestors import ancestor_chain, load_history_with_ancestors
 from stepagent.core.thread_cache import CachedThread, ThreadCache, item_bytes
 from stepagent.errors import InvariantViolation
+from stepagent.events import InputRejected, kept_notice
 from stepagent.history_items import (
     ApprovalItem,
     AssistantText,
@@ -83,6 +85,7 @@ class _PendingCommit:
     metadata: tuple[str, Any] | None = None
     indexed_calls: list[ToolCall] = field(default_factory=list)
     usage: UsageRecord | None = None
+    notices: list[dict[str, Any]] = field(default_factory=list)
 
     def to_commit(self, expected_version: int, turn_complete: bool = False) -> Commit:
         return Commit(
@@ -98,8 +101,18 @@ class _PendingCommit:
             deferred_removed=list(self.deferred_removed),
             metadata=self.metadata,
             indexed_calls=list(self.indexed_calls),
-            usage=self.usage,
+            usage=self._usage_with_notices(),
         )
+
+    def _usage_with_notices(self) -> UsageRecord | None:
+        """The step's usage record carrying its notices; a step that ran no model but refused an input
+        stores a record with no model just for them."""
+        if not self.notices:
+            return self.usage
+        notices = json.dumps(self.notices, ensure_ascii=False, separators=(",", ":"))
+        if self.usage is None:
+            return UsageRecord(step_id=str(self.notices[-1]["source_id"]), model="", notices=notices)
+        return replace(self.usage, notices=notices)
 
 
 class HistoryManager:
@@ -424,6 +437,16 @@ class HistoryManager:
 
     def undefer(self, message_id: str) -> None:
         self._pending.deferred_removed.append(message_id)
+
+    def refuse(self, refusal: InputRejected) -> None:
+        """Record a refused input: processed (a redelivery is refused again cheaply) and its ``error``
+        kept with the thread by the step's commit (``UsageRecord.notices``), so every surface tells it."""
+        self.record_processed(refusal.message_id)
+        self.keep_notice(kept_notice(refusal, refusal.message_id))
+
+    def keep_notice(self, notice: dict[str, Any]) -> None:
+        """Keep an output notice (:func:`~stepagent.events.kept_notice`) with the next sync's commit."""
+        self._pending.notices.append(notice)
 
     def record_usage(self, usage: UsageRecord) -> None:
         """Store the step's model usage with the next sync (one record per commit; a later one replaces

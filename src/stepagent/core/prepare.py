@@ -249,8 +249,9 @@ class Preparer:
     def _reject(self, message_id: str, reason: str) -> bool:
         """Refuse an input that refers to something this thread does not have: recorded as processed (a
         redelivery is refused again cheaply), reported with the reason."""
-        self.history.record_processed(message_id)
-        self.emit(InputRejected(message_id, reason))
+        refusal = InputRejected(message_id, reason)
+        self.history.refuse(refusal)
+        self.emit(refusal)
         return False
 
     async def _inline(

@@ -53,7 +53,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
 from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, system_prompt
@@ -71,9 +71,11 @@ from stepagent.events import (
     CompletionFinished,
     CompletionStarted,
     Info,
+    LimitReached,
     Observer,
     StepFailed,
     TurnComplete,
+    kept_notice,
 )
 from stepagent.history_items import EventItem, Summary, ToolResultItem, UserItem
 from stepagent.ids import derived_id
@@ -405,9 +407,15 @@ class ThreadStep:
             and history.pending_tool_call() is None
         )
         cost = self.config.prices.cost(agent.model, step_usage)
-        if outcome.completions or outcome.limit is None:
-            # A step that a limit stopped before any model call stores no record: a redelivery of it then
-            # commits nothing and re-reports the same turn_complete.
+        # A limit that stopped the step before any model call: its stop is kept in a record of no usage,
+        # once — a redelivery that stops again finds it and commits nothing, re-reporting the same events.
+        stopped_early = outcome.limit is not None and not outcome.completions
+        kept_before = stopped_early and await self._stop_kept(history, message_id, outcome.limit)
+        if stopped_early and not kept_before:
+            history.record_usage(
+                UsageRecord(step_id=message_id, model=agent.model, turn_complete=complete, cost_usd=cost)
+            )
+        if not stopped_early:
             history.record_usage(
                 UsageRecord(
                     step_id=message_id,
@@ -441,9 +449,16 @@ class ThreadStep:
                 f"The answer did not match the output schema after {attempts} attempt"
                 f"{'s' if attempts != 1 else ''}: " + "; ".join(outcome.output_errors)
             )
-        failed: list[AgentEvent] = [] if error is None else [StepFailed(message=error, retrying=False)]
+        failed: list[AgentEvent] = []
+        if error is not None:
+            failed.append(StepFailed(message=error, retrying=False, source_id=message_id))
         if outcome.limit is not None:
-            failed.append(outcome.limit)
+            failed.append(replace(outcome.limit, source_id=message_id))
+        # What ended the turn is kept with the thread, in the step's usage record.
+        if not kept_before:
+            for stopped in failed:
+                assert isinstance(stopped, StepFailed | LimitReached)
+                history.keep_notice(kept_notice(stopped, message_id))
         request = self._compaction_request(history, outcome.usage, window, threshold, over=over)
         notice = Info(f"✦ Auto-compaction triggered (context > {agent.compaction_threshold:.0%})")
         if outcome.needs_compaction and request is not None:
@@ -645,6 +660,22 @@ class ThreadStep:
         if any(isinstance(i.message.content, ToolResult) and i.message.synthetic is None for i in batch):
             return await self.state.pending_choices(self.thread_id)
         return []
+
+    async def _stop_kept(self, history: HistoryManager, message_id: str, limit: LimitReached | None) -> bool:
+        """Whether the thread's last commit already kept this step's limit stop (a redelivery of it)."""
+        if limit is None or history.version == 0:
+            return False
+        kept = kept_notice(replace(limit, source_id=message_id), message_id)
+        async for record in self.conversation.usage_records(
+            self.thread_id, after_version=history.version - 1
+        ):
+            if (
+                record.step_id == message_id
+                and record.notices is not None
+                and kept in json.loads(record.notices)
+            ):
+                return True
+        return False
 
     @staticmethod
     def _awaits_model(history: HistoryManager) -> bool:

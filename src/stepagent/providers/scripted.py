@@ -119,14 +119,14 @@ _CHUNKS = 3
 
 
 @dataclass(frozen=True, slots=True)
-class TextEvent:
+class ScriptedText:
     """A script's ``{"text": s}`` event."""
 
     text: str
 
 
 @dataclass(frozen=True, slots=True)
-class ReasoningEvent:
+class ScriptedReasoning:
     """A script's ``{"reasoning": s, "signature": s}`` event."""
 
     text: str
@@ -134,7 +134,7 @@ class ReasoningEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCallEvent:
+class ScriptedToolCall:
     """A script's ``{"tool_call": {"name": s, "arguments": {...}}}`` event."""
 
     name: str
@@ -142,14 +142,14 @@ class ToolCallEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class ErrorEvent:
+class ScriptedError:
     """A script's ``{"error": s, "retryable": bool}`` event."""
 
     message: str
     retryable: bool = False
 
 
-ScriptEvent = TextEvent | ReasoningEvent | ToolCallEvent | ErrorEvent
+ScriptEvent = ScriptedText | ScriptedReasoning | ScriptedToolCall | ScriptedError
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,15 +257,15 @@ class _EventSpec(BaseModel):
         given = self.model_fields_set
         if "output" in given:
             # A structured answer: the value's JSON text, streamed like any text.
-            return TextEvent(json.dumps(self.output, ensure_ascii=False))
+            return ScriptedText(json.dumps(self.output, ensure_ascii=False))
         if self.text is not None:
-            return TextEvent(self.text)
+            return ScriptedText(self.text)
         if self.reasoning is not None:
-            return ReasoningEvent(self.reasoning, self.signature)
+            return ScriptedReasoning(self.reasoning, self.signature)
         if self.error is not None:
-            return ErrorEvent(self.error, self.retryable)
+            return ScriptedError(self.error, self.retryable)
         assert self.tool_call is not None  # _one_kind admits nothing else
-        return ToolCallEvent(self.tool_call.name, self.tool_call.arguments)
+        return ScriptedToolCall(self.tool_call.name, self.tool_call.arguments)
 
 
 class _RuleSpec(BaseModel):
@@ -379,22 +379,22 @@ class ScriptedProvider:
         output_chars = 0
         for index, event in enumerate(reply):
             match event:
-                case TextEvent(text=text):
+                case ScriptedText(text=text):
                     output_chars += len(text)
                     for chunk in split_chunks(text):
                         yield TextDelta(chunk)
-                case ReasoningEvent(text=text, signature=signature):
+                case ScriptedReasoning(text=text, signature=signature):
                     output_chars += len(text)
                     for chunk in split_chunks(text):
                         yield ReasoningDelta(chunk)
                     yield ReasoningComplete(text=text, signature=signature)
-                case ToolCallEvent(name=name, arguments=arguments):
+                case ScriptedToolCall(name=name, arguments=arguments):
                     substituted = substitute_placeholders(arguments, stack, self._script.source)
                     output_chars += len(name) + len(_dumps(substituted))
                     yield ToolCallDelta(name=name)
                     call_id = _call_id(request_digest, index)
                     yield ToolCallComplete(ToolCall(id=call_id, name=name, arguments=substituted))
-                case ErrorEvent(message=message, retryable=retryable):
+                case ScriptedError(message=message, retryable=retryable):
                     raise ProviderError(message, retryable=retryable)
         sent = dataclasses.replace(request, history=fitted) if truncation is not None else request
         usage = Usage(input_tokens=_tokens(request_chars(sent)), output_tokens=_tokens(output_chars))

@@ -140,10 +140,19 @@ class UsageRecord:
     cost_usd: float | None = None
     #: The validated structured output of the turn (JSON text), when an output schema is configured.
     output: str | None = None
+    #: What the step refused or gave up on, kept with the thread (JSON text: a list of objects, each an
+    #: output notice's own fields plus the ``source_id`` of the input it answers; ``None``: nothing).
+    #: A step that only refused inputs stores a record with no model (``model`` empty) just for these.
+    notices: str | None = None
 
     #: The thread's last order after that commit (assigned by the store; ``None`` on records stored before
     #: it was kept): where the step's ``turn_complete`` falls among the rows, for readers replaying events.
     tail: int | None = field(default=None, compare=False)
+
+    @property
+    def ran_model(self) -> bool:
+        """Whether the record is a model-running step's (not one kept only for its notices)."""
+        return bool(self.model)
 
     @property
     def tokens(self) -> int:

@@ -278,6 +278,8 @@ def usage_item(thread_id: str, record: UsageRecord, version: int, tail: int | No
         item["cost"] = {"N": f"{record.cost_usd:.10f}".rstrip("0").rstrip(".") or "0"}  # never 1e-07
     if record.output is not None:
         item["output"] = s_attr(record.output)
+    if record.notices is not None:
+        item["notices"] = s_attr(record.notices)
     if tail is not None:
         item["tail"] = n_attr(tail)
     return item
@@ -293,6 +295,7 @@ def usage_from_item(item: DynamoItem) -> UsageRecord:
         version=int(str(item["sk"]["S"])[len(USAGE_PREFIX) :]),
         cost_usd=float(item["cost"]["N"]) if "cost" in item else None,
         output=str(item["output"]["S"]) if "output" in item else None,
+        notices=str(item["notices"]["S"]) if "notices" in item else None,
         tail=int(item["tail"]["N"]) if "tail" in item else None,
         **counts,
     )

@@ -3,7 +3,8 @@
 ``run_conversation(["weather in Paris?"], model=..., tools=[get_weather])`` drives step mode in this
 process exactly as the queue would (every input a step; tool calls dispatched and their results fed back;
 child threads spawned, reporting and closing) on in-memory stores, until nothing is left to do, then returns
-a :class:`Transcript`: the stored items of the thread tree in the shape of ``stepagent history --json``.
+a :class:`Transcript`: the stored items of the thread tree in the shape of ``stepagent history --json``
+(limit stops apart, in ``Transcript.limits``).
 
 The model is the scripted model (a script file path, ``scripted:<path>``, or the script as a dict), any
 :class:`~stepagent.providers.base.ModelProvider`, or a plain Python function of a :class:`ModelTurn`
@@ -128,7 +129,7 @@ class FunctionModelProvider:
 
 
 class LimitHit(TypedDict):
-    """A limit that stopped a thread (its ``limit_reached`` event)."""
+    """A limit that stopped a thread (its limit output event)."""
 
     thread_id: str
     limit: str
@@ -146,7 +147,7 @@ class Transcript:
     #: The root thread's structured output of the last turn (``turn_complete.output``; ``None`` without
     #: an output schema, or when the last answer did not match it).
     output: Any = None
-    #: Every limit that stopped a thread: ``{"thread_id", "limit", "value", "used"}`` (``limit_reached``).
+    #: Every limit that stopped a thread: ``{"thread_id", "limit", "value", "used"}`` (its output event).
     limits: list[LimitHit] = field(default_factory=list)
     #: ``error`` events the agent emitted without failing a step (e.g. an answer that never matched the
     #: output schema), as their messages.
@@ -248,7 +249,9 @@ async def arun_conversation(
         for result in await driver.run_until_idle(events, max_batches=max_batches):
             if result.error is not None:
                 errors.append(f"thread {result.thread_id}: {type(result.error).__name__}: {result.error}")
-    items = [item async for item in tree_items(conversation, thread_id)]
+    # A limit stop is asserted on through ``Transcript.limits``; the items are the conversation's own
+    # (a refused input, kept with the thread, stays an ``error`` item as ``history --json`` lists it).
+    items = [item async for item in tree_items(conversation, thread_id) if item["kind"] != "limit"]
     transcript = Transcript(thread_id, items, errors)
     for source, event in events.events:
         if isinstance(event, TurnComplete) and source == thread_id:

@@ -5,7 +5,9 @@
 "use strict";
 (function () {
   const $ = (id) => document.getElementById(id);
-  const state = { token: "", thread: "", abort: null, lastId: null, refresh: null, live: new Map() };
+  const state = {
+    token: "", thread: "", abort: null, lastId: null, refresh: null, live: new Map(), unfolded: new Set(),
+  };
 
   function headers(extra) {
     return Object.assign({ Authorization: "Bearer " + state.token }, extra || {});
@@ -45,13 +47,16 @@
       if (error.status === 404) { $("transcript").replaceChildren(); return []; }
       throw error;
     }
-    const list = items.map((item) => {
-      const li = document.createElement("li");
-      li.className = item.kind + (item.thread_id !== state.thread ? " child" : "");
-      li.dataset.kind = item.kind;
-      li.textContent = itemText(item);
-      return li;
-    });
+    // The conversation itself first; each child thread's work (its seed instructions, its calls) folded
+    // into one collapsed block after it: the page is what the app's users see.
+    const list = items.filter((item) => item.thread_id === state.thread).map(itemElement);
+    const children = new Map();
+    for (const item of items) {
+      if (item.thread_id === state.thread) continue;
+      if (!children.has(item.thread_id)) children.set(item.thread_id, []);
+      children.get(item.thread_id).push(item);
+    }
+    for (const [thread, childItems] of children) list.push(childElement(thread, childItems));
     // Messages sent but not yet committed (a step commits its input with its reply) show as pending.
     const users = items.filter((item) => item.kind === "user").map((item) => item.text);
     const pending = loadPending().filter((text) => {
@@ -70,6 +75,32 @@
     $("transcript").replaceChildren(...list);
     renderApprovals(items.filter((item) => item.kind === "tool_call" && item.approval === "pending"));
     return items;
+  }
+
+  function itemElement(item) {
+    const li = document.createElement("li");
+    li.className = item.kind + (item.thread_id !== state.thread ? " child" : "");
+    li.dataset.kind = item.kind;
+    li.textContent = itemText(item);
+    return li;
+  }
+
+  function childElement(thread, childItems) {
+    const li = document.createElement("li");
+    li.className = "child-thread";
+    li.dataset.thread = thread;
+    const details = document.createElement("details");
+    details.open = state.unfolded.has(thread); // a refresh keeps what the user unfolded
+    details.addEventListener("toggle", () => {
+      if (details.open) state.unfolded.add(thread); else state.unfolded.delete(thread);
+    });
+    const summary = document.createElement("summary");
+    summary.textContent = "A helper thread worked on this (" + childItems.length + " steps)";
+    const inner = document.createElement("ul");
+    inner.append(...childItems.map(itemElement));
+    details.append(summary, inner);
+    li.append(details);
+    return li;
   }
 
   function pendingKey() { return "stepagent.pending." + state.thread; }
@@ -116,6 +147,7 @@
 
   function onEvent(type, data) {
     if (type === "text_delta") {
+      if (data.thread_id !== state.thread) return; // a child's reply being written is its own business
       state.live.set(data.thread_id, (state.live.get(data.thread_id) || "") + data.text);
       renderLive();
       return;
@@ -186,6 +218,7 @@
     state.abort = null;
     state.lastId = null;
     state.live.clear();
+    state.unfolded.clear();
     renderLive();
     loadHistory().then(() => connect()).catch((e) => status(e.message));
   }

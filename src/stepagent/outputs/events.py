@@ -1,15 +1,15 @@
-"""The output queue's events as TypedDicts: what :mod:`stepagent.aws.outputs` builds and what a consumer
-of the output queue receives, checked by the type checker where they are made.
+"""The output events as TypedDicts: what :mod:`stepagent.outputs.build` makes and what a consumer of the
+output queue or of the HTTP API's stream receives, checked by the type checker where they are made.
 
 Guarantees: each event kind has its own type with a ``Literal`` ``type``; :data:`OutputEvent` is their
 union. ``args``, ``output`` and the tool-facing values stay open JSON (``Any``): they are whatever the model
 or a tool produced. The kinds a thread's ``LIVE`` item also keeps as notices (``error``,
-``oauth_required``, ``limit_reached``) are defined in :mod:`stepagent.notices`, below the stores that
+``oauth_required`` and the limit stop) are defined in :mod:`stepagent.notices`, below the stores that
 decode them, and re-exported here.
 
 **The thread context.** An event is made without it; :func:`in_thread` adds ``thread_id``,
 ``root_thread_id`` and ``metadata`` (the root's stored metadata) after the event's own keys when it is
-published (the output queue) or streamed (the HTTP API). Each kind has its ``...InThread`` form, and
+published (the output queue) or streamed (the HTTP API), the same function for both. Each kind has its ``...InThread`` form, and
 :data:`OutputEventInThread` is their union: what a consumer receives.
 
 The TypedDicts come from ``typing_extensions`` (as those of :mod:`stepagent.notices`): a thread-context
@@ -25,6 +25,7 @@ from typing_extensions import TypedDict
 from stepagent.notices import ErrorEvent as ErrorEvent
 from stepagent.notices import LimitReachedOutput as LimitReachedOutput
 from stepagent.notices import OAuthRequiredOutput as OAuthRequiredOutput
+from stepagent.notices import OtherNotice
 
 
 class TextEvent(TypedDict):
@@ -52,6 +53,20 @@ class ToolResultEvent(TypedDict):
     event_id: str
     tool_call_id: str
     text: str
+
+
+class ApprovalEvent(TypedDict):
+    """A person's decision on a call that waited for approval, as committed: ``decision``, where it left
+    the call (``approval``: ``approved``, ``edited``, ``rejected``, ``responded``), the edited ``args`` of
+    an ``edit`` (what the tool runs with and the model sees from then on), and the ``message``."""
+
+    type: Literal["approval"]
+    event_id: str
+    tool_call_id: str
+    decision: Literal["approve", "edit", "reject", "respond"]
+    approval: Literal["approved", "edited", "rejected", "responded"]
+    args: NotRequired[dict[str, Any]]
+    message: NotRequired[str]
 
 
 class UserChoiceRequiredOutput(TypedDict):
@@ -109,6 +124,7 @@ OutputEvent = (
     TextEvent
     | ToolCallEvent
     | ToolResultEvent
+    | ApprovalEvent
     | ErrorEvent
     | OAuthRequiredOutput
     | UserChoiceRequiredOutput
@@ -140,6 +156,10 @@ class ToolResultEventInThread(ToolResultEvent, ThreadContext):
     """A ``tool_result`` or ``event`` event as published."""
 
 
+class ApprovalEventInThread(ApprovalEvent, ThreadContext):
+    """An ``approval`` event as published."""
+
+
 class ErrorEventInThread(ErrorEvent, ThreadContext):
     """An ``error`` event as published."""
 
@@ -157,7 +177,7 @@ class UserChoiceCompleteInThread(UserChoiceCompleteOutput, ThreadContext):
 
 
 class LimitReachedInThread(LimitReachedOutput, ThreadContext):
-    """A ``limit_reached`` event as published."""
+    """A limit event as published."""
 
 
 class TurnCompleteInThread(TurnCompleteOutput, ThreadContext):
@@ -172,6 +192,7 @@ OutputEventInThread = (
     TextEventInThread
     | ToolCallEventInThread
     | ToolResultEventInThread
+    | ApprovalEventInThread
     | ErrorEventInThread
     | OAuthRequiredInThread
     | UserChoiceRequiredInThread
@@ -189,20 +210,17 @@ def in_thread(event: OutputEvent, context: ThreadContext) -> OutputEventInThread
     # Each kind's ...InThread form is exactly that kind plus ThreadContext, which this merge builds; the
     # type checker follows a ``**`` of a TypedDict only for a single kind, not over the union, hence the cast.
     return cast(OutputEventInThread, {**event, **context})
-    if event["type"] == "tool_call" or event["type"] == "approval_required":
-        return {**event, **context}
-    if event["type"] == "tool_result" or event["type"] == "event":
-        return {**event, **context}
-    if event["type"] == "error":
-        return {**event, **context}
-    if event["type"] == "oauth_required":
-        return {**event, **context}
-    if event["type"] == "user_choice_required":
-        return {**event, **context}
-    if event["type"] == "user_choice_complete":
-        return {**event, **context}
-    if event["type"] == "limit_reached":
-        return {**event, **context}
-    if event["type"] == "turn_complete":
-        return {**event, **context}
-    return {**event, **context}
+
+
+class TextDeltaEvent(TypedDict):
+    """The HTTP API stream's live partial text of a thread (not an output-queue event): the part of the
+    reply being written that the stream has not sent yet."""
+
+    type: Literal["text_delta"]
+    thread_id: str
+    root_thread_id: str
+    text: str
+
+
+class OtherNoticeInThread(OtherNotice, ThreadContext):
+    """A notice of a kind this version does not read, as stored, with the thread context."""
