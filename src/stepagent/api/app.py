@@ -187,6 +187,7 @@ async def send_message(request: Request, state: ApiState, subject: str, thread: 
     await _claim(state, thread, subject)
     message = InputMessage.user_text(thread, body.text, id=message_id, metadata=body.metadata)
     await state.client.sender.send(message, message_id)
+    state.reads.expect(thread)  # this process's streams of the tree poll at the busy pace until it starts
     return JSONResponse({"message_id": message_id}, 202)
 
 
@@ -199,6 +200,7 @@ async def send_approval(request: Request, state: ApiState, subject: str, thread:
     await state.client.approve(
         thread, body.tool_call_id, body.decision, body.args, body.message, message_id=message_id
     )
+    state.reads.expect(thread)
     return JSONResponse({"message_id": message_id}, 202)
 
 
