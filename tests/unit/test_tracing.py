@@ -17,7 +17,14 @@ from stepagent.messages import InputMessage
 from stepagent.providers.base import Final, TextDelta, Usage
 from stepagent.telemetry.otel import OtelTracer, parse_traceparent
 from stepagent.tools.base import ToolContext
-from stepagent.tracing import Attributes, continuing, current_traceparent, trace_attributes, traced
+from stepagent.tracing import (
+    Attributes,
+    continuing,
+    current_traceparent,
+    genai_model,
+    trace_attributes,
+    traced,
+)
 from tests.engine.harness import EchoSyncTool, RecordingTool, ReplayProvider, call, no_sleep, text
 from tests.engine.test_agents import System
 
@@ -193,6 +200,27 @@ async def test_concurrent_tasks_keep_their_own_trace_context() -> None:
     assert {name: current for name, (current, _) in seen.items()} == {"a": first, "b": second}
     assert all(own is not None and own not in (first, second) for _, own in seen.values())
     assert current_traceparent() is None and trace_attributes() == {}
+
+
+@pytest.mark.parametrize(
+    ("provider", "model_id", "expected"),
+    [
+        ("anthropic", "claude-sonnet-4-5", ("anthropic", "claude-sonnet-4-5")),
+        ("openai", "gpt-4o-mini", ("openai", "gpt-4o-mini")),
+        (
+            "bedrock",
+            "anthropic.claude-3-haiku-20240307-v1:0",
+            ("aws.bedrock", "anthropic.claude-3-haiku-20240307-v1:0"),
+        ),
+        ("", "scripted:/home/me/agents/demo_script.json", ("scripted", "demo_script")),
+        ("", "scripted:inline", ("scripted", "inline")),
+        ("", "function:answer", ("function", "answer")),
+    ],
+)
+def test_the_chat_span_names_the_provider_and_the_bare_model_id(
+    provider: str, model_id: str, expected: tuple[str, str]
+) -> None:
+    assert genai_model(provider, model_id) == expected
 
 
 def test_a_malformed_traceparent_starts_a_new_trace() -> None:
