@@ -31,9 +31,10 @@ the character it reached, and once that turn is committed it sends the committed
 open threads; rows, usage records and children are read only for a thread whose head moved since the
 token. Polls start :data:`BUSY_INTERVAL` apart while the tree works (a partial turn is being written, or
 a turn is not complete), for :data:`BUSY_GRACE` seconds after the stream opens and after this process sent
-the tree a message (the worker is about to start), and :data:`IDLE_INTERVAL` apart otherwise; streams of the same tree in one process share their polls (:class:`SharedReads`), so an idle
-conversation costs at most one read a second however many streams watch it. A stream holds only its
-position (a few numbers per thread) — never the history it has sent.
+the tree a message (the worker is about to start), and :data:`IDLE_INTERVAL` apart otherwise; streams of
+the same tree in one process share their polls (:class:`SharedReads`), so an idle conversation costs at
+most one read a second however many streams watch it. A stream holds only its position (a few numbers
+per thread) — never the history it has sent.
 """
 
 from __future__ import annotations
