@@ -4,9 +4,9 @@
   (a 15-character chunk every 50 ms, ~300 characters a second, about a fast model's pace), with partial
   text on and off. Per step: the live writer's requests and bytes (its own
   :class:`~stepagent.stores.metrics.StoreMetrics`), the store's requests, and the wall time. The writer's
-  requests follow ``1 + streaming seconds / interval + 1`` (first write, one a second, the clear); its
-  bytes grow with the text, since every write carries the whole partial turn (DynamoDB bills an update by
-  the item's size anyway).
+  requests follow ``1 + streaming seconds / interval + 1`` (the first text at once, then one every
+  :data:`~stepagent.aws.live.LIVE_INTERVAL_S`, the clear); its bytes grow with the text, since every
+  write carries the whole partial turn (DynamoDB bills an update by the item's size anyway).
 - :func:`client_poll_cost`: the requests of one :class:`~stepagent.client.watch.TreeWatch` poll of an idle
   tree of 1 and of 3 threads — the steady cost of following a conversation (one ``BatchGetItem`` of a
   head and a ``LIVE`` item per thread).
@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.overhead import MotoDynamo, moto_dynamodb
 from bench.workload import Workload
-from stepagent.aws.live import LiveText
+from stepagent.aws.live import LIVE_INTERVAL_S, LiveText
 from stepagent.messages import InputMessage
 from stepagent.providers.base import Final, ModelInfo, ModelRequest, StreamEvent, TextDelta, Usage
 from stepagent.stores.dynamodb_io import DynamoIo
@@ -123,7 +123,7 @@ async def client_poll_cost(moto: MotoDynamo) -> list[dict[str, Any]]:
 async def live_text_costs(quick: bool = False) -> dict[str, Any]:
     durations = (0.0, 0.5) if quick else (0.0, 2.0, 5.0)
     steps = 2 if quick else 5
-    results: dict[str, Any] = {"interval_seconds": 1.0, "steps": []}
+    results: dict[str, Any] = {"interval_seconds": LIVE_INTERVAL_S, "steps": []}
     async with moto_dynamodb() as moto:
         for seconds in durations:
             for enabled in (True, False):

@@ -14,6 +14,11 @@ Guarantees:
 - **One W3C currency.** A span's context is its W3C ``traceparent`` string. :func:`current_traceparent` is
   what a sender stamps on an outgoing message (:data:`TRACEPARENT`, a message attribute or an HTTP
   header); :func:`continuing` makes a received one the parent of the spans opened inside it.
+- **Turns are flat, not staircases.** What an outgoing message carries is the *turn's* context, not the
+  innermost open span: the context a step received (:func:`continuing`), or the one the step that starts a
+  turn names with :func:`carrying_turn` (its own ``invoke_agent`` span). So every later step, tool run and
+  child step of the turn is a child of the turn's first ``invoke_agent`` span — siblings, however many
+  steps the turn takes — while spans opened inside a step still nest under that step's spans.
 
 Span names and attributes follow the OpenTelemetry GenAI conventions: ``invoke_agent`` (one step),
 ``chat {model}`` (one model call), ``execute_tool {name}`` (one tool run or dispatch).
@@ -38,6 +43,8 @@ AttributeValue = str | bool | int | float | Sequence[str]
 Attributes = Mapping[str, AttributeValue]
 
 _current: ContextVar[str | None] = ContextVar("stepagent_traceparent", default=None)
+#: The context outgoing messages carry (the turn's anchor span); ``None``: the current span's.
+_turn: ContextVar[str | None] = ContextVar("stepagent_turn_traceparent", default=None)
 
 
 class Span(Protocol):
@@ -129,13 +136,13 @@ def valid_traceparent(value: object) -> str | None:
 
 
 def current_traceparent() -> str | None:
-    """The trace context of the running task: what an outgoing message carries."""
-    return _current.get()
+    """The trace context of the running task's turn: what an outgoing message carries."""
+    return _turn.get() or _current.get()
 
 
 def trace_attributes() -> dict[str, str]:
     """``{"traceparent": ...}`` for an outgoing message, or ``{}`` when there is no trace."""
-    parent = _current.get()
+    parent = current_traceparent()
     return {TRACEPARENT: parent} if parent else {}
 
 
@@ -143,11 +150,27 @@ def trace_attributes() -> dict[str, str]:
 def continuing(traceparent: str | None) -> Iterator[None]:
     """Within the block, spans are children of ``traceparent`` and sends carry it (``None``: a new trace,
     and sends carry nothing until a span opens)."""
-    token = _current.set(valid_traceparent(traceparent))
+    valid = valid_traceparent(traceparent)
+    token, turn = _current.set(valid), _turn.set(valid)
     try:
         yield
     finally:
+        _turn.reset(turn)
         _current.reset(token)
+
+
+@contextmanager
+def carrying_turn(traceparent: str | None) -> Iterator[None]:
+    """Within the block, outgoing messages carry ``traceparent`` (the turn's first ``invoke_agent``
+    span), whatever span is open when they are sent. ``None`` changes nothing."""
+    if traceparent is None:
+        yield
+        return
+    token = _turn.set(traceparent)
+    try:
+        yield
+    finally:
+        _turn.reset(token)
 
 
 def capture_content(tracer: Tracer | None) -> bool:
@@ -188,14 +211,43 @@ def step_attributes(thread_id: str) -> dict[str, AttributeValue]:
     return {"gen_ai.operation.name": "invoke_agent", "stepagent.thread_id": thread_id}
 
 
-def chat_attributes(provider: str, model: str, thread_id: str) -> dict[str, AttributeValue]:
-    """The attributes a ``chat {model}`` span has from its start."""
+#: ``gen_ai.provider.name`` of each ``STEPAGENT_MODEL`` provider prefix (the conventions' well-known values).
+PROVIDER_NAMES = {"anthropic": "anthropic", "openai": "openai", "bedrock": "aws.bedrock"}
+
+
+def genai_model(provider: str, model_id: str) -> tuple[str, str]:
+    """``(gen_ai.provider.name, gen_ai.request.model)`` of a model: the conventions' provider value and the
+    model id as the provider knows it. A model without a provider whose id names its kind (the scripted
+    model's ``scripted:/path/demo.json``, a test double's ``function:name``) is that kind, and the script
+    file's stem (``demo``) or the name: never a file path."""
+    if provider:
+        return PROVIDER_NAMES.get(provider, provider), model_id
+    kind, colon, rest = model_id.partition(":")
+    if colon and kind and rest:
+        stem = rest.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+        return kind, stem.rsplit(".", 1)[0] if stem.endswith(".json") else stem
+    return "stepagent", model_id
+
+
+def chat_attributes(provider: str, model_id: str, thread_id: str) -> dict[str, AttributeValue]:
+    """The attributes a ``chat {model}`` span has from its start (see :func:`genai_model`)."""
+    provider_name, request_model = genai_model(provider, model_id)
     return {
         "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": provider or "stepagent",
-        "gen_ai.request.model": model,
+        "gen_ai.provider.name": provider_name,
+        "gen_ai.request.model": request_model,
         "stepagent.thread_id": thread_id,
     }
+
+
+def response_attributes(response_id: str | None, response_model: str | None) -> dict[str, AttributeValue]:
+    """``gen_ai.response.id`` / ``gen_ai.response.model``, those the provider returned."""
+    attributes: dict[str, AttributeValue] = {}
+    if response_id:
+        attributes["gen_ai.response.id"] = response_id
+    if response_model:
+        attributes["gen_ai.response.model"] = response_model
+    return attributes
 
 
 def usage_attributes(

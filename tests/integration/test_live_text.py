@@ -107,15 +107,26 @@ async def test_a_step_that_streams_nothing_writes_nothing() -> None:
     assert store.shows == [] and store.clears == 0
 
 
-async def test_a_completion_over_before_the_first_delay_writes_nothing() -> None:
+async def test_a_tool_call_over_before_the_first_delay_writes_nothing_but_text_is_written_at_once() -> None:
     store = FakeLiveStore()
     live, _ = writer(store, interval=0, first_delay=3600)
     live.on_event("t", CompletionStarted())
-    live.on_event("t", TextChunk("quick answer"))
+    live.on_event("t", ToolCallStarted(name="get_weather", arguments={}, tool_call_id="c1"))
     await asyncio.sleep(0.01)
     live.on_event("t", TurnCommitted(rows=[]))
     await live.close()
     assert store.shows == [] and store.clears == 0
+
+    # Text does not wait for the first delay: a reader sees the model's first words at once.
+    store = FakeLiveStore()
+    live, _ = writer(store, interval=0, first_delay=3600)
+    live.on_event("t", CompletionStarted())
+    live.on_event("t", ToolCallStarted(name="get_weather", arguments={}, tool_call_id="c1"))
+    live.on_event("t", TextChunk("quick answer"))
+    await eventually(lambda: bool(store.shows))
+    assert store.shows[0][1:3] == ("quick answer", "writing"), store.shows
+    await live.close()
+    assert store.clears == 1
 
 
 async def test_a_failing_live_store_never_fails_the_step() -> None:

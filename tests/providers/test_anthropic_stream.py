@@ -49,7 +49,12 @@ def test_text_stream() -> None:
     assert parse("anthropic_text.sse") == [
         TextDelta("Hello"),
         TextDelta("!\u2028 raw 🧪"),
-        Final(Usage(input_tokens=25, output_tokens=15), stop_reason="end_turn"),
+        Final(
+            Usage(input_tokens=25, output_tokens=15),
+            stop_reason="end_turn",
+            response_id="msg_01",
+            response_model="claude-sonnet-4-5",
+        ),
     ]
 
 
@@ -79,6 +84,8 @@ def test_thinking_redacted_text_and_tool_use() -> None:
         Final(
             Usage(input_tokens=472, output_tokens=89, cache_read_tokens=3000, cache_write_tokens=1200),
             stop_reason="tool_use",
+            response_id="msg_02",
+            response_model="claude-sonnet-4-5",
         ),
     ]
 

@@ -46,7 +46,12 @@ def test_text_stream_with_cached_usage() -> None:
     assert parse("openai_text.sse") == [
         TextDelta("Hello 😀"),
         TextDelta(" world\u2028!"),
-        Final(Usage(input_tokens=176, output_tokens=7, cache_read_tokens=1024), stop_reason="stop"),
+        Final(
+            Usage(input_tokens=176, output_tokens=7, cache_read_tokens=1024),
+            stop_reason="stop",
+            response_id="chatcmpl-1",
+            response_model="gpt-4o-2024-08-06",
+        ),
     ]
 
 
@@ -56,7 +61,12 @@ def test_tool_call_with_streamed_arguments() -> None:
         ToolCallDelta(arguments_delta='{"loc'),
         ToolCallDelta(arguments_delta='ation":"Paris 🇫🇷"}'),
         ToolCallComplete(ToolCall(id="call_abc123", name="get_weather", arguments={"location": "Paris 🇫🇷"})),
-        Final(Usage(input_tokens=80, output_tokens=17), stop_reason="tool_calls"),
+        Final(
+            Usage(input_tokens=80, output_tokens=17),
+            stop_reason="tool_calls",
+            response_id="chatcmpl-2",
+            response_model="gpt-4.1",
+        ),
     ]
 
 
@@ -67,7 +77,7 @@ def test_compatible_server_reasoning_without_done_marker() -> None:
         ReasoningDelta("ing."),
         TextDelta("Answer"),
         ReasoningComplete("Thinking."),
-        Final(None, stop_reason="stop"),
+        Final(None, stop_reason="stop", response_id="c3", response_model="deepseek-reasoner"),
     ]
 
 

@@ -17,7 +17,14 @@ from stepagent.messages import InputMessage
 from stepagent.providers.base import Final, TextDelta, Usage
 from stepagent.telemetry.otel import OtelTracer, parse_traceparent
 from stepagent.tools.base import ToolContext
-from stepagent.tracing import Attributes, continuing, current_traceparent, trace_attributes, traced
+from stepagent.tracing import (
+    Attributes,
+    continuing,
+    current_traceparent,
+    genai_model,
+    trace_attributes,
+    traced,
+)
 from tests.engine.harness import EchoSyncTool, RecordingTool, ReplayProvider, call, no_sleep, text
 from tests.engine.test_agents import System
 
@@ -189,8 +196,31 @@ async def test_concurrent_tasks_keep_their_own_trace_context() -> None:
     first, second = f"00-{'1' * 32}-{'1' * 16}-01", f"00-{'2' * 32}-{'2' * 16}-01"
     await asyncio.gather(task("a", first), task("b", second))
     assert {s.name: s.parent for s in tracer.spans} == {"a": first, "b": second}
-    assert all(current == own for current, own in seen.values())
+    # What a send inside each span carries is its own task's turn context, not the other task's.
+    assert {name: current for name, (current, _) in seen.items()} == {"a": first, "b": second}
+    assert all(own is not None and own not in (first, second) for _, own in seen.values())
     assert current_traceparent() is None and trace_attributes() == {}
+
+
+@pytest.mark.parametrize(
+    ("provider", "model_id", "expected"),
+    [
+        ("anthropic", "claude-sonnet-4-5", ("anthropic", "claude-sonnet-4-5")),
+        ("openai", "gpt-4o-mini", ("openai", "gpt-4o-mini")),
+        (
+            "bedrock",
+            "anthropic.claude-3-haiku-20240307-v1:0",
+            ("aws.bedrock", "anthropic.claude-3-haiku-20240307-v1:0"),
+        ),
+        ("", "scripted:/home/me/agents/demo_script.json", ("scripted", "demo_script")),
+        ("", "scripted:inline", ("scripted", "inline")),
+        ("", "function:answer", ("function", "answer")),
+    ],
+)
+def test_the_chat_span_names_the_provider_and_the_bare_model_id(
+    provider: str, model_id: str, expected: tuple[str, str]
+) -> None:
+    assert genai_model(provider, model_id) == expected
 
 
 def test_a_malformed_traceparent_starts_a_new_trace() -> None:
@@ -230,9 +260,10 @@ async def test_a_turn_across_queued_messages_is_one_otel_trace_and_the_next_turn
     assert len({s.context.trace_id for s in first}) == 1
     by_id = {s.context.span_id: s for s in first}
     tool_span = next(s for s in first if s.name == "execute_tool lookup")
-    answering_step = first[-1]
-    assert answering_step.parent is not None and answering_step.parent.span_id == tool_span.context.span_id
-    assert by_id[tool_span.parent.span_id].name == "invoke_agent"  # type: ignore[union-attr]
+    first_step, answering_step = first[2], first[-1]
+    # The step the result starts is a sibling under the turn's first step, not under the tool span.
+    assert answering_step.parent is not None and answering_step.parent.span_id == first_step.context.span_id
+    assert by_id[tool_span.parent.span_id] is first_step  # type: ignore[union-attr]
     assert {s.context.trace_id for s in second} != {first[0].context.trace_id}
 
 

@@ -346,6 +346,7 @@ async def _send_text(
     await _claim(state, thread, subject)
     await _same_request(state, thread, key, route, raw)
     await state.client.sender.send(message, message_id)
+    state.reads.expect(thread)  # this process's streams of the tree poll at the busy pace until it starts
     return message_id
 
 
@@ -394,6 +395,7 @@ async def send_approval(request: Request, state: ApiState, subject: str, thread:
     await state.client.approve(
         thread, body.tool_call_id, body.decision, body.args, body.message, message_id=message_id
     )
+    state.reads.expect(thread)
     return JSONResponse({"message_id": message_id}, 202)
 
 

@@ -32,10 +32,12 @@ the character it reached, and once that turn is committed it sends the committed
 
 **Cost.** Each poll is one consistent ``BatchGetItem`` of the ``HEAD`` and ``LIVE`` items of the tree's
 open threads; rows, usage records and children are read only for a thread whose head moved since the
-token. Polls are :data:`IDLE_INTERVAL` apart while the tree is idle and :data:`BUSY_INTERVAL` while it
-works; streams of the same tree in one process share their polls (:class:`SharedReads`), so an idle
-conversation costs at most one read a second however many streams watch it. A stream holds only its
-position (a few numbers per thread) — never the history it has sent.
+token. Polls start :data:`BUSY_INTERVAL` apart while the tree works (a partial turn is being written, or
+a turn is not complete), for :data:`BUSY_GRACE` seconds after the stream opens and after this process sent
+the tree a message (the worker is about to start), and :data:`IDLE_INTERVAL` apart otherwise; streams of
+the same tree in one process share their polls (:class:`SharedReads`), so an idle conversation costs at
+most one read a second however many streams watch it. A stream holds only its position (a few numbers
+per thread) — never the history it has sent.
 """
 
 from __future__ import annotations
@@ -68,8 +70,13 @@ from stepagent.stores.dynamodb_live import LiveState, decode_live
 
 #: Seconds between two polls of an idle tree (the cost floor of a connected client).
 IDLE_INTERVAL = 1.0
-#: Seconds between two polls while the tree works (how smooth live text looks).
-BUSY_INTERVAL = 0.2
+#: Seconds between the starts of two polls while the tree works: shorter than the worker's live-text
+#: interval (:data:`stepagent.aws.live.LIVE_INTERVAL_S`), so every write of the partial turn is its own
+#: ``text_delta`` and the first text is out within this long of its write.
+BUSY_INTERVAL = 0.15
+#: Seconds a stream polls at the busy pace after it opens, or after a message was sent to its tree, before
+#: the tree shows any work (the worker taking the message, the model starting).
+BUSY_GRACE = 5.0
 MAX_TOKEN_CHARS = 16_384
 #: How many head versions back a ``LIVE`` notice's usage record is looked for (it is the same step's).
 KEPT_NOTICE_LOOKBACK = 8
@@ -200,6 +207,17 @@ class SharedReads:
     def __init__(self, reader: StoreReader) -> None:
         self.reader = reader
         self._reads: dict[tuple[str, ...], tuple[float, asyncio.Future[Any]]] = {}
+        self._expected: dict[str, float] = {}  # root thread -> until when its streams poll at the busy pace
+
+    def expect(self, root: str) -> None:
+        """A message was just sent to ``root``'s tree: its streams poll at the busy pace for a while."""
+        now = time.monotonic()
+        if len(self._expected) > 256:
+            self._expected = {k: v for k, v in self._expected.items() if v > now}
+        self._expected[root] = now + BUSY_GRACE
+
+    def expecting(self, root: str) -> bool:
+        return self._expected.get(root, 0.0) > time.monotonic()
 
     async def views(self, threads: Iterable[str], max_age: float) -> dict[str, View]:
         """Each thread's head and ``LIVE`` item, decoded once for every stream that shares the read."""
@@ -259,13 +277,22 @@ class TreeEvents:
         self._locating = message_id if message_id is not None and not positions else None
         self._turn_start: int | None = None  # the root order the turn of ``message_id`` starts at
         self._scanned = 0  # root rows already searched for it
+        self._fast_until = time.monotonic() + BUSY_GRACE
+        self._polled_at = time.monotonic()
 
     def token(self) -> str:
         return self.tokens.encode(self.root, self.positions)
 
     @property
+    def pace(self) -> float:
+        """Seconds from the start of one poll to the start of the next."""
+        fast = self.busy or time.monotonic() < self._fast_until or self.reads.expecting(self.root)
+        return BUSY_INTERVAL if fast else IDLE_INTERVAL
+
+    @property
     def interval(self) -> float:
-        return BUSY_INTERVAL if self.busy else IDLE_INTERVAL
+        """Seconds to wait before the next poll (its :attr:`pace` less the time the last poll took)."""
+        return max(0.0, self.pace - (time.monotonic() - self._polled_at))
 
     async def poll(self) -> AsyncIterator[tuple[str, StreamEvent]]:
         """One round of reads, and the events it found. Threads discovered on the way (a child spawned
@@ -274,7 +301,8 @@ class TreeEvents:
             self.busy = True  # the message is on its way to the worker: look again soon
             return
         pending = list(self.positions)
-        max_age = self.interval * 0.9
+        self._polled_at = time.monotonic()
+        max_age = self.pace * 0.9
         busy = False
         root_view: View | None = None
         while pending:

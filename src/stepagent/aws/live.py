@@ -3,12 +3,14 @@ to the thread's ``LIVE`` item (:mod:`stepagent.stores.dynamodb_live`) by the wor
 
 Guarantees:
 
-- **At most one write per interval.** While a step streams, :class:`StepLive` writes the partial turn
-  (text so far, what the model is doing, the tool being called) a quarter of a second after the first
-  change, then at most once per ``interval`` (1 s): a reader polling the item is never more than about one
-  interval plus one request behind the model. A step that streams nothing, or whose completion is over
-  within that first quarter second, writes nothing; one that wrote clears the partial turn when it ends
-  (committed, failed or not).
+- **At the model's pace, at most one write per interval.** While a step streams text, :class:`StepLive`
+  writes the partial turn (text so far, what the model is doing, the tool being called) at once when the
+  first text arrives, then at most once per ``interval`` (0.2 s, counted from the start of the previous
+  write): a reader polling the item at least that often sees the text within about one interval of the
+  model writing it, in several updates a second. A completion that is thinking or calling a tool is
+  written only ``first_delay`` (0.25 s) after it began to stream, and one silent for
+  :data:`LIVE_SLOW_START_S` shows ``thinking``: a quick tool call costs no write. A step that wrote clears
+  the partial turn when it ends (committed, failed or not).
 - **Never reported as committed.** The partial turn names the head version it follows; the step's commit
   moves the head past it, so the committed rows take over in the same read that would have shown it.
   Text streamed before a retried attempt or before a tool call is dropped from the partial turn as the
@@ -20,8 +22,10 @@ Guarantees:
   read the shared output queue still sees them.
 
 Cost per step (counted in :attr:`LiveText.metrics`; ``make bench`` measures it): with partial text on,
-one ``UpdateItem`` when text starts (or half an interval into a completion still silent), one per further
-interval of streaming, one to clear; nothing for a step without a completion or with a short one.
+one ``UpdateItem`` when text starts (or :data:`LIVE_SLOW_START_S` into a completion still silent), one per
+further interval of streaming (five a second), one to clear; nothing for a step without a completion, or
+whose completion only called a tool within ``first_delay``. Each write carries the whole partial turn, so it
+is billed by its size: one write unit per started kilobyte of text.
 """
 
 from __future__ import annotations
@@ -57,10 +61,14 @@ from stepagent.stores.metrics import StoreMetrics
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two writes of one step's partial turn.
-LIVE_INTERVAL_S = 1.0
-#: Seconds from a step's first streamed chunk to its first write (a completion over by then writes nothing).
+#: Seconds between the starts of two writes of one step's partial turn (with the API stream's busy poll,
+#: how many updates a second a reader sees).
+LIVE_INTERVAL_S = 0.2
+#: Seconds from a step's first streamed event to its first write unless that event is text (a quick tool
+#: call, over by then, writes nothing); text is written at once.
 LIVE_FIRST_DELAY_S = 0.25
+#: Seconds a completion may stay silent before the item says it is ``thinking``.
+LIVE_SLOW_START_S = 0.5
 
 
 class _Both:
@@ -84,6 +92,7 @@ class StepLive:
         self.thread_id = thread_id
         self.interval = interval
         self.first_delay = first_delay
+        self.slow_start = max(LIVE_SLOW_START_S, interval / 2)
         self.writes = 0
         self._step: ThreadStep | None = None
         self._text = ""
@@ -92,6 +101,7 @@ class StepLive:
         self._dirty = False
         self._written = False  # the item holds a partial turn of this step that close() must clear
         self._wake = asyncio.Event()
+        self._text_seen = asyncio.Event()  # ends the first delay: text is shown at once
         self._closing = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._slow_start: asyncio.TimerHandle | None = None
@@ -112,10 +122,11 @@ class StepLive:
             return
         match event:
             case CompletionStarted():
-                # Written with the first chunk, or after half an interval if the model is slow to start.
+                # Written with the first chunk, or after a while if the model is slow to start.
                 self._set("", "thinking", None, write=False)
-                self._slow_start = asyncio.get_running_loop().call_later(self.interval / 2, self._slow)
+                self._slow_start = asyncio.get_running_loop().call_later(self.slow_start, self._slow)
             case TextChunk(text=text):
+                self._text_seen.set()
                 self._set(self._text + text, "writing", None)
             case ThinkingStarted() | ThinkingChunk():
                 if self._phase != "thinking" or self._text:
@@ -148,10 +159,11 @@ class StepLive:
     async def _run(self) -> None:
         store = self.store
         assert store is not None
-        if self.first_delay > 0:
-            # A completion that is over this soon (a quick tool call, a short answer) costs no write.
+        if self.first_delay > 0 and not self._text_seen.is_set():
+            # A completion that is over this soon (a quick tool call) costs no write; text ends the wait.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), self.first_delay)
+                await asyncio.wait_for(_either(self._closing, self._text_seen), self.first_delay)
+        loop = asyncio.get_running_loop()
         while not self._closing.is_set():
             await self._wake.wait()
             self._wake.clear()
@@ -164,6 +176,7 @@ class StepLive:
             # is reset at every commit boundary, so it is never written with a version it is part of.
             history = self._step.history if self._step is not None else None
             version = history.version if history is not None else 0
+            started = loop.time()
             try:
                 await store.show(self.thread_id, version, self._text, self._phase, self._tool)
             except Exception as error:  # live text is a courtesy: never let it fail the step
@@ -172,8 +185,9 @@ class StepLive:
                 return
             self.writes += 1
             self._written = True
+            # The throttle, from the start of this write: the pace does not slow with the store's latency.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), self.interval)  # the throttle
+                await asyncio.wait_for(self._closing.wait(), max(0.0, started + self.interval - loop.time()))
             if self._dirty:
                 self._wake.set()
 
@@ -190,6 +204,16 @@ class StepLive:
                 await self.store.clear(self.thread_id)
             except Exception as error:  # the version check hides it anyway; the TTL reclaims it
                 log.warning("could not clear the live text of thread %s: %s", self.thread_id, error)
+
+
+async def _either(first: asyncio.Event, second: asyncio.Event) -> None:
+    """Returns when either event is set."""
+    waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 class LiveText:

@@ -176,6 +176,10 @@ async def handle_tool_batch(
         append_keys(thread_id=call.thread_id, tool_call_id=call.tool_call_id)
         limit = None if remaining_ms is None else remaining_ms() / 1000.0 - TIME_MARGIN_S
         attributes = tool_attributes(call.tool_name, call.tool_call_id, call.thread_id)
+        if capture_content(tracer):
+            attributes["gen_ai.tool.call.arguments"] = json.dumps(
+                call.arguments, ensure_ascii=False, default=str
+            )
         with continuing(record_traceparent(record)):
             async with traced(tracer, f"execute_tool {call.tool_name}", attributes) as span:
                 started = time.monotonic()

@@ -26,7 +26,7 @@ Guarantees:
   or a message from another thread on its way — a call waiting for a person's decision counts as idle
   (see :mod:`stepagent.client.watch` for the exact rule).
 - **Live, never mistaken for committed.** With ``partial=True`` the replies include ``partial`` items: the
-  text a completion has streamed so far (written by the worker at most once a second, unless
+  text a completion has streamed so far (written by the worker at most five times a second, unless
   ``STEPAGENT_LIVE_TEXT=off``), shown only until the commit that makes it history.
 - **Questions and links.** A tool's pending user choice is a ``choice`` item, answered with
   :meth:`Client.answer_choice`; OAuth links (``oauth``) and errors (``error``) are items too.

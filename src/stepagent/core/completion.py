@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -89,6 +88,7 @@ from stepagent.providers.base import (
 )
 from stepagent.providers.window import newest_that_fit, overflows
 from stepagent.stores.base import DispatchIntent, Spend
+from stepagent.telemetry import content
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tracing import (
     AttributeValue,
@@ -96,6 +96,7 @@ from stepagent.tracing import (
     Tracer,
     capture_content,
     chat_attributes,
+    response_attributes,
     traced,
     usage_attributes,
 )
@@ -305,8 +306,8 @@ class CompletionRunner:
         if self.tracer is None:
             return traced(None, "", {})
         model = self.model
-        attributes = chat_attributes(model.provider, model.name, self.history.thread_id)
-        return traced(self.tracer, f"chat {model.name}", attributes)
+        attributes = chat_attributes(model.provider, model.model_id, self.history.thread_id)
+        return traced(self.tracer, f"chat {attributes['gen_ai.request.model']}", attributes)
 
     async def _backoff(self, attempt: int, error: ProviderError | None, message: str) -> bool:
         delay = self.retry.delay(attempt, error)
@@ -360,7 +361,9 @@ class CompletionRunner:
         history = self.history
         if not history.turn_buffer_is_empty:
             raise InvariantViolation("bug: a round started with a non-empty turn buffer")
-        async for event in self._until_cancelled(self.provider.stream(self._request())):
+        request = self._request()
+        state.asked(request)
+        async for event in self._until_cancelled(self.provider.stream(request)):
             if self.cancel is not None and self.cancel.is_set():
                 self._end_thinking()
                 history.flush_turn_trimming_reasoning()
@@ -391,6 +394,7 @@ class CompletionRunner:
                     self._end_thinking()
                     state.emitted_call = True
                     call = await self._thread_unique(call, chunk_id)
+                    state.saw_call(call)
                     await self._on_tool_call(call, chunk_id, state, outcome)
                 case Final(usage=usage):
                     self._end_thinking()
@@ -478,20 +482,38 @@ class _RoundState:
     capture: bool = False
     final: Final | None = None
     text: list[str] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+    request: ModelRequest | None = None
+
+    def asked(self, request: ModelRequest) -> None:
+        if self.capture:
+            self.request = request
 
     def saw_text(self, text: str) -> None:
         if self.capture:
             self.text.append(text)
 
+    def saw_call(self, call: ToolCall) -> None:
+        if self.capture:
+            self.calls.append(call)
+
     def span_attributes(self) -> dict[str, AttributeValue]:
-        usage = (self.final.usage if self.final is not None else None) or Usage()
-        reason = self.final.stop_reason if self.final is not None else None
+        final = self.final
+        usage = (final.usage if final is not None else None) or Usage()
+        reason = final.stop_reason if final is not None else None
         attributes = usage_attributes(
             usage.input_tokens, usage.output_tokens, usage.cache_read_tokens, usage.cache_write_tokens, reason
         )
-        if self.capture and self.text:
-            parts = [{"type": "text", "content": "".join(self.text)}]
-            attributes["gen_ai.output.messages"] = json.dumps([{"role": "assistant", "parts": parts}])
+        if final is not None:
+            attributes.update(response_attributes(final.response_id, final.response_model))
+        if self.capture:
+            if self.request is not None:
+                attributes["gen_ai.system_instructions"] = content.system_instructions(self.request.system)
+                attributes["gen_ai.input.messages"] = content.input_messages(self.request.history)
+            if self.text or self.calls:
+                attributes["gen_ai.output.messages"] = content.output_messages(
+                    "".join(self.text), self.calls, reason
+                )
         return attributes
 
 

@@ -360,8 +360,10 @@ class StepEffects:
         await self.checkpoint()
         annotations = self._tool_attributes(call.name, call.id, call.arguments)
         context = self.context(call.id, call.call_id)
-        async with traced(self.tracer, f"execute_tool {call.name}", annotations):
+        async with traced(self.tracer, f"execute_tool {call.name}", annotations) as span:
             result = await run_inline_tool(tool, call, context)
+            if capture_content(self.tracer):
+                span.set_attributes({"gen_ai.tool.call.result": result.joined_text()})
         apply_tool_effects(self.history, context)
         return result
 

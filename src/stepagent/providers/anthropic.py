@@ -216,6 +216,7 @@ class AnthropicStreamParser:
         self._blocks: dict[int, _Block] = {}
         self._usage: dict[str, int] = {}
         self._stop_reason: str | None = None
+        self._response: tuple[str | None, str | None] = (None, None)  # (id, model) of message_start
         self._done = False
 
     @property
@@ -258,6 +259,7 @@ class AnthropicStreamParser:
         message = payload.get("message")
         if isinstance(message, dict):
             self._usage_from(message.get("usage"))
+            self._response = (_text_or_none(message.get("id")), _text_or_none(message.get("model")))
         return []
 
     def _block_start(self, payload: dict[str, Any]) -> list[StreamEvent]:
@@ -334,7 +336,19 @@ class AnthropicStreamParser:
             cache_read_tokens=self._usage.get("cache_read_input_tokens", 0),
             cache_write_tokens=self._usage.get("cache_creation_input_tokens", 0),
         )
-        return [Final(usage=usage, stop_reason=self._stop_reason)]
+        response_id, response_model = self._response
+        return [
+            Final(
+                usage=usage,
+                stop_reason=self._stop_reason,
+                response_id=response_id,
+                response_model=response_model,
+            )
+        ]
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def _args(state: _Block) -> dict[str, Any]:

@@ -147,6 +147,10 @@ class Final:
     usage: Usage | None = None
     stop_reason: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The id the provider gave this response (Anthropic's message id, OpenAI's completion id), if any.
+    response_id: str | None = None
+    #: The model that answered, as the provider names it (may be more specific than the one asked for).
+    response_model: str | None = None
 
 
 StreamEvent = TextDelta | ReasoningDelta | ReasoningComplete | ToolCallDelta | ToolCallComplete | Final

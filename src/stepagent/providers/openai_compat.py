@@ -243,6 +243,8 @@ class OpenAIStreamParser:
         self._reasoning: list[str] = []
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
+        self._response_id: str | None = None
+        self._response_model: str | None = None
         self._done = False
 
     @property
@@ -264,6 +266,10 @@ class OpenAIStreamParser:
         if event.event == "error" or chunk.get("error") is not None:
             raise error_from_chunk(chunk.get("error", chunk))
         out: list[StreamEvent] = []
+        if self._response_id is None and isinstance(chunk.get("id"), str) and chunk["id"]:
+            self._response_id = chunk["id"]
+        if self._response_model is None and isinstance(chunk.get("model"), str) and chunk["model"]:
+            self._response_model = chunk["model"]
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self._usage = _usage(usage)
@@ -333,7 +339,14 @@ class OpenAIStreamParser:
             return []
         self._done = True
         out = self._complete_calls()
-        out.append(Final(usage=self._usage, stop_reason=self._finish_reason))
+        out.append(
+            Final(
+                usage=self._usage,
+                stop_reason=self._finish_reason,
+                response_id=self._response_id,
+                response_model=self._response_model,
+            )
+        )
         return out
 
 
