@@ -52,6 +52,7 @@ from stepagent.history_items import (
     waiting_for_approval,
 )
 from stepagent.messages import ToolCall, ToolResult
+from stepagent.providers.window import unanswered_start
 from stepagent.stores.base import (
     Commit,
     ConversationStore,
@@ -501,6 +502,18 @@ class HistoryManager:
                 continue  # the decision on a call still running belongs with the call
             return order or 0
         return 0
+
+    def compaction_point(self) -> int:
+        """The own-log order a compaction summary may cover: :meth:`safe_spawn_point`, but never the
+        inputs the model has not answered yet (:func:`~stepagent.providers.window.unanswered_start`) —
+        they stay verbatim after the summary, so the turn that triggered a compaction is answered
+        seeing itself."""
+        point = self.safe_spawn_point()
+        start = unanswered_start(self.history)
+        for order in reversed(self._orders[:start]):
+            if order is not None:
+                return min(point, order)
+        return 0 if start < len(self.history) else point
 
     async def apply_compaction(self) -> bool:
         """Replace what the latest own summary covers by the summary. ``False`` if there is none or it

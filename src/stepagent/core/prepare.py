@@ -362,7 +362,7 @@ class Preparer:
                 child_id=child_id,
                 spawn_tool_call_id=spawn_call_id,
                 kind=ThreadKind.COMPACTION,
-                spawn_order=self.history.safe_spawn_point(),
+                spawn_order=self.history.compaction_point(),
                 seed=[(begin, f"{spawn_call_id}-compaction-call")],
                 message=InputMessage.tool_result(child_id, instructions),
                 dedup_id=spawn_call_id,

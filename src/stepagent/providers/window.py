@@ -48,6 +48,7 @@ from dataclasses import dataclass
 
 from stepagent.errors import ProviderError
 from stepagent.history_items import (
+    ApprovalItem,
     AssistantText,
     EventItem,
     HistoryItem,
@@ -232,20 +233,140 @@ def compaction_helps(
     context_window: int,
     max_output_tokens: int,
     threshold: float,
+    *,
+    measured: int | None = None,
 ) -> bool:
-    """Whether a thread with this next request should compact: its estimate is over
-    :func:`compaction_limit`, and what compaction can remove — the history after its leading summary — is
-    at least a quarter of the room the window leaves beside the fixed part (system prompt and tools). The
-    second condition keeps a window that the fixed part nearly fills from compacting after every turn."""
+    """Whether a thread with this next request should compact: the request is over the share
+    ``threshold`` of the window — measured by ``measured`` (the provider's count of the previous request
+    plus an estimate of what was added since: :func:`measured_tokens`) when known, else by the estimate
+    — or its estimate is over the truncation budget (compaction always comes before truncation); and
+    what compaction can remove — the history after its leading summary and before the inputs the model
+    has not answered yet (:func:`unanswered_start`) — is at least a quarter of the room the window leaves
+    beside the fixed part (system prompt and tools). The last condition keeps a window that the fixed
+    part nearly fills from compacting after every turn. ``False`` when the fixed part alone does not fit
+    (:func:`fixed_part_error`): no compaction can help then."""
     if context_window <= 0:
         return False
     fixed = estimate_fixed(system, tools)
-    sizes = [estimate_item(item) for item in history]
-    if fixed + sum(sizes) <= compaction_limit(context_window, max_output_tokens, threshold):
+    budget = window_budget(context_window, max_output_tokens)
+    if fixed > budget:
         return False
-    compactable = sum(sizes[1:] if history and isinstance(history[0], Summary) else sizes)
-    room = window_budget(context_window, max_output_tokens) - fixed
-    return compactable >= max(1, room // 4)
+    sizes = [estimate_item(item) for item in history]
+    estimate = fixed + sum(sizes)
+    share = measured if measured is not None else estimate
+    if estimate <= budget and share <= compaction_limit(context_window, max_output_tokens, threshold):
+        return False
+    lead = 1 if history and isinstance(history[0], Summary) else 0
+    compactable = sum(sizes[lead : unanswered_start(history)])
+    return compactable >= max(1, (budget - fixed) // 4)
+
+
+def measured_tokens(reported: int, added: Sequence[HistoryItem]) -> int:
+    """The size of the next request from what the provider last counted: ``reported`` (the previous
+    request's exact input tokens, system prompt and tools included) plus the estimate of the items
+    ``added`` since. Exact for everything the provider saw, so the share of the window it measures does not
+    drift with the estimate's bytes per token (English prose is ~4 bytes a token, the estimate counts 3)."""
+    return reported + sum(map(estimate_item, added))
+
+
+#: Inputs the model answers: the trailing run of these is what a compaction must leave verbatim.
+_INPUTS = (UserItem, EventItem, ToolResultItem, ApprovalItem)
+
+
+def unanswered_start(history: Sequence[HistoryItem]) -> int:
+    """The index where the inputs the model has not answered yet begin: the trailing run of user items,
+    events, tool results and decisions, extended back over the assistant turn whose calls those results
+    answer (a result is never separated from its call, nor a call from the reasoning and text before
+    it). ``len(history)`` when the history ends with the model's own output. A compaction summarises only
+    what comes before: the unanswered inputs stay verbatim after the summary and are answered once."""
+    start = len(history)
+    while start > 0 and isinstance(history[start - 1], _INPUTS):
+        start -= 1
+    if start == len(history):
+        return start
+    needed = {i.result.id for i in history[start:] if isinstance(i, ToolResultItem)}
+    needed -= {i.call.id for i in history[start:] if isinstance(i, ToolCallItem)}
+    while needed and start > 0:
+        start -= 1
+        item = history[start]
+        if isinstance(item, ToolCallItem):
+            needed.discard(item.call.id)
+        elif isinstance(item, ToolResultItem):
+            needed.add(item.result.id)
+    if start < len(history) and isinstance(history[start], ToolCallItem):
+        while start > 0 and isinstance(history[start - 1], Reasoning | AssistantText):
+            start -= 1
+    return start
+
+
+def input_room(system: str, tools: Sequence[ToolSpec], context_window: int, max_output_tokens: int) -> int:
+    """Tokens (estimated) the conversation may use beside the fixed part of every request: the
+    truncation budget minus the system prompt and tools. ``0`` when the window is unknown."""
+    if context_window <= 0:
+        return 0
+    return window_budget(context_window, max_output_tokens) - estimate_fixed(system, tools)
+
+
+def fixed_part_error(
+    system: str, tools: Sequence[ToolSpec], context_window: int, max_output_tokens: int
+) -> str | None:
+    """The message that says the window is smaller than the fixed part of every request (system prompt,
+    tool schemas and the output reserve), naming both sizes and what to change; ``None`` when it fits or
+    the window is unknown."""
+    if context_window <= 0 or input_room(system, tools, context_window, max_output_tokens) > 0:
+        return None
+    prompt = ITEM_FRAMING_TOKENS + estimate_text(system)
+    schemas = estimate_fixed(system, tools) - prompt
+    reserve = context_window - window_budget(context_window, max_output_tokens)
+    return WINDOW_TOO_SMALL.format(
+        window=context_window,
+        fixed=prompt + schemas + reserve,
+        prompt=prompt,
+        schemas=schemas,
+        tools=len(tools),
+        reserve=reserve,
+    )
+
+
+#: The error when even the fixed part of a request does not fit the window.
+WINDOW_TOO_SMALL = (
+    "The model's context window ({window} tokens) is smaller than the fixed part of every request (about "
+    "{fixed} tokens: system prompt {prompt}, tool schemas {schemas} for {tools} tools, output reserve "
+    "{reserve}), so no message can be answered. Use a model with a larger context window (or set "
+    "STEPAGENT_CONTEXT_WINDOW if its real window is larger), offer fewer built-in tools "
+    "(STEPAGENT_BUILTIN_TOOLS), or shorten the system prompt (STEPAGENT_SYSTEM_PROMPT)."
+)
+#: The error when one input alone cannot fit the room the window leaves beside the fixed part.
+INPUT_TOO_LARGE = (
+    "The message is too large for the model's context window: about {tokens} tokens ({chars} characters), "
+    "where the window is {window} tokens and about {room} of them are left for the conversation beside the "
+    "system prompt, tools and output reserve. It was not shown to the model; send it in smaller parts."
+)
+#: What the model (and ``history``) sees in place of an input that could not fit.
+INPUT_NOT_SHOWN = (
+    "[A message of {chars} characters was not shown to the model: it does not fit the context window of "
+    "{window} tokens.]"
+)
+#: The error when the unanswered inputs together cannot fit even after compaction.
+INPUTS_TOO_LARGE = (
+    "The new input is too large for the model's context window even after compacting the conversation: "
+    "about {tokens} tokens where the window is {window} tokens and about {room} of them are left for the "
+    "conversation beside the system prompt, tools and output reserve. It was not answered."
+)
+
+
+def too_large_to_compact(request: ModelRequest) -> int | None:
+    """When ``request`` cannot fit even truncated and nothing before its unanswered inputs can be
+    compacted (only a summary, or nothing, precedes them): the estimate of those inputs at their least
+    (tokens), which no compaction can make fit. ``None`` otherwise."""
+    if not overflows(request):
+        return None
+    history = request.history
+    start = unanswered_start(history)
+    lead = 1 if history and isinstance(history[0], Summary) else 0
+    if start > lead:
+        return None
+    return sum(map(_least, history[lead:]))
 
 
 def overflows(request: ModelRequest) -> bool:
