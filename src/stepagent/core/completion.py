@@ -87,7 +87,7 @@ from stepagent.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from stepagent.providers.window import newest_that_fit, overflows
+from stepagent.providers.window import fixed_part_error, newest_that_fit, overflows, too_large_to_compact
 from stepagent.stores.base import DispatchIntent, Spend
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tracing import (
@@ -146,6 +146,9 @@ class CompletionOutcome:
     output_errors: list[str] = field(default_factory=list)
     #: The next request could not fit the window even truncated: the thread must compact first.
     needs_compaction: bool = False
+    #: Why the model was not called at all (a message for people: the window cannot hold even the fixed
+    #: part of a request, or an input was too large to show); the step ends the turn with it as an error.
+    refusal: str | None = None
 
 
 @dataclass(slots=True)
@@ -190,8 +193,17 @@ class CompletionRunner:
         return self.model_info if self.model_info is not None else self.provider.info
 
     def _request(self) -> ModelRequest:
+        request = self._plain_request()
+        if self.compact_on_overflow and too_large_to_compact(request) is None:
+            return request
+        # A compaction thread cannot compact itself, and unanswered inputs that fill the window alone
+        # leave nothing to compact: the model is shown the newest part that fits, after a note saying so.
+        return dataclasses.replace(request, history=newest_that_fit(request))
+
+    def _plain_request(self) -> ModelRequest:
+        """The request from the whole visible history (nothing left out to fit the window)."""
         model = self.model
-        request = ModelRequest(
+        return ModelRequest(
             system=self.system_prompt,
             history=model_view(self.history.history, model.supports_image_input),
             tools=self.toolset.specs(),
@@ -203,10 +215,6 @@ class CompletionRunner:
             output_schema_class=self.output_schema.class_name if self.output_schema is not None else None,
             cache_ttl=self.cache_ttl,
         )
-        if self.compact_on_overflow:
-            return request
-        # A compaction thread cannot compact itself: it is shown the newest part that fits.
-        return dataclasses.replace(request, history=newest_that_fit(request))
 
     def _next_id(self) -> str:
         cid = completion_id(self.history.thread_id, self.message_id, self._counter)
@@ -266,9 +274,17 @@ class CompletionRunner:
 
     async def _round(self, outcome: CompletionOutcome) -> bool:
         """One round with retries. Returns whether another round should follow."""
-        if self.compact_on_overflow and overflows(self._request()):
-            outcome.needs_compaction = True  # never sent: it would fail; compaction makes room
+        request = self._plain_request()
+        window = request.model.context_window
+        problem = fixed_part_error(request.system, request.tools, window, request.output_limit)
+        if problem is not None:
+            outcome.refusal = problem  # no request can fit, and no compaction can help
             return False
+        if self.compact_on_overflow and overflows(request):
+            if too_large_to_compact(request) is None:
+                outcome.needs_compaction = True  # never sent: it would fail; compaction makes room
+                return False
+            self.emit(Info(texts.INPUTS_OMITTED.format(window=window)))  # _request shows the newest part
         attempt = 0
         while True:
             attempt += 1

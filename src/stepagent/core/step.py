@@ -56,9 +56,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
-from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, system_prompt
+from stepagent.core.agents import ThreadAgent, check_agents, output_limit, resolve_agent, system_prompt
 from stepagent.core.cache_ttl import choose_ttl, input_wait_kinds, is_slow_wait, latest_call_kind
-from stepagent.core.completion import CompletionRunner, RetryPolicy, model_view, sync_result_id
+from stepagent.core.completion import (
+    CompletionOutcome,
+    CompletionRunner,
+    RetryPolicy,
+    model_view,
+    sync_result_id,
+)
 from stepagent.core.effects import StepEffects, StepEnd, ToolServices
 from stepagent.core.history import HistoryManager
 from stepagent.core.limits import Limits
@@ -91,7 +97,13 @@ from stepagent.messages import (
 )
 from stepagent.providers.base import ModelProvider, Usage
 from stepagent.providers.prices import CATALOG_PRICES, PriceTable
-from stepagent.providers.window import compaction_helps
+from stepagent.providers.window import (
+    INPUT_NOT_SHOWN,
+    INPUT_TOO_LARGE,
+    compaction_helps,
+    estimate_item,
+    input_room,
+)
 from stepagent.senders.base import InputSender
 from stepagent.stores.base import (
     ConversationStore,
@@ -261,6 +273,7 @@ class ThreadStep:
             clock=self.config.clock,
             compaction_lease_seconds=self.config.compaction_lease_seconds,
             toolset=self.config.toolset,
+            input_check=self._input_check(history, metadata),
         )
         preparer.pending_choices.extend(await self._choices_if_needed(batch))
         ready = False
@@ -298,7 +311,35 @@ class ThreadStep:
             else:
                 await self._effects.commit()
             return StepOutcome(self.thread_id)
-        return await self._complete_commit_dispatch(history, last_ready_id)
+        refusal = "\n".join(preparer.refused) or None
+        return await self._complete_commit_dispatch(history, last_ready_id, refusal)
+
+    def _input_check(
+        self, history: HistoryManager, metadata: object
+    ) -> Callable[[str], tuple[str, str] | None]:
+        """The check of a user's text against the room the window leaves beside the fixed part of a
+        request (see :class:`~stepagent.core.prepare.Preparer`): a text that alone cannot fit is not shown.
+        One that fits alone but not beside the summary of a compaction is shown with the newest items
+        that fit (``core/completion.py``)."""
+        room: list[int] = []
+
+        def check(text: str) -> tuple[str, str] | None:
+            agent = self._agent(history, metadata)
+            window = agent.info.context_window
+            if window <= 0:
+                return None
+            if not room:
+                system = self._system_prompt(history, agent)
+                room.append(input_room(system, agent.toolset.specs(), window, output_limit(agent)))
+            tokens = estimate_item(UserItem(TextContent(text=text)))
+            if room[0] <= 0 or tokens <= room[0]:
+                return None  # it fits (a window the fixed part fills is reported by the completion)
+            chars = len(text)
+            stand_in = INPUT_NOT_SHOWN.format(chars=chars, window=window)
+            error = INPUT_TOO_LARGE.format(tokens=tokens, chars=chars, window=window, limit=room[0])
+            return stand_in, error
+
+        return check
 
     def _owes_after_compaction(self, history: HistoryManager) -> bool:
         """Whether the compaction that just completed was what an answer waited for. The step whose
@@ -351,7 +392,11 @@ class ThreadStep:
             child=bool(history.ancestors),
         )
 
-    async def _complete_commit_dispatch(self, history: HistoryManager, message_id: str) -> StepOutcome:
+    async def _complete_commit_dispatch(
+        self, history: HistoryManager, message_id: str, refusal: str | None = None
+    ) -> StepOutcome:
+        """Run the model (unless ``refusal`` says why it is not called: the turn then ends with that
+        error), commit, dispatch, report."""
         agent = self._agent(history, history.metadata)
         model = agent.info
         self.emit(CompletionStarted())
@@ -380,7 +425,7 @@ class ThreadStep:
             cache_ttl=choose_ttl(agent.prompt_cache_ttl, slow=self._slow_wait),
             compact_on_overflow=not compaction_thread,
         )
-        outcome = await runner.run()
+        outcome = CompletionOutcome(refusal=refusal) if refusal is not None else await runner.run()
         intent = None
         if outcome.action is not None:
             call = outcome.action.call
@@ -389,7 +434,9 @@ class ThreadStep:
         step_usage = outcome.step_usage or Usage()
         window, threshold = model.context_window, agent.compaction_threshold
         # One estimate decides both compaction and truncation, and compaction comes first.
-        over = outcome.needs_compaction or self._over_limit(history, agent, runner.system_prompt)
+        over = outcome.refusal is None and (
+            outcome.needs_compaction or self._over_limit(history, agent, runner.system_prompt)
+        )
         compaction_due = self._compaction_due(history, outcome.usage, window, threshold, over=over)
         history.turn_complete = turn_is_complete(history, self.config.toolset, compaction_due=compaction_due)
         complete = (
@@ -428,7 +475,9 @@ class ThreadStep:
             if waiting is None
             else [ApprovalRequested(waiting.call.name, waiting.call.arguments, waiting.call.id)]
         )
-        error = None if outcome.error is None else f"The model failed: {outcome.error}"
+        error = outcome.refusal
+        if error is None and outcome.error is not None:
+            error = f"The model failed: {outcome.error}"
         if error is None and outcome.output_errors:
             attempts = agent.output_retries + 1
             error = (

@@ -339,19 +339,14 @@ WINDOW_TOO_SMALL = (
 #: The error when one input alone cannot fit the room the window leaves beside the fixed part.
 INPUT_TOO_LARGE = (
     "The message is too large for the model's context window: about {tokens} tokens ({chars} characters), "
-    "where the window is {window} tokens and about {room} of them are left for the conversation beside the "
-    "system prompt, tools and output reserve. It was not shown to the model; send it in smaller parts."
+    "where the window is {window} tokens and one message may take at most about {limit} of them (the rest "
+    "holds the system prompt, tools and output reserve). It was not shown to the model; send it in smaller "
+    "parts."
 )
 #: What the model (and ``history``) sees in place of an input that could not fit.
 INPUT_NOT_SHOWN = (
     "[A message of {chars} characters was not shown to the model: it does not fit the context window of "
     "{window} tokens.]"
-)
-#: The error when the unanswered inputs together cannot fit even after compaction.
-INPUTS_TOO_LARGE = (
-    "The new input is too large for the model's context window even after compacting the conversation: "
-    "about {tokens} tokens where the window is {window} tokens and about {room} of them are left for the "
-    "conversation beside the system prompt, tools and output reserve. It was not answered."
 )
 
 
