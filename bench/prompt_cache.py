@@ -17,7 +17,8 @@ window as the API does (``prompt is too long``), and answers as a small determin
 Runs (:func:`prompt_cache_costs`): no compaction (200k window); compaction in a 16k window at 3.5 and
 4 bytes per token; children at turns 5, 15 and 25; and 7-minute gaps (the lookup is a slow remote call
 answered 7 minutes later, and the user writes 7 minutes after the answer) with ``auto``, ``5m`` and
-``1h``. Each run reports the billed cost over the physical limit, failed steps, answered turns, and the
+``1h``; and a plain tool-using chat (fast lookup) whose person writes 7 minutes, or under a minute, after each
+answer, with ``auto``. Each run reports the billed cost over the physical limit, failed steps, answered turns, and the
 cache-read share of the compaction threads' and children's first requests, next to the issue's targets.
 """
 
@@ -58,6 +59,7 @@ ANSWER_WORDS = 200
 RESULT_CHARS = 2_000
 MODEL_SECONDS = 3.0  # simulated time a model call takes
 GAP_SECONDS = 7 * 60
+PROMPT_SECONDS = 55.0  # a person who answers within a minute
 
 
 class Lookup(Tool):
@@ -290,6 +292,7 @@ async def run_conversation(
         toolset=Toolset.of([lookup, Convert(), *builtin_tools()]),
         sender=sender,
         agent=AgentConfig(system_prompt=SYSTEM_PROMPT, max_tokens=1_024, prompt_cache_ttl=ttl),
+        clock=lambda: billing.now,  # the runtime sees the simulated time: a person's pace is measured on it
     )
     driver = InProcessQueueDriver(AgentSystem(conversation, state, config), sender)
     failed = 0
@@ -366,9 +369,15 @@ async def prompt_cache_costs(quick: bool = False) -> dict[str, Any]:
         runs[f"gaps_7min_{ttl}"] = await run_conversation(
             turns=turns, ttl=ttl, tool_seconds=GAP_SECONDS, user_seconds=GAP_SECONDS, slow_lookup=True
         )
+    # A plain tool-using chat (the lookup answers within a second) whose person writes every 7 minutes,
+    # or within a minute: the end of each turn is the only slow wait.
+    runs["slow_person_7min_auto"] = await run_conversation(turns=turns, user_seconds=GAP_SECONDS)
+    runs["prompt_person_1min_auto"] = await run_conversation(turns=turns, user_seconds=PROMPT_SECONDS)
     targets: dict[str, Any] = {
         "no_compaction_cost_over_limit<=1.02": _ok(runs["no_compaction"].ratio <= 1.02),
         "gaps_7min_auto_cost_over_limit<=1.2": _ok(runs["gaps_7min_auto"].ratio <= 1.2),
+        "slow_person_7min_auto_cost_over_limit<=1.2": _ok(runs["slow_person_7min_auto"].ratio <= 1.2),
+        "prompt_person_1min_auto_cost_over_limit<=1.02": _ok(runs["prompt_person_1min_auto"].ratio <= 1.02),
     }
     for bpt in (3.5, 4.0):
         run = runs[f"compaction_16k_{bpt}_bytes_per_token"]

@@ -30,7 +30,7 @@ What it guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +153,11 @@ class HistoryManager:
         #: step's. Every sync records a changed count on the head with the rows that made it change.
         self.turn_model_calls = info.turn_model_calls if info else 0
         self._recorded_model_calls = self.turn_model_calls
+        #: The step's clock: a sync that ends the turn records when on the head (``None``: not recorded).
+        self.clock: Callable[[], float] | None = None
+        #: How long the person took to write after the last turn, measured by this step: recorded on the
+        #: head with the next sync (``core/cache_ttl.py`` predicts from it).
+        self.person_gap: float | None = None
 
     # ---- construction ---------------------------------------------------------------------------------
 
@@ -458,6 +463,9 @@ class HistoryManager:
             return False
         if self.turn_model_calls != self._recorded_model_calls:
             commit.turn_model_calls = self.turn_model_calls
+        if commit.turn_complete and self.clock is not None:
+            commit.turn_ended_at = self.clock()
+        commit.person_gap, self.person_gap = self.person_gap, None
         self.turn_complete = False
         try:
             self.info = await self.conversation.commit(self.thread_id, commit)

@@ -57,7 +57,13 @@ from dataclasses import dataclass, field
 
 from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
 from stepagent.core.agents import ThreadAgent, check_agents, output_limit, resolve_agent, system_prompt
-from stepagent.core.cache_ttl import choose_ttl, input_wait_kinds, is_slow_wait, latest_call_kind
+from stepagent.core.cache_ttl import (
+    choose_ttl,
+    input_wait_kinds,
+    is_slow_person,
+    is_slow_wait,
+    latest_call_kind,
+)
 from stepagent.core.completion import (
     CompletionOutcome,
     CompletionRunner,
@@ -261,6 +267,7 @@ class ThreadStep:
         kinds = input_wait_kinds((i.message for i in inputs), open_calls, self.config.toolset)
         latest = latest_call_kind(history.history, self.config.toolset)
         self._slow_wait = is_slow_wait(kinds if latest is None else {*kinds, latest})
+        self._slow_wait = self._slow_wait or is_slow_person(self._person_gap(history, inputs))
         batch = await self._apply_deferral(history, list(inputs))
         passive = frozenset(t.name for t in self.config.toolset if t.passive)
         preparer = Preparer(
@@ -340,6 +347,20 @@ class ThreadStep:
             return stand_in, error
 
         return check
+
+    def _person_gap(self, history: HistoryManager, inputs: Sequence[StepInput]) -> float | None:
+        """How long the thread's person took to write after its last turn: measured now when a message of
+        theirs ends a finished turn (and recorded on the head with this step's commit), else the
+        thread's last measure. The end of every turn then records its time (``HistoryManager.clock``)."""
+        history.clock = self.config.clock
+        info = history.info
+        if info is None:
+            return None
+        person = any(i.message.is_user_text and i.message.synthetic is None for i in inputs)
+        if person and info.turn_complete and info.turn_ended_at is not None:
+            history.person_gap = max(0.0, self.config.clock() - info.turn_ended_at)
+            return history.person_gap
+        return info.person_gap
 
     def _owes_after_compaction(self, history: HistoryManager) -> bool:
         """Whether the compaction that just completed was what an answer waited for. The step whose

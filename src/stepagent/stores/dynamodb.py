@@ -65,6 +65,7 @@ from stepagent.blobs import ContentBlobs
 from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError, TransactionConflictError
 from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.stores.base import (
+    with_pace,
     Commit,
     HistoryStaging,
     KnownRows,
@@ -501,6 +502,7 @@ class DynamoConversationStore:
         )
         if commit.turn_model_calls is not None:
             new = replace(new, turn_model_calls=commit.turn_model_calls)
+        new = with_pace(new, commit)
         return new
 
     async def _transact(self, thread_id: str, writes: list[Write]) -> None:

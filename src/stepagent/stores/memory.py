@@ -25,6 +25,7 @@ from stepagent.errors import ConcurrentWriteError, InvalidRewindError
 from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.messages import ToolCall, UserChoiceRequired
 from stepagent.stores.base import (
+    with_pace,
     Commit,
     DeferredInput,
     DispatchIntent,
@@ -210,6 +211,7 @@ class InMemoryConversationStore:
         )
         if commit.turn_model_calls is not None:
             new = replace(new, turn_model_calls=commit.turn_model_calls)
+        new = with_pace(new, commit)
         if commit.usage is not None:
             backend.usage.setdefault(thread_id, []).append(
                 replace(commit.usage, version=new.version, tail=new.tail)
