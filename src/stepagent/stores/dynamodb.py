@@ -65,7 +65,6 @@ from stepagent.blobs import ContentBlobs
 from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError, TransactionConflictError
 from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.stores.base import (
-    with_pace,
     Commit,
     HistoryStaging,
     KnownRows,
@@ -75,6 +74,7 @@ from stepagent.stores.base import (
     ThreadKind,
     ThreadSnapshot,
     UsageRecord,
+    with_pace,
 )
 from stepagent.stores.dynamodb_io import (
     CONFLICT_BACKOFF,

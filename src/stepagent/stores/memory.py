@@ -25,7 +25,6 @@ from stepagent.errors import ConcurrentWriteError, InvalidRewindError
 from stepagent.history_items import Summary, decode_item, encode_item
 from stepagent.messages import ToolCall, UserChoiceRequired
 from stepagent.stores.base import (
-    with_pace,
     Commit,
     DeferredInput,
     DispatchIntent,
@@ -39,6 +38,7 @@ from stepagent.stores.base import (
     ThreadKind,
     UsageRecord,
     iterate_entries,
+    with_pace,
 )
 
 #: Rows per staged write of a history replacement (as DynamoDB's BatchWriteItem), so a replacement has the
