@@ -59,6 +59,7 @@ ANSWER_WORDS = 200
 RESULT_CHARS = 2_000
 MODEL_SECONDS = 3.0  # simulated time a model call takes
 GAP_SECONDS = 7 * 60
+THRESHOLD = 0.75  # STEPAGENT_COMPACTION_THRESHOLD's default
 PROMPT_SECONDS = 55.0  # a person who answers within a minute
 
 
@@ -243,6 +244,9 @@ class RunResult:
     compaction_read_shares: list[float]
     child_inherited_read_shares: list[float]
     ttl_1h_write_tokens: int
+    #: The first compaction thread's first request (the parent's history it summarises) over the window:
+    #: how full the real window was when the first compaction started (``None``: none started).
+    first_compaction_share: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -264,6 +268,9 @@ class RunResult:
                 round(s, 3) for s in self.child_inherited_read_shares
             ],
             "one_hour_write_tokens": self.ttl_1h_write_tokens,
+            "first_compaction_share_of_window": (
+                None if self.first_compaction_share is None else round(self.first_compaction_share, 3)
+            ),
         }
 
 
@@ -330,6 +337,7 @@ async def run_conversation(
     questions = [t for t in range(1, turns + 1) if t not in spawn_at]
     answered = sum(f"Answer {t}" in answers for t in questions)
     compaction = [bill.read_share for kind, bill in api.requests if kind == "compaction"]
+    first = next((bill.total for kind, bill in api.requests if kind == "compaction"), None)
     children = []
     for kind, bill in api.requests:
         if kind == "child":
@@ -348,6 +356,7 @@ async def run_conversation(
         compaction_read_shares=compaction,
         child_inherited_read_shares=children,
         ttl_1h_write_tokens=sum(bill.cache_write_1h for _, bill in api.requests),
+        first_compaction_share=None if first is None else first / context_window,
     )
 
 
@@ -386,6 +395,10 @@ async def prompt_cache_costs(quick: bool = False) -> dict[str, Any]:
         )
         targets[f"compaction_16k_{bpt}: compaction requests >= 90% cache reads"] = _ok(
             bool(run.compaction_read_shares) and min(run.compaction_read_shares) >= 0.9
+        )
+        share = run.first_compaction_share
+        targets[f"compaction_16k_{bpt}: first compaction within 10% of the threshold (0.75 of the window)"] = (
+            _ok(share is not None and abs(share - THRESHOLD) <= 0.1 * THRESHOLD)
         )
     children = runs["children_at_5_15_25"].child_inherited_read_shares
     targets["child first request >= 90% cache reads on its inherited part"] = _ok(

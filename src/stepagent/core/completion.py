@@ -87,7 +87,13 @@ from stepagent.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from stepagent.providers.window import fixed_part_error, newest_that_fit, overflows, too_large_to_compact
+from stepagent.providers.window import (
+    compaction_first,
+    fixed_part_error,
+    newest_that_fit,
+    overflows,
+    too_large_to_compact,
+)
 from stepagent.stores.base import DispatchIntent, Spend
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tracing import (
@@ -146,6 +152,8 @@ class CompletionOutcome:
     output_errors: list[str] = field(default_factory=list)
     #: The next request could not fit the window even truncated: the thread must compact first.
     needs_compaction: bool = False
+    #: How many history items the last request sent held (what the provider's usage counted).
+    request_items: int = 0
     #: Why the model was not called at all (a message for people: the window cannot hold even the fixed
     #: part of a request, or an input was too large to show); the step ends the turn with it as an error.
     refusal: str | None = None
@@ -285,6 +293,10 @@ class CompletionRunner:
                 outcome.needs_compaction = True  # never sent: it would fail; compaction makes room
                 return False
             self.emit(Info(texts.INPUTS_OMITTED.format(window=window)))  # _request shows the newest part
+        elif self.compact_on_overflow and compaction_first(request):
+            outcome.needs_compaction = True  # sent now, its tool outputs would be truncated
+            return False
+        outcome.request_items = len(self.history.history)
         attempt = 0
         while True:
             attempt += 1

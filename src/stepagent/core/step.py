@@ -109,6 +109,7 @@ from stepagent.providers.window import (
     compaction_helps,
     estimate_item,
     input_room,
+    measured_tokens,
 )
 from stepagent.senders.base import InputSender
 from stepagent.stores.base import (
@@ -385,9 +386,22 @@ class ThreadStep:
         return system_prompt(agent.instructions, agent.toolset, root_thread_id=history.root_thread_id)
 
     @staticmethod
-    def _over_limit(history: HistoryManager, agent: ThreadAgent, system: str) -> bool:
-        """Whether the thread's next request is estimated over its compaction limit — the estimate that
-        truncation uses, and a limit below truncation's budget, so compaction always comes first."""
+    def _measured(history: HistoryManager, outcome: CompletionOutcome) -> int | None:
+        """The next request's size from the provider's count of the last one (input, cache reads and
+        writes) plus the estimate of what the step added after it; ``None`` without a report."""
+        usage = outcome.usage
+        if usage is None or not outcome.request_items:
+            return None
+        reported = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+        return measured_tokens(reported, history.history[outcome.request_items :])
+
+    @staticmethod
+    def _over_limit(
+        history: HistoryManager, agent: ThreadAgent, system: str, *, measured: int | None = None
+    ) -> bool:
+        """Whether the thread should compact before its next request: over the threshold's share of the
+        window as ``measured`` from the provider's last count (else as estimated), or estimated over
+        truncation's budget — so compaction always comes before truncation."""
         model = agent.info
         if model.context_window <= 0:
             return False
@@ -400,6 +414,7 @@ class ThreadStep:
             model.context_window,
             output_limit,
             agent.compaction_threshold,
+            measured=measured,
         )
 
     def _agent(self, history: HistoryManager, metadata: object) -> ThreadAgent:
@@ -456,7 +471,10 @@ class ThreadStep:
         window, threshold = model.context_window, agent.compaction_threshold
         # One estimate decides both compaction and truncation, and compaction comes first.
         over = outcome.refusal is None and (
-            outcome.needs_compaction or self._over_limit(history, agent, runner.system_prompt)
+            outcome.needs_compaction
+            or self._over_limit(
+                history, agent, runner.system_prompt, measured=self._measured(history, outcome)
+            )
         )
         compaction_due = self._compaction_due(history, outcome.usage, window, threshold, over=over)
         history.turn_complete = turn_is_complete(history, self.config.toolset, compaction_due=compaction_due)

@@ -350,6 +350,19 @@ INPUT_NOT_SHOWN = (
 )
 
 
+def compaction_first(request: ModelRequest) -> bool:
+    """Whether ``request`` should wait for a compaction before it is sent: its estimate is over the
+    truncation budget (sent as it is, its oldest tool outputs would be truncated) and compaction can
+    remove enough of it (:func:`compaction_helps`' rule). Compaction always comes before truncation."""
+    window = request.model.context_window
+    if window <= 0:
+        return False
+    budget = window_budget(window, request.output_limit)
+    if request_estimate(request.system, request.tools, request.history) <= budget:
+        return False
+    return compaction_helps(request.system, request.tools, request.history, window, request.output_limit, 1.0)
+
+
 def too_large_to_compact(request: ModelRequest) -> int | None:
     """When ``request`` cannot fit even truncated and nothing before its unanswered inputs can be
     compacted (only a summary, or nothing, precedes them): the estimate of those inputs at their least
