@@ -244,8 +244,8 @@ class RunResult:
     compaction_read_shares: list[float]
     child_inherited_read_shares: list[float]
     ttl_1h_write_tokens: int
-    #: The first compaction thread's first request (the parent's history it summarises) over the window:
-    #: how full the real window was when the first compaction started (``None``: none started).
+    #: The request sent just before the first compaction thread's, over the window: how full the real
+    #: window was when the first compaction started (``None``: none started).
     first_compaction_share: float | None = None
 
     @property
@@ -337,7 +337,9 @@ async def run_conversation(
     questions = [t for t in range(1, turns + 1) if t not in spawn_at]
     answered = sum(f"Answer {t}" in answers for t in questions)
     compaction = [bill.read_share for kind, bill in api.requests if kind == "compaction"]
-    first = next((bill.total for kind, bill in api.requests if kind == "compaction"), None)
+    # How full the real window was when the first compaction started: the last request before it.
+    first_index = next((n for n, (kind, _) in enumerate(api.requests) if kind == "compaction"), None)
+    first = None if not first_index else api.requests[first_index - 1][1].total
     children = []
     for kind, bill in api.requests:
         if kind == "child":

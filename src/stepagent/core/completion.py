@@ -89,9 +89,12 @@ from stepagent.providers.base import (
 )
 from stepagent.providers.window import (
     compaction_first,
+    estimate_fixed,
+    estimate_scale,
     fixed_part_error,
     newest_that_fit,
     overflows,
+    request_estimate,
     too_large_to_compact,
 )
 from stepagent.stores.base import DispatchIntent, Spend
@@ -152,8 +155,6 @@ class CompletionOutcome:
     output_errors: list[str] = field(default_factory=list)
     #: The next request could not fit the window even truncated: the thread must compact first.
     needs_compaction: bool = False
-    #: How many history items the last request sent held (what the provider's usage counted).
-    request_items: int = 0
     #: Why the model was not called at all (a message for people: the window cannot hold even the fixed
     #: part of a request, or an input was too large to show); the step ends the turn with it as an error.
     refusal: str | None = None
@@ -193,6 +194,9 @@ class CompletionRunner:
     #: Whether a request that cannot fit is held back for compaction (``False`` in a compaction thread,
     #: which cannot compact itself: its request goes out truncated as far as it can be).
     compact_on_overflow: bool = True
+    #: The provider's tokens per estimated token on the thread's last request (``1.0``: not measured);
+    #: each finished call measures it again.
+    estimate_scale: float = 1.0
     _counter: int = 0
     _thinking: bool = False
 
@@ -222,6 +226,7 @@ class CompletionRunner:
             output_schema=self.output_schema.schema if self.output_schema is not None else None,
             output_schema_class=self.output_schema.class_name if self.output_schema is not None else None,
             cache_ttl=self.cache_ttl,
+            estimate_scale=self.estimate_scale,
         )
 
     def _next_id(self) -> str:
@@ -296,7 +301,6 @@ class CompletionRunner:
         elif self.compact_on_overflow and compaction_first(request):
             outcome.needs_compaction = True  # sent now, its tool outputs would be truncated
             return False
-        outcome.request_items = len(self.history.history)
         attempt = 0
         while True:
             attempt += 1
@@ -386,7 +390,8 @@ class CompletionRunner:
         history = self.history
         if not history.turn_buffer_is_empty:
             raise InvariantViolation("bug: a round started with a non-empty turn buffer")
-        async for event in self._until_cancelled(self.provider.stream(self._request())):
+        request = self._request()
+        async for event in self._until_cancelled(self.provider.stream(request)):
             if self.cancel is not None and self.cancel.is_set():
                 self._end_thinking()
                 history.flush_turn_trimming_reasoning()
@@ -425,6 +430,7 @@ class CompletionRunner:
                     outcome.completions += 1
                     history.turn_model_calls += 1
                     if usage is not None:
+                        self._measure(request, event)
                         outcome.usage = usage
                         outcome.step_usage = (
                             usage if outcome.step_usage is None else outcome.step_usage + usage
@@ -436,6 +442,22 @@ class CompletionRunner:
             history.flush_turn_trimming_reasoning()
             outcome.cancelled = True
         return False
+
+    def _measure(self, request: ModelRequest, final: Final) -> None:
+        """Measure the provider's tokens per estimated token on ``request`` (as sent: truncated, if it
+        was) from its usage; later requests of the thread scale their estimate by it."""
+        usage = final.usage
+        if usage is None:
+            return
+        reported = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+        truncation = final.extra.get("truncation")
+        if isinstance(truncation, dict) and isinstance(truncation.get("estimate_after"), int):
+            estimated = estimate_fixed(request.system, request.tools) + truncation["estimate_after"]
+        else:
+            estimated = request_estimate(request.system, request.tools, request.history)
+        scale = estimate_scale(reported, estimated)
+        if scale is not None:
+            self.estimate_scale = self.history.estimate_scale = scale
 
     async def _thread_unique(self, call: ToolCall, chunk_id: str) -> ToolCall:
         """``call``, renamed when its id is empty or already used in this thread (OpenAI-compatible servers

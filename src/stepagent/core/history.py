@@ -158,6 +158,9 @@ class HistoryManager:
         #: How long the person took to write after the last turn, measured by this step: recorded on the
         #: head with the next sync (``core/cache_ttl.py`` predicts from it).
         self.person_gap: float | None = None
+        #: The provider's tokens per estimated token on this step's last request (recorded on the head with
+        #: the next sync; ``providers/window.py`` scales its estimate by it).
+        self.estimate_scale: float | None = None
 
     # ---- construction ---------------------------------------------------------------------------------
 
@@ -466,6 +469,7 @@ class HistoryManager:
         if commit.turn_complete and self.clock is not None:
             commit.turn_ended_at = self.clock()
         commit.person_gap, self.person_gap = self.person_gap, None
+        commit.estimate_scale, self.estimate_scale = self.estimate_scale, None
         self.turn_complete = False
         try:
             self.info = await self.conversation.commit(self.thread_id, commit)

@@ -109,7 +109,6 @@ from stepagent.providers.window import (
     compaction_helps,
     estimate_item,
     input_room,
-    measured_tokens,
 )
 from stepagent.senders.base import InputSender
 from stepagent.stores.base import (
@@ -312,7 +311,7 @@ class ThreadStep:
                 history.turn_complete = False  # the answer waits for this compaction
             # A redelivered input: the step that processed it may have died before it asked for the
             # compaction it needed, so ask again (the request's id makes a repeat a no-op).
-            request = self._compaction_request_after_redelivery(history) if saw_duplicate else None
+            request = await self._compaction_request_after_redelivery(history) if saw_duplicate else None
             if request is not None:
                 history.turn_complete = False
                 await self._effects.finish(StepEnd(compaction_request=request))
@@ -338,7 +337,10 @@ class ThreadStep:
                 return None
             if not room:
                 system = self._system_prompt(history, agent)
-                room.append(input_room(system, agent.toolset.specs(), window, output_limit(agent)))
+                info = history.info
+                scale = info.estimate_scale if info is not None and info.estimate_scale is not None else 1.0
+                specs = agent.toolset.specs()
+                room.append(input_room(system, specs, window, output_limit(agent), scale))
             tokens = estimate_item(UserItem(TextContent(text=text)))
             if room[0] <= 0 or tokens <= room[0]:
                 return None  # it fits (a window the fixed part fills is reported by the completion)
@@ -373,35 +375,35 @@ class ThreadStep:
         only_summary = len(items) == 1 and isinstance(items[0], Summary)
         return history.compacted_up_to is not None and (only_summary or self._awaits_model(history))
 
-    def _compaction_request_after_redelivery(
+    async def _compaction_request_after_redelivery(
         self, history: HistoryManager
     ) -> tuple[InputMessage, str] | None:
         agent = self._agent(history, history.metadata)
         window = agent.info.context_window
-        over = self._over_limit(history, agent, self._system_prompt(history, agent))
+        system = self._system_prompt(history, agent)
+        over = self._over_limit(history, agent, system, scale=await self._estimate_scale(history))
         return self._compaction_request(history, None, window, agent.compaction_threshold, over=over)
 
     @staticmethod
     def _system_prompt(history: HistoryManager, agent: ThreadAgent) -> str:
         return system_prompt(agent.instructions, agent.toolset, root_thread_id=history.root_thread_id)
 
-    @staticmethod
-    def _measured(history: HistoryManager, outcome: CompletionOutcome) -> int | None:
-        """The next request's size from the provider's count of the last one (input, cache reads and
-        writes) plus the estimate of what the step added after it; ``None`` without a report."""
-        usage = outcome.usage
-        if usage is None or not outcome.request_items:
-            return None
-        reported = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
-        return measured_tokens(reported, history.history[outcome.request_items :])
+    async def _estimate_scale(self, history: HistoryManager) -> float:
+        """The provider's tokens per estimated token as last measured on this thread (its head), or — for a
+        compaction thread before its first measure — on the parent it summarises; ``1.0``: never measured."""
+        info = history.info
+        if info is None:
+            return 1.0
+        if info.estimate_scale is None and info.kind == ThreadKind.COMPACTION and info.parent_id is not None:
+            parent = await self.conversation.get_thread(info.parent_id)
+            info = parent if parent is not None else info
+        return info.estimate_scale if info.estimate_scale is not None else 1.0
 
     @staticmethod
-    def _over_limit(
-        history: HistoryManager, agent: ThreadAgent, system: str, *, measured: int | None = None
-    ) -> bool:
+    def _over_limit(history: HistoryManager, agent: ThreadAgent, system: str, *, scale: float = 1.0) -> bool:
         """Whether the thread should compact before its next request: over the threshold's share of the
-        window as ``measured`` from the provider's last count (else as estimated), or estimated over
-        truncation's budget — so compaction always comes before truncation."""
+        window, its estimate scaled by the provider's measured ``scale``, or too near truncation's budget
+        (``providers/window.py``) — so compaction always comes before truncation."""
         model = agent.info
         if model.context_window <= 0:
             return False
@@ -414,7 +416,7 @@ class ThreadStep:
             model.context_window,
             output_limit,
             agent.compaction_threshold,
-            measured=measured,
+            scale=scale,
         )
 
     def _agent(self, history: HistoryManager, metadata: object) -> ThreadAgent:
@@ -460,6 +462,7 @@ class ThreadStep:
             output_retries=agent.output_retries,
             cache_ttl=choose_ttl(agent.prompt_cache_ttl, slow=self._slow_wait),
             compact_on_overflow=not compaction_thread,
+            estimate_scale=await self._estimate_scale(history),
         )
         outcome = CompletionOutcome(refusal=refusal) if refusal is not None else await runner.run()
         intent = None
@@ -472,9 +475,7 @@ class ThreadStep:
         # One estimate decides both compaction and truncation, and compaction comes first.
         over = outcome.refusal is None and (
             outcome.needs_compaction
-            or self._over_limit(
-                history, agent, runner.system_prompt, measured=self._measured(history, outcome)
-            )
+            or self._over_limit(history, agent, runner.system_prompt, scale=runner.estimate_scale)
         )
         compaction_due = self._compaction_due(history, outcome.usage, window, threshold, over=over)
         history.turn_complete = turn_is_complete(history, self.config.toolset, compaction_due=compaction_due)

@@ -234,39 +234,61 @@ def compaction_helps(
     max_output_tokens: int,
     threshold: float,
     *,
-    measured: int | None = None,
+    scale: float = 1.0,
 ) -> bool:
     """Whether a thread with this next request should compact: the request is over the share
-    ``threshold`` of the window — measured by ``measured`` (the provider's count of the previous request
-    plus an estimate of what was added since: :func:`measured_tokens`) when known, else by the estimate
-    — or its estimate is over the truncation budget (compaction always comes before truncation); and
-    what compaction can remove — the history after its leading summary and before the inputs the model
-    has not answered yet (:func:`unanswered_start`) — is at least a quarter of the room the window leaves
-    beside the fixed part (system prompt and tools). The last condition keeps a window that the fixed
-    part nearly fills from compacting after every turn. ``False`` when the fixed part alone does not fit
+    ``threshold`` of the window — its estimate times ``scale``, the provider's tokens per estimated token
+    as measured on the thread's last request — or too close to truncation's budget for a compaction
+    thread to read it whole (:func:`hard_budget`, less :data:`COMPACTION_HEADROOM`); and what compaction
+    can remove — the history after its leading summary and before the inputs the model has not answered
+    yet (:func:`unanswered_start`) — is at least a quarter of the room the window leaves beside the fixed
+    part (system prompt and tools). The last condition keeps a window that the fixed part nearly fills
+    from compacting after every turn. ``False`` when the fixed part alone does not fit
     (:func:`fixed_part_error`): no compaction can help then."""
     if context_window <= 0:
         return False
     fixed = estimate_fixed(system, tools)
-    budget = window_budget(context_window, max_output_tokens)
-    if fixed > budget:
+    if fixed > window_budget(context_window, max_output_tokens):
         return False
+    hard = hard_budget(context_window, max_output_tokens, scale)
+    soft = min(int(context_window * threshold / _bounded(scale)), hard)
     sizes = [estimate_item(item) for item in history]
     estimate = fixed + sum(sizes)
-    share = measured if measured is not None else estimate
-    if estimate <= budget and share <= compaction_limit(context_window, max_output_tokens, threshold):
+    if estimate + COMPACTION_HEADROOM <= hard and estimate <= soft:
         return False
     lead = 1 if history and isinstance(history[0], Summary) else 0
     compactable = sum(sizes[lead : unanswered_start(history)])
-    return compactable >= max(1, (budget - fixed) // 4)
+    return compactable >= max(1, (hard - fixed) // 4)
 
 
-def measured_tokens(reported: int, added: Sequence[HistoryItem]) -> int:
-    """The size of the next request from what the provider last counted: ``reported`` (the previous
-    request's exact input tokens, system prompt and tools included) plus the estimate of the items
-    ``added`` since. Exact for everything the provider saw, so the share of the window it measures does not
-    drift with the estimate's bytes per token (English prose is ~4 bytes a token, the estimate counts 3)."""
-    return reported + sum(map(estimate_item, added))
+#: What a compaction thread adds to the history it inherits (its begin call and instructions), with
+#: room to spare: compaction starts while that request still fits without truncation.
+COMPACTION_HEADROOM = 256
+#: The hard budget scales the estimate by the measured scale times this margin: what was added since the
+#: measure may be denser than what was measured.
+SCALE_MARGIN = 1.1
+
+
+def _bounded(scale: float) -> float:
+    """A measured scale, kept within what the estimate's known error allows (see the module docstring)."""
+    return min(1.5, max(0.5, scale))
+
+
+def estimate_scale(reported: int, estimated: int) -> float | None:
+    """The provider's tokens per estimated token of one request (``reported`` input tokens, system and
+    tools included, for ``estimated``); ``None`` when either is unknown."""
+    if reported <= 0 or estimated <= 0:
+        return None
+    return round(_bounded(reported / estimated), 4)
+
+
+def hard_budget(context_window: int, max_output_tokens: int, scale: float = 1.0) -> int:
+    """:func:`window_budget` in estimated tokens, for a thread whose provider counts ``scale`` tokens per
+    estimated token (with :data:`SCALE_MARGIN`; ``1.0``: unmeasured, the estimate as it is)."""
+    budget = window_budget(context_window, max_output_tokens)
+    if scale == 1.0:
+        return budget
+    return int(budget / _bounded(scale * SCALE_MARGIN))
 
 
 #: Inputs the model answers: the trailing run of these is what a compaction must leave verbatim.
@@ -299,12 +321,15 @@ def unanswered_start(history: Sequence[HistoryItem]) -> int:
     return start
 
 
-def input_room(system: str, tools: Sequence[ToolSpec], context_window: int, max_output_tokens: int) -> int:
+def input_room(
+    system: str, tools: Sequence[ToolSpec], context_window: int, max_output_tokens: int, scale: float = 1.0
+) -> int:
     """Tokens (estimated) the conversation may use beside the fixed part of every request: the
-    truncation budget minus the system prompt and tools. ``0`` when the window is unknown."""
+    truncation budget (:func:`hard_budget` at the thread's measured ``scale``) minus the system prompt and
+    tools. ``0`` when the window is unknown."""
     if context_window <= 0:
         return 0
-    return window_budget(context_window, max_output_tokens) - estimate_fixed(system, tools)
+    return hard_budget(context_window, max_output_tokens, scale) - estimate_fixed(system, tools)
 
 
 def fixed_part_error(
@@ -313,7 +338,9 @@ def fixed_part_error(
     """The message that says the window is smaller than the fixed part of every request (system prompt,
     tool schemas and the output reserve), naming both sizes and what to change; ``None`` when it fits or
     the window is unknown."""
-    if context_window <= 0 or input_room(system, tools, context_window, max_output_tokens) > 0:
+    if context_window <= 0 or window_budget(context_window, max_output_tokens) > estimate_fixed(
+        system, tools
+    ):
         return None
     prompt = ITEM_FRAMING_TOKENS + estimate_text(system)
     schemas = estimate_fixed(system, tools) - prompt
@@ -350,17 +377,28 @@ INPUT_NOT_SHOWN = (
 )
 
 
+def _request_budget(request: ModelRequest) -> int:
+    return hard_budget(request.model.context_window, request.output_limit, request.estimate_scale)
+
+
 def compaction_first(request: ModelRequest) -> bool:
     """Whether ``request`` should wait for a compaction before it is sent: its estimate is over the
-    truncation budget (sent as it is, its oldest tool outputs would be truncated) and compaction can
-    remove enough of it (:func:`compaction_helps`' rule). Compaction always comes before truncation."""
+    (measured) truncation budget — sent as it is, its oldest tool outputs would be truncated — and
+    compaction can remove enough of it (:func:`compaction_helps`). Compaction comes before truncation."""
     window = request.model.context_window
     if window <= 0:
         return False
-    budget = window_budget(window, request.output_limit)
-    if request_estimate(request.system, request.tools, request.history) <= budget:
+    if request_estimate(request.system, request.tools, request.history) <= _request_budget(request):
         return False
-    return compaction_helps(request.system, request.tools, request.history, window, request.output_limit, 1.0)
+    return compaction_helps(
+        request.system,
+        request.tools,
+        request.history,
+        window,
+        request.output_limit,
+        1.0,
+        scale=request.estimate_scale,
+    )
 
 
 def too_large_to_compact(request: ModelRequest) -> int | None:
@@ -383,7 +421,7 @@ def overflows(request: ModelRequest) -> bool:
     window = request.model.context_window
     if window <= 0:
         return False
-    budget = window_budget(window, request.output_limit) - estimate_fixed(request.system, request.tools)
+    budget = _request_budget(request) - estimate_fixed(request.system, request.tools)
     return sum(map(_least, request.history)) > budget
 
 
@@ -407,7 +445,7 @@ def newest_that_fit(request: ModelRequest) -> list[HistoryItem]:
     window = request.model.context_window
     if window <= 0 or not overflows(request):
         return history
-    budget = window_budget(window, request.output_limit) - estimate_fixed(request.system, request.tools)
+    budget = _request_budget(request) - estimate_fixed(request.system, request.tools)
     budget -= estimate_item(UserItem(TextContent(text=OMITTED_NOTE.format(count=len(history)))))
     start, total = len(history), 0
     while start > 0 and total + (size := _least(history[start - 1])) <= budget:
@@ -424,8 +462,7 @@ def fit_request(
     window = request.model.context_window
     if window <= 0:
         return list(request.history), None
-    budget = window_budget(window, request.output_limit)
-    budget -= estimate_fixed(request.system, request.tools)
+    budget = _request_budget(request) - estimate_fixed(request.system, request.tools)
     history, report = truncate_for_window(request.history, budget, estimate)
     if not report.rows_replaced:
         return history, None

@@ -133,6 +133,8 @@ TURN_MODEL_CALLS_ATTRIBUTE = "mc"
 #: The pace hints on a thread's head (:attr:`ThreadInfo.turn_ended_at`, :attr:`ThreadInfo.person_gap`).
 TURN_ENDED_AT_ATTRIBUTE = "te"
 PERSON_GAP_ATTRIBUTE = "pg"
+#: The provider's tokens per estimated token (:attr:`ThreadInfo.estimate_scale`).
+ESTIMATE_SCALE_ATTRIBUTE = "es"
 INBOX_ATTRIBUTE = "inbox"
 CREATED_AT_ATTRIBUTE = "created_at"
 FLAGS_ATTRIBUTE = "fl"
@@ -224,21 +226,25 @@ def info_from_item(item: DynamoItem) -> ThreadInfo:
         turn_model_calls=number(TURN_MODEL_CALLS_ATTRIBUTE) or 0,
         turn_ended_at=seconds(item, TURN_ENDED_AT_ATTRIBUTE),
         person_gap=seconds(item, PERSON_GAP_ATTRIBUTE),
+        estimate_scale=seconds(item, ESTIMATE_SCALE_ATTRIBUTE),
     )
 
 
 def seconds(item: DynamoItem, name: str) -> float | None:
-    """A pace hint of a head item (seconds), ``None`` when it is not there."""
+    """A numeric hint of a head item (seconds, a scale), ``None`` when it is not there."""
     return float(item[name]["N"]) if name in item else None
 
 
 def pace_values(commit: Commit) -> dict[str, str]:
-    """The pace hints ``commit`` records: attribute name -> number (seconds, to the millisecond)."""
+    """The hints ``commit`` records on the head: attribute name -> number (seconds to the millisecond, or
+    the estimate's scale)."""
     out = {}
     if commit.turn_ended_at is not None:
         out[TURN_ENDED_AT_ATTRIBUTE] = f"{commit.turn_ended_at:.3f}"
     if commit.person_gap is not None:
         out[PERSON_GAP_ATTRIBUTE] = f"{commit.person_gap:.3f}"
+    if commit.estimate_scale is not None:
+        out[ESTIMATE_SCALE_ATTRIBUTE] = f"{commit.estimate_scale:.4f}"
     return out
 
 
