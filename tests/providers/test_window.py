@@ -28,11 +28,11 @@ from stepagent.providers.window import (
     compaction_helps,
     compaction_limit,
     estimate_fixed,
-    estimate_scale,
-    hard_budget,
     estimate_item,
+    estimate_scale,
     estimate_text,
     fit_request,
+    hard_budget,
     newest_that_fit,
     overflows,
     truncate_for_window,
@@ -256,9 +256,7 @@ def test_a_prose_conversation_compacts_at_the_threshold_of_the_measured_window_n
         while True:
             history += [UserItem(TextContent(text=turn)), AssistantText(text=turn)]
             if compaction_helps("system", [], history, window, output, threshold, scale=scale):
-                estimate = estimate_item(UserItem(TextContent(text="system"))) + sum(
-                    map(estimate_item, history)
-                )
+                estimate = estimate_fixed("system", []) + sum(map(estimate_item, history))
                 return estimate * 0.75 / window
 
     assert abs(first_trigger(scale) - threshold) <= 0.1 * threshold  # within 10% of the configured share
