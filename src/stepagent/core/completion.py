@@ -23,10 +23,14 @@ Guarantees:
 - Structured output: with an ``output_schema`` (root threads only), a round that ends the turn with text
   has that text validated; an invalid answer is followed by a user item listing the errors and another
   round, at most ``output_retries`` times, then ``outcome.output_errors``.
-- A request that cannot fit the model's window even with every tool output truncated is never sent:
-  the round ends with ``outcome.needs_compaction`` (the step compacts the thread and answers afterwards)
-  instead of failing; a compaction thread, which cannot compact itself, is shown the newest part of its
-  history that fits.
+- A request that cannot fit the model's window even with every tool output truncated, or that would be
+  truncated while compaction can make room, is never sent: the round ends with
+  ``outcome.needs_compaction`` (the step compacts the thread and answers afterwards) instead of failing;
+  a compaction thread, which cannot compact itself, and unanswered inputs that fill the window alone are
+  shown the newest part that fits, after a note. A window that cannot hold even the system prompt, tools
+  and output reserve ends the round with ``outcome.refusal`` (no model call, no compaction).
+- Every finished call measures the provider's tokens per estimated token (``estimate_scale``), which
+  later requests of the step, and of the thread through its head, carry.
 - Usage: ``outcome.usage`` is the last finished model call's (what compaction measures),
   ``outcome.step_usage`` the sum over every finished call of the step, ``outcome.completions`` their
   number. Each model call and each inline tool run is a span of ``tracer`` (if any).

@@ -39,12 +39,18 @@ writes. What it relies on here:
   call runs, then the call is driven exactly like a re-driven outbox intent.
 - Turn flag: the step's last commit says whether it left the thread with nothing pending
   (:mod:`stepagent.core.turn`); any earlier commit of the step says the turn is still running.
-- Compaction: decided from the runtime's own estimate of the next request — the one truncation uses —
-  against a limit below truncation's budget, so a thread compacts before it would truncate. A request
-  that cannot fit at all is not sent: the step asks for compaction and keeps the turn open, and the step
-  that applies the summary answers (a redelivered input asks again for a compaction a crash lost).
+- Compaction: decided from the runtime's own estimate of the next request — the one truncation uses,
+  scaled by the provider's measured tokens per estimated token (``providers/window.py``) — against a
+  limit below truncation's budget, so a thread compacts before it would truncate. A request that would be
+  truncated or cannot fit at all is not sent: the step asks for compaction and keeps the turn open, and
+  the step that applies the summary answers (a redelivered input asks again for a compaction a crash
+  lost). The summary never covers the inputs the model has not answered yet.
+- What cannot fit is said: a window smaller than the fixed part of a request, and a user message larger
+  than the window (which history keeps as a marked stand-in), end the turn with an error
+  (``StepFailed``, not retrying) and no model call; no compaction runs for either.
 - Prompt cache: the step's requests carry the TTL ``STEPAGENT_PROMPT_CACHE_TTL`` selects
-  (:mod:`stepagent.core.cache_ttl`).
+  (:mod:`stepagent.core.cache_ttl`); a turn's end and the gap before the person's next message are
+  recorded on the head (``ThreadInfo.turn_ended_at``, ``person_gap``) for ``auto`` to predict from.
 """
 
 from __future__ import annotations

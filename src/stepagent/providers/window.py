@@ -33,9 +33,18 @@ Images are charged Anthropic's cost of a full-size image (~1,600 tokens).
   ProviderError) at once; the engine checks :func:`overflows` before it calls the model and compacts
   the thread instead.
 
-The engine decides compaction from the same estimate (:func:`request_estimate`), with a threshold no
-higher than the truncation budget (:func:`compaction_limit`), so a thread compacts before any of its
-tool outputs would be truncated.
+Measured scale: each model call measures the provider's input tokens per estimated token of the request it
+sent (:func:`estimate_scale`; ~0.75 for English prose). A thread's later requests carry it
+(``ModelRequest.estimate_scale``): the compaction trigger compares the estimate times the scale with the
+threshold's share of the window, so prose compacts near the configured share, not at half of it; the hard
+budget (truncation, :func:`overflows`) divides the window's budget by the scale times :data:`SCALE_MARGIN`
+(what was added since the measure may be denser). An unmeasured thread uses the estimate as it is.
+
+The engine decides compaction from the same estimate (:func:`request_estimate`), with a limit below the
+hard budget by :data:`COMPACTION_HEADROOM` (:func:`compaction_helps`), so a thread compacts before any of
+its tool outputs would be truncated and while its compaction thread can still read it whole. What a
+compaction summarises ends before the inputs the model has not answered yet (:func:`unanswered_start`).
+A window that cannot hold the fixed part of a request (:func:`fixed_part_error`) makes no compaction.
 """
 
 from __future__ import annotations
