@@ -399,9 +399,9 @@ async def prompt_cache_costs(quick: bool = False) -> dict[str, Any]:
             bool(run.compaction_read_shares) and min(run.compaction_read_shares) >= 0.9
         )
         share = run.first_compaction_share
-        targets[f"compaction_16k_{bpt}: first compaction within 10% of the threshold (0.75 of the window)"] = (
-            _ok(share is not None and abs(share - THRESHOLD) <= 0.1 * THRESHOLD)
-        )
+        targets[
+            f"compaction_16k_{bpt}: first compaction within 10% of the threshold (0.75 of the window)"
+        ] = _ok(share is not None and abs(share - THRESHOLD) <= 0.1 * THRESHOLD)
     children = runs["children_at_5_15_25"].child_inherited_read_shares
     targets["child first request >= 90% cache reads on its inherited part"] = _ok(
         bool(children) and min(children) >= 0.9
