@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import random
 
 import httpx
@@ -32,7 +33,7 @@ from stepagent.providers.window import (
     estimate_scale,
     estimate_text,
     fit_request,
-    hard_budget,
+    hard_estimate,
     newest_that_fit,
     overflows,
     truncate_for_window,
@@ -262,6 +263,8 @@ def test_a_prose_conversation_compacts_at_the_threshold_of_the_measured_window_n
     assert abs(first_trigger(scale) - threshold) <= 0.1 * threshold  # within 10% of the configured share
     assert first_trigger(1.0) < 0.6  # unmeasured: the estimate alone fires near half of the real window
     # The hard budget keeps a margin over the measure and room for the compaction thread's request.
-    assert hard_budget(window, output, scale) < window_budget(window, output) / scale
+    prose, output_item = UserItem(TextContent(text=turn)), ToolResultItem(ToolResult.text("c", "{}" * 2_000))
+    assert hard_estimate(scale)(prose) == math.ceil(estimate_item(prose) * scale * 1.1)
+    assert hard_estimate(scale)(output_item) == estimate_item(output_item)  # may be denser than prose
     assert estimate_scale(reported=750, estimated=1_000) == 0.75
     assert estimate_scale(reported=0, estimated=1_000) is None

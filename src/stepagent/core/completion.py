@@ -231,6 +231,7 @@ class CompletionRunner:
             output_schema_class=self.output_schema.class_name if self.output_schema is not None else None,
             cache_ttl=self.cache_ttl,
             estimate_scale=self.estimate_scale,
+            estimate_scale_covers_outputs=not self.compact_on_overflow,
         )
 
     def _next_id(self) -> str:

@@ -75,6 +75,9 @@ class ModelRequest:
     #: The provider's tokens per estimated token, as measured on this thread's last request (``1.0``: not
     #: measured): the window accounting scales its estimate by it (``providers/window.py``).
     estimate_scale: float = 1.0
+    #: Whether the provider already counted every item of this history (a compaction thread reads what
+    #: its parent sent): the scale then covers tool outputs too.
+    estimate_scale_covers_outputs: bool = False
 
     @property
     def output_limit(self) -> int:

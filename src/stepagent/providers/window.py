@@ -37,8 +37,9 @@ Measured scale: each model call measures the provider's input tokens per estimat
 sent (:func:`estimate_scale`; ~0.75 for English prose). A thread's later requests carry it
 (``ModelRequest.estimate_scale``): the compaction trigger compares the estimate times the scale with the
 threshold's share of the window, so prose compacts near the configured share, not at half of it; the hard
-budget (truncation, :func:`overflows`) divides the window's budget by the scale times :data:`SCALE_MARGIN`
-(what was added since the measure may be denser). An unmeasured thread uses the estimate as it is.
+checks (truncation, :func:`overflows`) count items at the scale times :data:`SCALE_MARGIN`, but tool
+outputs never below their estimate (:func:`hard_estimate`: they may be far denser than the conversation
+measured). An unmeasured thread uses the estimate as it is.
 
 The engine decides compaction from the same estimate (:func:`request_estimate`), with a limit below the
 hard budget by :data:`COMPACTION_HEADROOM` (:func:`compaction_helps`), so a thread compacts before any of
@@ -52,6 +53,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -248,7 +250,7 @@ def compaction_helps(
     """Whether a thread with this next request should compact: the request is over the share
     ``threshold`` of the window — its estimate times ``scale``, the provider's tokens per estimated token
     as measured on the thread's last request — or too close to truncation's budget for a compaction
-    thread to read it whole (:func:`hard_budget`, less :data:`COMPACTION_HEADROOM`); and what compaction
+    thread to read it whole (:func:`hard_estimate`, with :data:`COMPACTION_HEADROOM`); and what compaction
     can remove — the history after its leading summary and before the inputs the model has not answered
     yet (:func:`unanswered_start`) — is at least a quarter of the room the window leaves beside the fixed
     part (system prompt and tools). The last condition keeps a window that the fixed part nearly fills
@@ -257,17 +259,17 @@ def compaction_helps(
     if context_window <= 0:
         return False
     fixed = estimate_fixed(system, tools)
-    if fixed > window_budget(context_window, max_output_tokens):
+    budget = window_budget(context_window, max_output_tokens)
+    if fixed > budget:
         return False
-    hard = hard_budget(context_window, max_output_tokens, scale)
-    soft = min(int(context_window * threshold / _bounded(scale)), hard)
     sizes = [estimate_item(item) for item in history]
-    estimate = fixed + sum(sizes)
-    if estimate + COMPACTION_HEADROOM <= hard and estimate <= soft:
+    measured = (fixed + sum(sizes)) * _bounded(scale)
+    hard = hard_fixed(system, tools, scale) + sum(map(hard_estimate(scale), history))
+    if hard + COMPACTION_HEADROOM <= budget and measured <= min(context_window * threshold, budget):
         return False
     lead = 1 if history and isinstance(history[0], Summary) else 0
     compactable = sum(sizes[lead : unanswered_start(history)])
-    return compactable >= max(1, (hard - fixed) // 4)
+    return compactable >= max(1, (budget - fixed) // 4)
 
 
 #: What a compaction thread adds to the history it inherits (its begin call and instructions), with
@@ -291,13 +293,33 @@ def estimate_scale(reported: int, estimated: int) -> float | None:
     return round(_bounded(reported / estimated), 4)
 
 
-def hard_budget(context_window: int, max_output_tokens: int, scale: float = 1.0) -> int:
-    """:func:`window_budget` in estimated tokens, for a thread whose provider counts ``scale`` tokens per
-    estimated token (with :data:`SCALE_MARGIN`; ``1.0``: unmeasured, the estimate as it is)."""
-    budget = window_budget(context_window, max_output_tokens)
-    if scale == 1.0:
-        return budget
-    return int(budget / _bounded(scale * SCALE_MARGIN))
+def hard_factor(scale: float) -> float:
+    """What the hard checks multiply an estimate by, for a thread measured at ``scale``: the scale with
+    :data:`SCALE_MARGIN` (``1.0``: unmeasured, the estimate as it is)."""
+    return 1.0 if scale == 1.0 else _bounded(scale * SCALE_MARGIN)
+
+
+def hard_estimate(scale: float, *, covers_outputs: bool = False) -> Estimate:
+    """The per-item estimate the hard checks (truncation, overflow, compaction before truncation) use on a
+    thread measured at ``scale``: :func:`estimate_item` times :func:`hard_factor`, except that a tool
+    output is never counted below its estimate — it may be far denser (JSON, base64) than the
+    conversation the scale was measured on — unless the scale ``covers_outputs`` (they were measured)."""
+    factor = hard_factor(scale)
+    if factor == 1.0:
+        return estimate_item
+
+    def estimate(item: HistoryItem) -> int:
+        size = estimate_item(item)
+        if factor < 1.0 and not covers_outputs and isinstance(item, ToolResultItem | EventItem):
+            return size
+        return math.ceil(size * factor)
+
+    return estimate
+
+
+def hard_fixed(system: str, tools: Sequence[ToolSpec], scale: float = 1.0) -> int:
+    """The fixed part of a request (system prompt and tools) as the hard checks count it."""
+    return math.ceil(estimate_fixed(system, tools) * hard_factor(scale))
 
 
 #: Inputs the model answers: the trailing run of these is what a compaction must leave verbatim.
@@ -334,11 +356,12 @@ def input_room(
     system: str, tools: Sequence[ToolSpec], context_window: int, max_output_tokens: int, scale: float = 1.0
 ) -> int:
     """Tokens (estimated) the conversation may use beside the fixed part of every request: the
-    truncation budget (:func:`hard_budget` at the thread's measured ``scale``) minus the system prompt and
-    tools. ``0`` when the window is unknown."""
+    truncation budget minus the system prompt and tools, as the hard checks count them at the thread's
+    measured ``scale`` (in estimated tokens of text). ``0`` when the window is unknown."""
     if context_window <= 0:
         return 0
-    return hard_budget(context_window, max_output_tokens, scale) - estimate_fixed(system, tools)
+    room = window_budget(context_window, max_output_tokens) - hard_fixed(system, tools, scale)
+    return int(room / hard_factor(scale))
 
 
 def fixed_part_error(
@@ -386,8 +409,10 @@ INPUT_NOT_SHOWN = (
 )
 
 
-def _request_budget(request: ModelRequest) -> int:
-    return hard_budget(request.model.context_window, request.output_limit, request.estimate_scale)
+def _room(request: ModelRequest) -> int:
+    """The request's budget beside its fixed part, as the hard checks count them."""
+    budget = window_budget(request.model.context_window, request.output_limit)
+    return budget - hard_fixed(request.system, request.tools, request.estimate_scale)
 
 
 def compaction_first(request: ModelRequest) -> bool:
@@ -397,7 +422,12 @@ def compaction_first(request: ModelRequest) -> bool:
     window = request.model.context_window
     if window <= 0:
         return False
-    if request_estimate(request.system, request.tools, request.history) <= _request_budget(request):
+    if sum(
+        map(
+            hard_estimate(request.estimate_scale, covers_outputs=request.estimate_scale_covers_outputs),
+            request.history,
+        )
+    ) <= _room(request):
         return False
     return compaction_helps(
         request.system,
@@ -430,8 +460,10 @@ def overflows(request: ModelRequest) -> bool:
     window = request.model.context_window
     if window <= 0:
         return False
-    budget = _request_budget(request) - estimate_fixed(request.system, request.tools)
-    return sum(map(_least, request.history)) > budget
+    least = _least_of(
+        hard_estimate(request.estimate_scale, covers_outputs=request.estimate_scale_covers_outputs)
+    )
+    return sum(map(least, request.history)) > _room(request)
 
 
 #: What replaces the oldest items a compaction thread cannot be shown (:func:`newest_that_fit`).
@@ -440,10 +472,19 @@ OMITTED_NOTE = "[{count} earlier conversation items omitted: they did not fit th
 
 def _least(item: HistoryItem) -> int:
     """An item's estimate with its tool output truncated (the least it can cost in a request)."""
-    size = estimate_item(item)
-    if isinstance(item, ToolResultItem | EventItem):
-        size = min(size, estimate_item(_stub(item)))
-    return size
+    return _least_of(estimate_item)(item)
+
+
+def _least_of(estimate: Estimate) -> Estimate:
+    """:func:`_least` by ``estimate``."""
+
+    def least(item: HistoryItem) -> int:
+        size = estimate(item)
+        if isinstance(item, ToolResultItem | EventItem):
+            size = min(size, estimate(_stub(item)))
+        return size
+
+    return least
 
 
 def newest_that_fit(request: ModelRequest) -> list[HistoryItem]:
@@ -454,25 +495,27 @@ def newest_that_fit(request: ModelRequest) -> list[HistoryItem]:
     window = request.model.context_window
     if window <= 0 or not overflows(request):
         return history
-    budget = _request_budget(request) - estimate_fixed(request.system, request.tools)
-    budget -= estimate_item(UserItem(TextContent(text=OMITTED_NOTE.format(count=len(history)))))
+    estimate = hard_estimate(request.estimate_scale, covers_outputs=request.estimate_scale_covers_outputs)
+    least = _least_of(estimate)
+    budget = _room(request) - estimate(UserItem(TextContent(text=OMITTED_NOTE.format(count=len(history)))))
     start, total = len(history), 0
-    while start > 0 and total + (size := _least(history[start - 1])) <= budget:
+    while start > 0 and total + (size := least(history[start - 1])) <= budget:
         total += size
         start -= 1
     return [UserItem(TextContent(text=OMITTED_NOTE.format(count=start))), *history[start:]]
 
 
 def fit_request(
-    request: ModelRequest, estimate: Estimate = estimate_item
+    request: ModelRequest, estimate: Estimate | None = None
 ) -> tuple[list[HistoryItem], TruncationReport | None]:
     """The request's history, truncated once to fit its model's window; ``None`` report when the window
     is unknown (``context_window == 0``: nothing to fit against) or nothing had to change."""
     window = request.model.context_window
     if window <= 0:
         return list(request.history), None
-    budget = _request_budget(request) - estimate_fixed(request.system, request.tools)
-    history, report = truncate_for_window(request.history, budget, estimate)
+    if estimate is None:
+        estimate = hard_estimate(request.estimate_scale, covers_outputs=request.estimate_scale_covers_outputs)
+    history, report = truncate_for_window(request.history, _room(request), estimate)
     if not report.rows_replaced:
         return history, None
     _log.warning(
