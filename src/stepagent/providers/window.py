@@ -441,17 +441,21 @@ def compaction_first(request: ModelRequest) -> bool:
 
 
 def too_large_to_compact(request: ModelRequest) -> int | None:
-    """When ``request`` cannot fit even truncated and nothing before its unanswered inputs can be
-    compacted (only a summary, or nothing, precedes them): the estimate of those inputs at their least
-    (tokens), which no compaction can make fit. ``None`` otherwise."""
+    """When ``request`` cannot fit even truncated and no compaction can make it fit — nothing before its
+    unanswered inputs can be compacted (only a summary, or nothing, precedes them), or those inputs alone
+    cannot fit even truncated: the estimate of those inputs at their least (tokens). ``None`` otherwise."""
     if not overflows(request):
         return None
     history = request.history
     start = unanswered_start(history)
     lead = 1 if history and isinstance(history[0], Summary) else 0
-    if start > lead:
+    least = _least_of(
+        hard_estimate(request.estimate_scale, covers_outputs=request.estimate_scale_covers_outputs)
+    )
+    run = sum(map(least, history[max(start, lead) :]))
+    if start > lead and run <= _room(request):
         return None
-    return sum(map(_least, history[lead:]))
+    return run
 
 
 def overflows(request: ModelRequest) -> bool:
