@@ -17,7 +17,8 @@ window as the API does (``prompt is too long``), and answers as a small determin
 Runs (:func:`prompt_cache_costs`): no compaction (200k window); compaction in a 16k window at 3.5 and
 4 bytes per token; children at turns 5, 15 and 25; and 7-minute gaps (the lookup is a slow remote call
 answered 7 minutes later, and the user writes 7 minutes after the answer) with ``auto``, ``5m`` and
-``1h``. Each run reports the billed cost over the physical limit, failed steps, answered turns, and the
+``1h``; and a plain tool-using chat (fast lookup) whose person writes 7 minutes, or under a minute, after each
+answer, with ``auto``. Each run reports the billed cost over the physical limit, failed steps, answered turns, and the
 cache-read share of the compaction threads' and children's first requests, next to the issue's targets.
 """
 
@@ -58,6 +59,8 @@ ANSWER_WORDS = 200
 RESULT_CHARS = 2_000
 MODEL_SECONDS = 3.0  # simulated time a model call takes
 GAP_SECONDS = 7 * 60
+THRESHOLD = 0.75  # STEPAGENT_COMPACTION_THRESHOLD's default
+PROMPT_SECONDS = 55.0  # a person who answers within a minute
 
 
 class Lookup(Tool):
@@ -241,6 +244,9 @@ class RunResult:
     compaction_read_shares: list[float]
     child_inherited_read_shares: list[float]
     ttl_1h_write_tokens: int
+    #: The request sent just before the first compaction thread's, over the window: how full the real
+    #: window was when the first compaction started (``None``: none started).
+    first_compaction_share: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -262,6 +268,9 @@ class RunResult:
                 round(s, 3) for s in self.child_inherited_read_shares
             ],
             "one_hour_write_tokens": self.ttl_1h_write_tokens,
+            "first_compaction_share_of_window": (
+                None if self.first_compaction_share is None else round(self.first_compaction_share, 3)
+            ),
         }
 
 
@@ -290,6 +299,7 @@ async def run_conversation(
         toolset=Toolset.of([lookup, Convert(), *builtin_tools()]),
         sender=sender,
         agent=AgentConfig(system_prompt=SYSTEM_PROMPT, max_tokens=1_024, prompt_cache_ttl=ttl),
+        clock=lambda: billing.now,  # the runtime sees the simulated time: a person's pace is measured on it
     )
     driver = InProcessQueueDriver(AgentSystem(conversation, state, config), sender)
     failed = 0
@@ -327,6 +337,9 @@ async def run_conversation(
     questions = [t for t in range(1, turns + 1) if t not in spawn_at]
     answered = sum(f"Answer {t}" in answers for t in questions)
     compaction = [bill.read_share for kind, bill in api.requests if kind == "compaction"]
+    # How full the real window was when the first compaction started: the last request before it.
+    first_index = next((n for n, (kind, _) in enumerate(api.requests) if kind == "compaction"), None)
+    first = None if not first_index else api.requests[first_index - 1][1].total
     children = []
     for kind, bill in api.requests:
         if kind == "child":
@@ -345,6 +358,7 @@ async def run_conversation(
         compaction_read_shares=compaction,
         child_inherited_read_shares=children,
         ttl_1h_write_tokens=sum(bill.cache_write_1h for _, bill in api.requests),
+        first_compaction_share=None if first is None else first / context_window,
     )
 
 
@@ -366,9 +380,15 @@ async def prompt_cache_costs(quick: bool = False) -> dict[str, Any]:
         runs[f"gaps_7min_{ttl}"] = await run_conversation(
             turns=turns, ttl=ttl, tool_seconds=GAP_SECONDS, user_seconds=GAP_SECONDS, slow_lookup=True
         )
+    # A plain tool-using chat (the lookup answers within a second) whose person writes every 7 minutes,
+    # or within a minute: the end of each turn is the only slow wait.
+    runs["slow_person_7min_auto"] = await run_conversation(turns=turns, user_seconds=GAP_SECONDS)
+    runs["prompt_person_1min_auto"] = await run_conversation(turns=turns, user_seconds=PROMPT_SECONDS)
     targets: dict[str, Any] = {
         "no_compaction_cost_over_limit<=1.02": _ok(runs["no_compaction"].ratio <= 1.02),
         "gaps_7min_auto_cost_over_limit<=1.2": _ok(runs["gaps_7min_auto"].ratio <= 1.2),
+        "slow_person_7min_auto_cost_over_limit<=1.2": _ok(runs["slow_person_7min_auto"].ratio <= 1.2),
+        "prompt_person_1min_auto_cost_over_limit<=1.02": _ok(runs["prompt_person_1min_auto"].ratio <= 1.02),
     }
     for bpt in (3.5, 4.0):
         run = runs[f"compaction_16k_{bpt}_bytes_per_token"]
@@ -378,6 +398,10 @@ async def prompt_cache_costs(quick: bool = False) -> dict[str, Any]:
         targets[f"compaction_16k_{bpt}: compaction requests >= 90% cache reads"] = _ok(
             bool(run.compaction_read_shares) and min(run.compaction_read_shares) >= 0.9
         )
+        share = run.first_compaction_share
+        targets[
+            f"compaction_16k_{bpt}: first compaction within 10% of the threshold (0.75 of the window)"
+        ] = _ok(share is not None and abs(share - THRESHOLD) <= 0.1 * THRESHOLD)
     children = runs["children_at_5_15_25"].child_inherited_read_shares
     targets["child first request >= 90% cache reads on its inherited part"] = _ok(
         bool(children) and min(children) >= 0.9

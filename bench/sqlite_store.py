@@ -38,6 +38,7 @@ from stepagent.stores.base import (
     ThreadInfo,
     ThreadKind,
     UsageRecord,
+    with_pace,
 )
 
 #: Rows per ``load_rows`` query (like a DynamoDB Query page).
@@ -46,7 +47,7 @@ PAGE_ROWS = 100
 _SCHEMA = """
 CREATE TABLE threads (thread_id TEXT PRIMARY KEY, root_id TEXT, parent_id TEXT, spawn_order INTEGER,
     spawn_tool_call_id TEXT, kind TEXT, closed INTEGER, version INTEGER, tail INTEGER, seq INTEGER,
-    turn INTEGER);
+    turn INTEGER, hints TEXT);
 CREATE TABLE rows (thread_id TEXT, ord INTEGER, message_id TEXT, data TEXT, PRIMARY KEY (thread_id, ord));
 CREATE TABLE summaries (thread_id TEXT, up_to INTEGER, text TEXT, PRIMARY KEY (thread_id, up_to));
 CREATE TABLE marks (thread_id TEXT, kind TEXT, id TEXT, PRIMARY KEY (thread_id, kind, id));
@@ -88,15 +89,16 @@ class SqliteBackend:
     def thread(self, thread_id: str) -> ThreadInfo | None:
         found = self.db.execute(
             "SELECT thread_id, root_id, parent_id, spawn_order, spawn_tool_call_id, kind, closed, version, "
-            "tail, turn FROM threads WHERE thread_id = ?",
+            "tail, turn, hints FROM threads WHERE thread_id = ?",
             (thread_id,),
         ).fetchone()
         return _info(found) if found is not None else None
 
     def put_thread(self, info: ThreadInfo) -> None:
         self.db.execute(
-            "INSERT INTO threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
-            "closed = excluded.closed, version = excluded.version, tail = excluded.tail, turn = excluded.turn",
+            "INSERT INTO threads VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (thread_id) DO UPDATE SET "
+            "closed = excluded.closed, version = excluded.version, tail = excluded.tail, turn = excluded.turn, "
+            "hints = excluded.hints",
             (
                 info.thread_id,
                 info.root_id,
@@ -109,6 +111,7 @@ class SqliteBackend:
                 info.tail,
                 self.next_seq(),
                 None if info.turn_complete is None else int(info.turn_complete),
+                json.dumps({name: getattr(info, name) for name in _HINTS}),
             ),
         )
 
@@ -169,7 +172,12 @@ class SqliteBackend:
         return {str(row[0]) for row in found}
 
 
+#: The head's hints (what the engine's step reads back from the head besides its record).
+_HINTS = ("turn_model_calls", "turn_ended_at", "person_gap", "estimate_scale")
+
+
 def _info(row: Sequence[Any]) -> ThreadInfo:
+    hints = json.loads(row[10]) if row[10] else {}
     return ThreadInfo(
         thread_id=row[0],
         root_id=row[1],
@@ -181,6 +189,7 @@ def _info(row: Sequence[Any]) -> ThreadInfo:
         version=row[7],
         tail=row[8],
         turn_complete=None if row[9] is None else bool(row[9]),
+        **hints,
     )
 
 
@@ -279,7 +288,14 @@ class SqliteConversationStore:
                 version=info.version + 1,
                 tail=info.tail + len(encoded),
                 turn_complete=commit.turn_complete,
+                turn_model_calls=info.turn_model_calls
+                if commit.turn_model_calls is None
+                else commit.turn_model_calls,
+                turn_ended_at=info.turn_ended_at,
+                person_gap=info.person_gap,
+                estimate_scale=info.estimate_scale,
             )
+            new = with_pace(new, commit)
             backend.put_thread(new)
             if commit.usage is not None:
                 stored = dataclasses.replace(commit.usage, version=new.version)
@@ -310,7 +326,7 @@ class SqliteConversationStore:
             return []
         found = self.backend.db.execute(
             "SELECT thread_id, root_id, parent_id, spawn_order, spawn_tool_call_id, kind, closed, version, "
-            "tail, turn FROM threads WHERE parent_id = ? ORDER BY seq",
+            "tail, turn, hints FROM threads WHERE parent_id = ? ORDER BY seq",
             (thread_id,),
         ).fetchall()
         return [_info(row) for row in found]

@@ -53,6 +53,10 @@ COMPACTION_INSTRUCTIONS = (
 )
 COMPACTION_TOOL_NAME = "__harness_begin_compaction__"
 COMPACTION_COMPLETE = "Compaction complete"
+INPUTS_OMITTED = (
+    "✦ The new inputs alone fill the model's context window ({window} tokens): the model is shown only the "
+    "newest items that fit, after a note saying how many earlier ones were left out"
+)
 
 FORBIDDEN_TOOL = (
     "Error: you cannot directly invoke receive_event__injected, invocations will automatically be injected "

@@ -167,6 +167,21 @@ async def test_the_turns_model_call_count_rides_on_the_head(stores: StorePair) -
     assert stored is not None and stored.turn_model_calls == 0
 
 
+async def test_a_persons_pace_rides_on_the_head(stores: StorePair) -> None:
+    conv, _ = stores
+    thread = uid("t")
+    row = (UserItem(TextContent(text="hi")), uid("m"))
+    info = await conv.commit(
+        thread, Commit(expected_version=0, rows=[row], turn_complete=True, turn_ended_at=100.5)
+    )
+    assert (info.turn_ended_at, info.person_gap) == (100.5, None)
+    row = (UserItem(TextContent(text="again")), uid("m"))
+    info = await conv.commit(thread, Commit(expected_version=1, rows=[row], person_gap=420.25))
+    assert (info.turn_ended_at, info.person_gap) == (100.5, 420.25)  # a commit that does not say keeps it
+    stored = await conv.get_thread(thread)
+    assert stored is not None and (stored.turn_ended_at, stored.person_gap) == (100.5, 420.25)
+
+
 async def test_a_conflict_on_the_roots_item_is_tried_again_and_one_on_the_head_is_not(
     dynamo: DynamoEnv,
 ) -> None:

@@ -249,7 +249,7 @@ async def test_a_request_that_cannot_fit_waits_for_compaction_then_answers() -> 
     h = Harness(provider)
     await h.step((InputMessage.user_text("t1", "a" * 9_000), "m1"))  # fits: answered
     assert h.sender.queue == []  # and under the compaction limit: nothing requested
-    await h.step((InputMessage.user_text("t1", "b" * 4_000), "m2"))  # cannot fit with "a": not sent
+    await h.step((InputMessage.user_text("t1", "b" * 9_000), "m2"))  # cannot fit with "a": not sent
     assert len(provider.requests) == 1
     assert not [e for _, e in h.observer.events if isinstance(e, StepFailed)]
     assert [type(e) for _, e in h.observer.events].count(TurnComplete) == 1  # m2's turn is still open

@@ -81,8 +81,8 @@ async def test_a_mid_step_commit_says_the_turn_is_still_running() -> None:
 
 
 async def test_a_step_that_will_request_compaction_is_not_complete() -> None:
-    provider = ReplayProvider(model=ModelInfo("replay", context_window=100))
-    provider.then(*text("long answer", usage=Usage(input_tokens=90, output_tokens=5)))
+    provider = ReplayProvider(model=ModelInfo("replay", context_window=10_000))
+    provider.then(*text("long answer", usage=Usage(input_tokens=9_000, output_tokens=5)))
     h = Harness(provider)
     log = recording(h)
     await h.system.step([StepInput(InputMessage.user_text("t", "hi"), "m1")], h.observer)

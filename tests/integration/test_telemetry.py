@@ -59,7 +59,8 @@ SCRIPT: dict[str, Any] = {
     ],
     "default": [{"text": "ok"}],
 }
-PADDING = " ".join(f"word{n}" for n in range(4000))  # enough context to trigger a compaction
+PADDING = " ".join(f"word{n}" for n in range(4000))  # over half the window: a compaction at COMPACTING
+COMPACTING = {"STEPAGENT_COMPACTION_THRESHOLD": "0.5"}
 
 
 async def converse(stack: Stack, thread: str) -> list[dict[str, Any]]:
@@ -84,7 +85,7 @@ async def test_every_span_of_a_turn_across_invocations_has_one_trace_id(
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-team=stepagent")
         tracer = telemetry.tracer_from_env()
         assert isinstance(tracer, OtelTracer)
-        async with aws_stack(script=SCRIPT, tracer=tracer) as stack:
+        async with aws_stack(script=SCRIPT, tracer=tracer, env=COMPACTING) as stack:
             thread = f"conv-{uuid.uuid4().hex[:8]}"
             outputs = await converse(stack, thread)
             assert tracer.flush()

@@ -724,9 +724,11 @@ async def test_pending_choices_are_thread_local_and_replayed() -> None:  # SY01 
 
 # ---- compaction: LD2, SY15, SY16 ---------------------------------------------------------------------------------
 
-# ~5,000 estimated tokens (bytes / 3): with the ~1,500 of the system prompt and tools, over 75% of the
-# 8,000-token window (compaction) yet within it (the request is sent).
+# ~3,750 tokens as the scripted model counts them: with the system prompt and tools, over half of the
+# 8,000-token window — the compaction threshold these tests set (COMPACTING) — yet within it (the request is
+# sent).
 LONG = "x" * 15_000
+COMPACTING = AgentConfig(compaction_threshold=0.5)
 
 
 def compaction_script(**extra: Any) -> dict[str, Any]:
@@ -758,12 +760,12 @@ def compaction_requests(provider: RecordingScripted) -> list[ModelRequest]:
 async def test_auto_compaction_triggers_and_applies() -> None:  # LD2
     provider = RecordingScripted(ScriptedProvider(compaction_script()))
     collector = EventCollector()
-    async with running(make(provider, collector=collector)) as system:
+    async with running(make(provider, collector=collector, agent=COMPACTING)) as system:
         await system.send_user_text("t1", LONG)
         await system.wait_idle(TIMEOUT)
         assert len(compaction_requests(provider)) == 1
         events = collector.of("t1")
-        assert Info("✦ Auto-compaction triggered (context > 75%)") in events
+        assert Info("✦ Auto-compaction triggered (context > 50%)") in events
         assert CompactionApplied() in events
         history = await system.thread("t1").history()
         assert history == [Summary(text="SUMMARY", up_to_order=2)]
@@ -789,7 +791,7 @@ async def test_compaction_during_tool_call_leaves_no_orphan_results() -> None:  
         return "tool result"
 
     provider = RecordingScripted(ScriptedProvider(tool_script()))
-    async with running(make(provider, [async_tool])) as system:
+    async with running(make(provider, [async_tool], agent=COMPACTING)) as system:
         await system.send_user_text("t1", f"run the tool {LONG}")
         await system.wait_idle(TIMEOUT)
         history = await system.thread("t1").history()
@@ -802,7 +804,7 @@ async def test_compaction_does_not_retrigger_after_applied() -> None:  # SY16
     tool_ = RecordingTool(tool_name="async_tool")
     provider = RecordingScripted(ScriptedProvider(tool_script()))
     collector = EventCollector()
-    async with running(make(provider, [tool_], collector=collector)) as system:
+    async with running(make(provider, [tool_], collector=collector, agent=COMPACTING)) as system:
         await system.send_user_text("t1", f"run the tool {LONG}")
         await eventually(lambda: CompactionApplied() in collector.of("t1"))
         assert tool_.dispatches and len(compaction_requests(provider)) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import random
 
 import httpx
@@ -25,10 +26,14 @@ from stepagent.providers.base import Final, ModelInfo, ModelRequest
 from stepagent.providers.window import (
     IMAGE_TOKENS,
     TRUNCATED_STUB,
+    compaction_helps,
     compaction_limit,
+    estimate_fixed,
     estimate_item,
+    estimate_scale,
     estimate_text,
     fit_request,
+    hard_estimate,
     newest_that_fit,
     overflows,
     truncate_for_window,
@@ -238,3 +243,28 @@ def test_a_compaction_thread_is_shown_the_newest_part_that_fits() -> None:
     assert not overflows(dataclasses.replace(request, history=shown))
     fits = ModelRequest(system="s", history=history[:2], tools=[], model=info)
     assert newest_that_fit(fits) == history[:2]
+
+
+def test_a_prose_conversation_compacts_at_the_threshold_of_the_measured_window_not_at_half() -> None:
+    """English prose is ~4 bytes a token where the estimate counts 3: measured on the thread's last
+    request (scale 0.75), the trigger fires where the provider's count crosses 75% of the window."""
+    window, output, threshold, scale = 16_000, 1_024, 0.75, 0.75
+    turn = "The measured value stays within the documented tolerance band, as the report says. " * 12
+
+    def first_trigger(scale: float) -> float:
+        """The provider's count (estimate x the true 0.75) of the history when compaction first fires."""
+        history: list[HistoryItem] = []
+        while True:
+            history += [UserItem(TextContent(text=turn)), AssistantText(text=turn)]
+            if compaction_helps("system", [], history, window, output, threshold, scale=scale):
+                estimate = estimate_fixed("system", []) + sum(map(estimate_item, history))
+                return estimate * 0.75 / window
+
+    assert abs(first_trigger(scale) - threshold) <= 0.1 * threshold  # within 10% of the configured share
+    assert first_trigger(1.0) < 0.6  # unmeasured: the estimate alone fires near half of the real window
+    # The hard budget keeps a margin over the measure and room for the compaction thread's request.
+    prose, output_item = UserItem(TextContent(text=turn)), ToolResultItem(ToolResult.text("c", "{}" * 2_000))
+    assert hard_estimate(scale)(prose) == math.ceil(estimate_item(prose) * scale * 1.1)
+    assert hard_estimate(scale)(output_item) == estimate_item(output_item)  # may be denser than prose
+    assert estimate_scale(reported=750, estimated=1_000) == 0.75
+    assert estimate_scale(reported=0, estimated=1_000) is None

@@ -47,6 +47,7 @@ from stepagent.errors import ConfigurationError, UnknownProfileError
 from stepagent.output_schema import OutputSchema
 from stepagent.providers.base import ModelInfo, ModelProvider
 from stepagent.providers.prices import CATALOG_PRICES, PriceTable
+from stepagent.providers.window import fixed_part_error
 from stepagent.tools.base import Tool, Toolset
 
 _SPAWN = "spawn_thread"
@@ -145,6 +146,18 @@ def resolve_agent(
         approval=agent.approval if profile is None or profile.approval is None else profile.approval,
         prompt_cache_ttl=agent.prompt_cache_ttl,
     )
+
+
+def output_limit(agent: ThreadAgent) -> int:
+    """The output tokens a request of ``agent`` may ask for: its ``max_tokens``, else the model's maximum."""
+    return agent.max_tokens if agent.max_tokens is not None else agent.info.max_output_tokens
+
+
+def window_problem(agent: ThreadAgent, *, root_thread_id: str = "") -> str | None:
+    """Why no request of ``agent`` can fit its model's window — the system prompt, tool schemas and
+    output reserve alone exceed it (the message names both sizes and what to change) — or ``None``."""
+    system = system_prompt(agent.instructions, agent.toolset, root_thread_id=root_thread_id)
+    return fixed_part_error(system, agent.toolset.specs(), agent.info.context_window, output_limit(agent))
 
 
 def _pick(first: Any, second: Any) -> Any:

@@ -12,6 +12,13 @@ agent driving long-running tools, sleeping between checks, or supervising childr
 next message tends to come as slowly. Every other step (a conversation with fast tools or none) writes
 five-minute entries, the cheapest when the next request follows soon.
 
+The end of a turn is a wait too — for a person. Each thread's head keeps when its last turn ended and how
+long its person then took to write (measured by the step that folds the person's next message in), so
+``auto`` also writes one-hour entries in a thread whose person took longer than
+:data:`SLOW_PERSON_SECONDS` the last time (:func:`is_slow_person`): a five-minute entry would be gone when
+they answer, and the whole context written again, where the one-hour entry costs 0.75x more only on what the
+step writes. A person who answers within a minute keeps five-minute entries.
+
 :func:`is_slow_wait` is the one place that says which waits are slow, over *wait kinds* (strings):
 ``"rap"``, ``"sleep"``, ``"child"`` and ``"approval"`` are; ``"tool"`` (a dispatched function),
 ``"user"`` and ``"event"`` are not. :func:`input_wait_kinds` names what a step's inputs ended; a new kind
@@ -38,6 +45,17 @@ from stepagent.tools.base import Toolset
 
 #: Waits that usually outlast a five-minute cache entry.
 SLOW_WAITS = frozenset({"rap", "sleep", "child", "approval"})
+
+
+#: A person who took longer than this to answer (seconds) is expected to outlast a five-minute entry next
+#: time (with a minute of margin: the entry was written while the model answered, before the turn ended).
+SLOW_PERSON_SECONDS = 240.0
+
+
+def is_slow_person(gap: float | None) -> bool:
+    """Whether a person whose last answer came ``gap`` seconds after the turn ended (``None``: not known
+    yet) is expected to outlast a five-minute cache entry with their next one."""
+    return gap is not None and gap > SLOW_PERSON_SECONDS
 
 
 def is_slow_wait(kinds: Iterable[str]) -> bool:

@@ -23,10 +23,14 @@ Guarantees:
 - Structured output: with an ``output_schema`` (root threads only), a round that ends the turn with text
   has that text validated; an invalid answer is followed by a user item listing the errors and another
   round, at most ``output_retries`` times, then ``outcome.output_errors``.
-- A request that cannot fit the model's window even with every tool output truncated is never sent:
-  the round ends with ``outcome.needs_compaction`` (the step compacts the thread and answers afterwards)
-  instead of failing; a compaction thread, which cannot compact itself, is shown the newest part of its
-  history that fits.
+- A request that cannot fit the model's window even with every tool output truncated, or that would be
+  truncated while compaction can make room, is never sent: the round ends with
+  ``outcome.needs_compaction`` (the step compacts the thread and answers afterwards) instead of failing;
+  a compaction thread, which cannot compact itself, and unanswered inputs that fill the window alone are
+  shown the newest part that fits, after a note. A window that cannot hold even the system prompt, tools
+  and output reserve ends the round with ``outcome.refusal`` (no model call, no compaction).
+- Every finished call measures the provider's tokens per estimated token (``estimate_scale``), which
+  later requests of the step, and of the thread through its head, carry.
 - Usage: ``outcome.usage`` is the last finished model call's (what compaction measures),
   ``outcome.step_usage`` the sum over every finished call of the step, ``outcome.completions`` their
   number. Each model call and each inline tool run is a span of ``tracer`` (if any).
@@ -86,7 +90,16 @@ from stepagent.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from stepagent.providers.window import newest_that_fit, overflows
+from stepagent.providers.window import (
+    compaction_first,
+    estimate_fixed,
+    estimate_scale,
+    fixed_part_error,
+    newest_that_fit,
+    overflows,
+    request_estimate,
+    too_large_to_compact,
+)
 from stepagent.stores.base import DispatchIntent, Spend
 from stepagent.telemetry import content
 from stepagent.tools.base import Tool, Toolset
@@ -147,6 +160,9 @@ class CompletionOutcome:
     output_errors: list[str] = field(default_factory=list)
     #: The next request could not fit the window even truncated: the thread must compact first.
     needs_compaction: bool = False
+    #: Why the model was not called at all (a message for people: the window cannot hold even the fixed
+    #: part of a request, or an input was too large to show); the step ends the turn with it as an error.
+    refusal: str | None = None
 
 
 @dataclass(slots=True)
@@ -183,6 +199,9 @@ class CompletionRunner:
     #: Whether a request that cannot fit is held back for compaction (``False`` in a compaction thread,
     #: which cannot compact itself: its request goes out truncated as far as it can be).
     compact_on_overflow: bool = True
+    #: The provider's tokens per estimated token on the thread's last request (``1.0``: not measured);
+    #: each finished call measures it again.
+    estimate_scale: float = 1.0
     _counter: int = 0
     _thinking: bool = False
 
@@ -191,8 +210,17 @@ class CompletionRunner:
         return self.model_info if self.model_info is not None else self.provider.info
 
     def _request(self) -> ModelRequest:
+        request = self._plain_request()
+        if self.compact_on_overflow and too_large_to_compact(request) is None:
+            return request
+        # A compaction thread cannot compact itself, and unanswered inputs that fill the window alone
+        # leave nothing to compact: the model is shown the newest part that fits, after a note saying so.
+        return dataclasses.replace(request, history=newest_that_fit(request))
+
+    def _plain_request(self) -> ModelRequest:
+        """The request from the whole visible history (nothing left out to fit the window)."""
         model = self.model
-        request = ModelRequest(
+        return ModelRequest(
             system=self.system_prompt,
             history=model_view(self.history.history, model.supports_image_input),
             tools=self.toolset.specs(),
@@ -203,11 +231,9 @@ class CompletionRunner:
             output_schema=self.output_schema.schema if self.output_schema is not None else None,
             output_schema_class=self.output_schema.class_name if self.output_schema is not None else None,
             cache_ttl=self.cache_ttl,
+            estimate_scale=self.estimate_scale,
+            estimate_scale_covers_outputs=not self.compact_on_overflow,
         )
-        if self.compact_on_overflow:
-            return request
-        # A compaction thread cannot compact itself: it is shown the newest part that fits.
-        return dataclasses.replace(request, history=newest_that_fit(request))
 
     def _next_id(self) -> str:
         cid = completion_id(self.history.thread_id, self.message_id, self._counter)
@@ -269,8 +295,19 @@ class CompletionRunner:
 
     async def _round(self, outcome: CompletionOutcome) -> bool:
         """One round with retries. Returns whether another round should follow."""
-        if self.compact_on_overflow and overflows(self._request()):
-            outcome.needs_compaction = True  # never sent: it would fail; compaction makes room
+        request = self._plain_request()
+        window = request.model.context_window
+        problem = fixed_part_error(request.system, request.tools, window, request.output_limit)
+        if problem is not None:
+            outcome.refusal = problem  # no request can fit, and no compaction can help
+            return False
+        if self.compact_on_overflow and overflows(request):
+            if too_large_to_compact(request) is None:
+                outcome.needs_compaction = True  # never sent: it would fail; compaction makes room
+                return False
+            self.emit(Info(texts.INPUTS_OMITTED.format(window=window)))  # _request shows the newest part
+        elif self.compact_on_overflow and compaction_first(request):
+            outcome.needs_compaction = True  # sent now, its tool outputs would be truncated
             return False
         attempt = 0
         while True:
@@ -403,6 +440,7 @@ class CompletionRunner:
                     outcome.completions += 1
                     history.turn_model_calls += 1
                     if usage is not None:
+                        self._measure(request, event)
                         outcome.usage = usage
                         outcome.step_usage = (
                             usage if outcome.step_usage is None else outcome.step_usage + usage
@@ -414,6 +452,22 @@ class CompletionRunner:
             history.flush_turn_trimming_reasoning()
             outcome.cancelled = True
         return False
+
+    def _measure(self, request: ModelRequest, final: Final) -> None:
+        """Measure the provider's tokens per estimated token on ``request`` (as sent: truncated, if it
+        was) from its usage; later requests of the thread scale their estimate by it."""
+        usage = final.usage
+        if usage is None:
+            return
+        reported = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens
+        truncation = final.extra.get("truncation")
+        if isinstance(truncation, dict) and isinstance(truncation.get("estimate_after"), int):
+            estimated = estimate_fixed(request.system, request.tools) + truncation["estimate_after"]
+        else:
+            estimated = request_estimate(request.system, request.tools, request.history)
+        scale = estimate_scale(reported, estimated)
+        if scale is not None:
+            self.estimate_scale = self.history.estimate_scale = scale
 
     async def _thread_unique(self, call: ToolCall, chunk_id: str) -> ToolCall:
         """``call``, renamed when its id is empty or already used in this thread (OpenAI-compatible servers

@@ -31,7 +31,7 @@ What it guarantees:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,6 +54,7 @@ from stepagent.history_items import (
     waiting_for_approval,
 )
 from stepagent.messages import ToolCall, ToolResult
+from stepagent.providers.window import unanswered_start
 from stepagent.stores.base import (
     Commit,
     ConversationStore,
@@ -165,6 +166,14 @@ class HistoryManager:
         #: step's. Every sync records a changed count on the head with the rows that made it change.
         self.turn_model_calls = info.turn_model_calls if info else 0
         self._recorded_model_calls = self.turn_model_calls
+        #: The step's clock: a sync that ends the turn records when on the head (``None``: not recorded).
+        self.clock: Callable[[], float] | None = None
+        #: How long the person took to write after the last turn, measured by this step: recorded on the
+        #: head with the next sync (``core/cache_ttl.py`` predicts from it).
+        self.person_gap: float | None = None
+        #: The provider's tokens per estimated token on this step's last request (recorded on the head with
+        #: the next sync; ``providers/window.py`` scales its estimate by it).
+        self.estimate_scale: float | None = None
 
     # ---- construction ---------------------------------------------------------------------------------
 
@@ -480,6 +489,10 @@ class HistoryManager:
             return False
         if self.turn_model_calls != self._recorded_model_calls:
             commit.turn_model_calls = self.turn_model_calls
+        if commit.turn_complete and self.clock is not None:
+            commit.turn_ended_at = self.clock()
+        commit.person_gap, self.person_gap = self.person_gap, None
+        commit.estimate_scale, self.estimate_scale = self.estimate_scale, None
         self.turn_complete = False
         try:
             self.info = await self.conversation.commit(self.thread_id, commit)
@@ -524,6 +537,18 @@ class HistoryManager:
                 continue  # the decision on a call still running belongs with the call
             return order or 0
         return 0
+
+    def compaction_point(self) -> int:
+        """The own-log order a compaction summary may cover: :meth:`safe_spawn_point`, but never the
+        inputs the model has not answered yet (:func:`~stepagent.providers.window.unanswered_start`) —
+        they stay verbatim after the summary, so the turn that triggered a compaction is answered
+        seeing itself."""
+        point = self.safe_spawn_point()
+        start = unanswered_start(self.history)
+        for order in reversed(self._orders[:start]):
+            if order is not None:
+                return min(point, order)
+        return 0 if start < len(self.history) else point
 
     async def apply_compaction(self) -> bool:
         """Replace what the latest own summary covers by the summary. ``False`` if there is none or it

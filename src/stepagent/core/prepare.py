@@ -100,6 +100,11 @@ class Preparer:
     toolset: Toolset = field(default_factory=Toolset)
     #: Calls people approved in this batch: committed with their intents, run by the step after the commit.
     approved: list[DispatchIntent] = field(default_factory=list)
+    #: Says whether a user's text is too large to show the model: ``None`` when it fits, else the text
+    #: that stands in for it in history and the error for people (``core/step.py`` builds it).
+    input_check: Callable[[str], tuple[str, str] | None] | None = None
+    #: The errors of inputs this batch could not show the model (the step ends the turn with them).
+    refused: list[str] = field(default_factory=list)
     _subscriptions: set[str] | None = None
 
     @property
@@ -174,12 +179,20 @@ class Preparer:
         content = message.content
         assert not isinstance(content, OAuthRequired | UserChoiceRequired | ApprovalDecision)  # the caller's
         item: HistoryItem
+        refusal = None
         if isinstance(content, ToolResult):
             item = ToolResultItem(result=content, display_segments=message.display_as)
         else:
+            if isinstance(content, TextContent) and self.input_check is not None:
+                verdict = self.input_check(content.text)
+                if verdict is not None:
+                    stand_in, refusal = verdict
+                    content = TextContent(text=stand_in)  # history shows what the model is shown
             item = UserItem(content=content)
         if not await self.history.handle_content(item, message_id):
             return False
+        if refusal is not None:
+            self.refused.append(refusal)
         if message.synthetic is None and not isinstance(content, ToolResult):
             self.history.turn_model_calls = 0  # user input starts a new turn: the per-turn count restarts
         if isinstance(content, ToolResult):
@@ -363,7 +376,7 @@ class Preparer:
                 child_id=child_id,
                 spawn_tool_call_id=spawn_call_id,
                 kind=ThreadKind.COMPACTION,
-                spawn_order=self.history.safe_spawn_point(),
+                spawn_order=self.history.compaction_point(),
                 seed=[(begin, f"{spawn_call_id}-compaction-call")],
                 message=InputMessage.tool_result(child_id, instructions),
                 dedup_id=spawn_call_id,

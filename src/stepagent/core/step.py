@@ -39,12 +39,18 @@ writes. What it relies on here:
   call runs, then the call is driven exactly like a re-driven outbox intent.
 - Turn flag: the step's last commit says whether it left the thread with nothing pending
   (:mod:`stepagent.core.turn`); any earlier commit of the step says the turn is still running.
-- Compaction: decided from the runtime's own estimate of the next request — the one truncation uses —
-  against a limit below truncation's budget, so a thread compacts before it would truncate. A request
-  that cannot fit at all is not sent: the step asks for compaction and keeps the turn open, and the step
-  that applies the summary answers (a redelivered input asks again for a compaction a crash lost).
+- Compaction: decided from the runtime's own estimate of the next request — the one truncation uses,
+  scaled by the provider's measured tokens per estimated token (``providers/window.py``) — against a
+  limit below truncation's budget, so a thread compacts before it would truncate. A request that would be
+  truncated or cannot fit at all is not sent: the step asks for compaction and keeps the turn open, and
+  the step that applies the summary answers (a redelivered input asks again for a compaction a crash
+  lost). The summary never covers the inputs the model has not answered yet.
+- What cannot fit is said: a window smaller than the fixed part of a request, and a user message larger
+  than the window (which history keeps as a marked stand-in), end the turn with an error
+  (``StepFailed``, not retrying) and no model call; no compaction runs for either.
 - Prompt cache: the step's requests carry the TTL ``STEPAGENT_PROMPT_CACHE_TTL`` selects
-  (:mod:`stepagent.core.cache_ttl`).
+  (:mod:`stepagent.core.cache_ttl`); a turn's end and the gap before the person's next message are
+  recorded on the head (``ThreadInfo.turn_ended_at``, ``person_gap``) for ``auto`` to predict from.
 """
 
 from __future__ import annotations
@@ -56,9 +62,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD, AgentConfig
-from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent, system_prompt
-from stepagent.core.cache_ttl import choose_ttl, input_wait_kinds, is_slow_wait, latest_call_kind
-from stepagent.core.completion import CompletionRunner, RetryPolicy, model_view, sync_result_id
+from stepagent.core.agents import ThreadAgent, check_agents, output_limit, resolve_agent, system_prompt
+from stepagent.core.cache_ttl import (
+    choose_ttl,
+    input_wait_kinds,
+    is_slow_person,
+    is_slow_wait,
+    latest_call_kind,
+)
+from stepagent.core.completion import (
+    CompletionOutcome,
+    CompletionRunner,
+    RetryPolicy,
+    model_view,
+    sync_result_id,
+)
 from stepagent.core.effects import StepEffects, StepEnd, ToolServices
 from stepagent.core.history import HistoryManager
 from stepagent.core.limits import Limits
@@ -93,7 +111,13 @@ from stepagent.messages import (
 )
 from stepagent.providers.base import ModelProvider, Usage
 from stepagent.providers.prices import CATALOG_PRICES, PriceTable
-from stepagent.providers.window import compaction_helps
+from stepagent.providers.window import (
+    INPUT_NOT_SHOWN,
+    INPUT_TOO_LARGE,
+    compaction_helps,
+    estimate_item,
+    input_room,
+)
 from stepagent.senders.base import InputSender
 from stepagent.stores.base import (
     ConversationStore,
@@ -257,6 +281,7 @@ class ThreadStep:
         kinds = input_wait_kinds((i.message for i in inputs), open_calls, self.config.toolset)
         latest = latest_call_kind(history.history, self.config.toolset)
         self._slow_wait = is_slow_wait(kinds if latest is None else {*kinds, latest})
+        self._slow_wait = self._slow_wait or is_slow_person(self._person_gap(history, inputs))
         batch = await self._apply_deferral(history, list(inputs))
         passive = frozenset(t.name for t in self.config.toolset if t.passive)
         preparer = Preparer(
@@ -269,6 +294,7 @@ class ThreadStep:
             clock=self.config.clock,
             compaction_lease_seconds=self.config.compaction_lease_seconds,
             toolset=self.config.toolset,
+            input_check=self._input_check(history, metadata),
         )
         preparer.pending_choices.extend(await self._choices_if_needed(batch))
         ready = False
@@ -299,14 +325,59 @@ class ThreadStep:
                 history.turn_complete = False  # the answer waits for this compaction
             # A redelivered input: the step that processed it may have died before it asked for the
             # compaction it needed, so ask again (the request's id makes a repeat a no-op).
-            request = self._compaction_request_after_redelivery(history) if saw_duplicate else None
+            request = await self._compaction_request_after_redelivery(history) if saw_duplicate else None
             if request is not None:
                 history.turn_complete = False
                 await self._effects.finish(StepEnd(compaction_request=request))
             else:
                 await self._effects.commit()
             return StepOutcome(self.thread_id)
-        return await self._complete_commit_dispatch(history, last_ready_id)
+        refusal = "\n".join(preparer.refused) or None
+        return await self._complete_commit_dispatch(history, last_ready_id, refusal)
+
+    def _input_check(
+        self, history: HistoryManager, metadata: object
+    ) -> Callable[[str], tuple[str, str] | None]:
+        """The check of a user's text against the room the window leaves beside the fixed part of a
+        request (see :class:`~stepagent.core.prepare.Preparer`): a text that alone cannot fit is not shown.
+        One that fits alone but not beside the summary of a compaction is shown with the newest items
+        that fit (``core/completion.py``)."""
+        room: list[int] = []
+
+        def check(text: str) -> tuple[str, str] | None:
+            agent = self._agent(history, metadata)
+            window = agent.info.context_window
+            if window <= 0:
+                return None
+            if not room:
+                system = self._system_prompt(history, agent)
+                info = history.info
+                scale = info.estimate_scale if info is not None and info.estimate_scale is not None else 1.0
+                specs = agent.toolset.specs()
+                room.append(input_room(system, specs, window, output_limit(agent), scale))
+            tokens = estimate_item(UserItem(TextContent(text=text)))
+            if room[0] <= 0 or tokens <= room[0]:
+                return None  # it fits (a window the fixed part fills is reported by the completion)
+            chars = len(text)
+            stand_in = INPUT_NOT_SHOWN.format(chars=chars, window=window)
+            error = INPUT_TOO_LARGE.format(tokens=tokens, chars=chars, window=window, limit=room[0])
+            return stand_in, error
+
+        return check
+
+    def _person_gap(self, history: HistoryManager, inputs: Sequence[StepInput]) -> float | None:
+        """How long the thread's person took to write after its last turn: measured now when a message of
+        theirs ends a finished turn (and recorded on the head with this step's commit), else the
+        thread's last measure. The end of every turn then records its time (``HistoryManager.clock``)."""
+        history.clock = self.config.clock
+        info = history.info
+        if info is None:
+            return None
+        person = any(i.message.is_user_text and i.message.synthetic is None for i in inputs)
+        if person and info.turn_complete and info.turn_ended_at is not None:
+            history.person_gap = max(0.0, self.config.clock() - info.turn_ended_at)
+            return history.person_gap
+        return info.person_gap
 
     def _owes_after_compaction(self, history: HistoryManager) -> bool:
         """Whether the compaction that just completed was what an answer waited for. The step whose
@@ -318,22 +389,35 @@ class ThreadStep:
         only_summary = len(items) == 1 and isinstance(items[0], Summary)
         return history.compacted_up_to is not None and (only_summary or self._awaits_model(history))
 
-    def _compaction_request_after_redelivery(
+    async def _compaction_request_after_redelivery(
         self, history: HistoryManager
     ) -> tuple[InputMessage, str] | None:
         agent = self._agent(history, history.metadata)
         window = agent.info.context_window
-        over = self._over_limit(history, agent, self._system_prompt(history, agent))
+        system = self._system_prompt(history, agent)
+        over = self._over_limit(history, agent, system, scale=await self._estimate_scale(history))
         return self._compaction_request(history, None, window, agent.compaction_threshold, over=over)
 
     @staticmethod
     def _system_prompt(history: HistoryManager, agent: ThreadAgent) -> str:
         return system_prompt(agent.instructions, agent.toolset, root_thread_id=history.root_thread_id)
 
+    async def _estimate_scale(self, history: HistoryManager) -> float:
+        """The provider's tokens per estimated token as last measured on this thread (its head), or — for a
+        compaction thread before its first measure — on the parent it summarises; ``1.0``: never measured."""
+        info = history.info
+        if info is None:
+            return 1.0
+        if info.estimate_scale is None and info.kind == ThreadKind.COMPACTION and info.parent_id is not None:
+            parent = await self.conversation.get_thread(info.parent_id)
+            info = parent if parent is not None else info
+        return info.estimate_scale if info.estimate_scale is not None else 1.0
+
     @staticmethod
-    def _over_limit(history: HistoryManager, agent: ThreadAgent, system: str) -> bool:
-        """Whether the thread's next request is estimated over its compaction limit — the estimate that
-        truncation uses, and a limit below truncation's budget, so compaction always comes first."""
+    def _over_limit(history: HistoryManager, agent: ThreadAgent, system: str, *, scale: float = 1.0) -> bool:
+        """Whether the thread should compact before its next request: over the threshold's share of the
+        window, its estimate scaled by the provider's measured ``scale``, or too near truncation's budget
+        (``providers/window.py``) — so compaction always comes before truncation."""
         model = agent.info
         if model.context_window <= 0:
             return False
@@ -346,6 +430,7 @@ class ThreadStep:
             model.context_window,
             output_limit,
             agent.compaction_threshold,
+            scale=scale,
         )
 
     def _agent(self, history: HistoryManager, metadata: object) -> ThreadAgent:
@@ -359,7 +444,11 @@ class ThreadStep:
             child=bool(history.ancestors),
         )
 
-    async def _complete_commit_dispatch(self, history: HistoryManager, message_id: str) -> StepOutcome:
+    async def _complete_commit_dispatch(
+        self, history: HistoryManager, message_id: str, refusal: str | None = None
+    ) -> StepOutcome:
+        """Run the model (unless ``refusal`` says why it is not called: the turn then ends with that
+        error), commit, dispatch, report."""
         agent = self._agent(history, history.metadata)
         model = agent.info
         self.emit(CompletionStarted())
@@ -387,8 +476,9 @@ class ThreadStep:
             output_retries=agent.output_retries,
             cache_ttl=choose_ttl(agent.prompt_cache_ttl, slow=self._slow_wait),
             compact_on_overflow=not compaction_thread,
+            estimate_scale=await self._estimate_scale(history),
         )
-        outcome = await runner.run()
+        outcome = CompletionOutcome(refusal=refusal) if refusal is not None else await runner.run()
         intent = None
         if outcome.action is not None:
             call = outcome.action.call
@@ -397,7 +487,10 @@ class ThreadStep:
         step_usage = outcome.step_usage or Usage()
         window, threshold = model.context_window, agent.compaction_threshold
         # One estimate decides both compaction and truncation, and compaction comes first.
-        over = outcome.needs_compaction or self._over_limit(history, agent, runner.system_prompt)
+        over = outcome.refusal is None and (
+            outcome.needs_compaction
+            or self._over_limit(history, agent, runner.system_prompt, scale=runner.estimate_scale)
+        )
         compaction_due = self._compaction_due(history, outcome.usage, window, threshold, over=over)
         history.turn_complete = turn_is_complete(history, self.config.toolset, compaction_due=compaction_due)
         complete = (
@@ -442,7 +535,9 @@ class ThreadStep:
             if waiting is None
             else [ApprovalRequested(waiting.call.name, waiting.call.arguments, waiting.call.id)]
         )
-        error = None if outcome.error is None else f"The model failed: {outcome.error}"
+        error = outcome.refusal
+        if error is None and outcome.error is not None:
+            error = f"The model failed: {outcome.error}"
         if error is None and outcome.output_errors:
             attempts = agent.output_retries + 1
             error = (

@@ -73,6 +73,7 @@ async def run_chat(
     # Build the model provider before the local stack swaps in throwaway credentials: a bedrock: model
     # needs the real AWS credentials, while the tables and queues live on the local endpoint.
     provider = _bedrock_with_real_credentials(model) if model.startswith("bedrock:") else None
+    check_window(model, provider)
     chat = _StartChat(model, demo, provider, say, thread_id, idle_timeout, session, trace, state_dir)
     if state_dir is not None:
         from stepagent.devstack.snapshot import local_state
@@ -217,6 +218,27 @@ def validate_before_start(model: str, *, demo: bool = False) -> None:
     problems = fail_closed_problems(agent, toolset, name, settings.prices)
     if problems:
         raise ConfigurationError("\n".join(problems))
+
+
+def check_window(model: str, provider: ModelProvider | None = None) -> None:
+    """Fail before the stack starts when the model's known window cannot hold even the fixed part of a
+    request (system prompt, tool schemas, output reserve): every turn would end with that error. MCP
+    servers' tools are not known yet and are not counted."""
+    from stepagent.core.agents import resolve_agent, window_problem
+    from stepagent.providers.factory import make_provider
+    from stepagent.tools.base import Toolset
+    from stepagent.tools.builtins import builtin_tools
+    from stepagent.tools.functions import load_toolset
+    from stepagent.tools.sleep import Sleep, SleepUntil
+
+    settings = Settings.from_env({**os.environ, "STEPAGENT_MODEL": model})
+    user_tools = load_toolset(settings.tools) if settings.tools else []
+    toolset = Toolset.of([*builtin_tools(), Sleep(), SleepUntil(), *user_tools])
+    chosen = provider if provider is not None else make_provider(model)
+    agent = resolve_agent(settings.agent_config(), chosen, toolset, {}, metadata=None, child=False)
+    problem = window_problem(agent, root_thread_id=f"chat-{uuid.uuid4().hex[:8]}")
+    if problem is not None:
+        raise ConfigurationError(problem)
 
 
 def _bedrock_with_real_credentials(model: str) -> ModelProvider:

@@ -194,15 +194,19 @@ def _source_id(inputs: Sequence[StepInput], kind: type[Any], content_id: str) ->
 def step_events(
     thread_id: str, events: Sequence[AgentEvent], inputs: Sequence[StepInput]
 ) -> list[OutputEvent]:
-    """The output events of one successful step, in the order they happened."""
+    """The output events of one successful step, in the order they happened — except the notices the step
+    keeps in its usage record (a refusal, an answer given up on, a limit stop), which come after the rows it
+    committed and before its ``turn_complete``: where the API stream and the history, reading the record
+    back, place them (the record knows the tail it left, not where each notice fell among the rows)."""
     last_id = inputs[-1].message_id if inputs else "redrive"
     out: list[OutputEvent] = []
+    kept: list[OutputEvent] = []
     for event in events:
         if isinstance(event, TurnCommitted):
             out.extend(row_events(thread_id, event.rows))
         elif isinstance(event, StepFailed | InputRejected):
             source = event.message_id if isinstance(event, InputRejected) else event.source_id or last_id
-            out.append(notice_event(thread_id, kept_notice(event, source)))
+            kept.append(notice_event(thread_id, kept_notice(event, source)))
         elif isinstance(event, OAuthRequiredEvent):
             source = _source_id(inputs, OAuthRequired, event.tool_call_id)
             out.append(
@@ -236,8 +240,10 @@ def step_events(
                 }
             )
         elif isinstance(event, LimitReached):
-            out.append(notice_event(thread_id, kept_notice(event, event.source_id or last_id)))
+            kept.append(notice_event(thread_id, kept_notice(event, event.source_id or last_id)))
         elif isinstance(event, TurnComplete):
+            out.extend(kept)
+            kept.clear()
             out.append(
                 turn_complete_event(
                     thread_id,
@@ -248,6 +254,7 @@ def step_events(
                     output=_OutputValue(event.output) if event.has_output else None,
                 )
             )
+    out.extend(kept)
     return out
 
 

@@ -72,6 +72,12 @@ class ModelRequest:
     output_schema_class: str | None = None
     #: The lifetime of the prompt-cache entries this request writes (providers without a TTL ignore it).
     cache_ttl: CacheTtl = "5m"
+    #: The provider's tokens per estimated token, as measured on this thread's last request (``1.0``: not
+    #: measured): the window accounting scales its estimate by it (``providers/window.py``).
+    estimate_scale: float = 1.0
+    #: Whether the provider already counted every item of this history (a compaction thread reads what
+    #: its parent sent): the scale then covers tool outputs too.
+    estimate_scale_covers_outputs: bool = False
 
     @property
     def output_limit(self) -> int:

@@ -33,9 +33,19 @@ Images are charged Anthropic's cost of a full-size image (~1,600 tokens).
   ProviderError) at once; the engine checks :func:`overflows` before it calls the model and compacts
   the thread instead.
 
-The engine decides compaction from the same estimate (:func:`request_estimate`), with a threshold no
-higher than the truncation budget (:func:`compaction_limit`), so a thread compacts before any of its
-tool outputs would be truncated.
+Measured scale: each model call measures the provider's input tokens per estimated token of the request it
+sent (:func:`estimate_scale`; ~0.75 for English prose). A thread's later requests carry it
+(``ModelRequest.estimate_scale``): the compaction trigger compares the estimate times the scale with the
+threshold's share of the window, so prose compacts near the configured share, not at half of it; the hard
+checks (truncation, :func:`overflows`) count items at the scale times :data:`SCALE_MARGIN`, but tool
+outputs never below their estimate (:func:`hard_estimate`: they may be far denser than the conversation
+measured). An unmeasured thread uses the estimate as it is.
+
+The engine decides compaction from the same estimate (:func:`request_estimate`), with a limit below the
+hard budget by :data:`COMPACTION_HEADROOM` (:func:`compaction_helps`), so a thread compacts before any of
+its tool outputs would be truncated and while its compaction thread can still read it whole. What a
+compaction summarises ends before the inputs the model has not answered yet (:func:`unanswered_start`).
+A window that cannot hold the fixed part of a request (:func:`fixed_part_error`) makes no compaction.
 """
 
 from __future__ import annotations
@@ -43,11 +53,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from stepagent.errors import ProviderError
 from stepagent.history_items import (
+    ApprovalItem,
     AssistantText,
     EventItem,
     HistoryItem,
@@ -232,20 +244,218 @@ def compaction_helps(
     context_window: int,
     max_output_tokens: int,
     threshold: float,
+    *,
+    scale: float = 1.0,
 ) -> bool:
-    """Whether a thread with this next request should compact: its estimate is over
-    :func:`compaction_limit`, and what compaction can remove — the history after its leading summary — is
-    at least a quarter of the room the window leaves beside the fixed part (system prompt and tools). The
-    second condition keeps a window that the fixed part nearly fills from compacting after every turn."""
+    """Whether a thread with this next request should compact: the request is over the share
+    ``threshold`` of the window — its estimate times ``scale``, the provider's tokens per estimated token
+    as measured on the thread's last request — or too close to truncation's budget for a compaction
+    thread to read it whole (:func:`hard_estimate`, with :data:`COMPACTION_HEADROOM`); and what compaction
+    can remove — the history after its leading summary and before the inputs the model has not answered
+    yet (:func:`unanswered_start`) — is at least a quarter of the room the window leaves beside the fixed
+    part (system prompt and tools). The last condition keeps a window that the fixed part nearly fills
+    from compacting after every turn. ``False`` when the fixed part alone does not fit
+    (:func:`fixed_part_error`): no compaction can help then."""
     if context_window <= 0:
         return False
     fixed = estimate_fixed(system, tools)
-    sizes = [estimate_item(item) for item in history]
-    if fixed + sum(sizes) <= compaction_limit(context_window, max_output_tokens, threshold):
+    budget = window_budget(context_window, max_output_tokens)
+    if fixed > budget:
         return False
-    compactable = sum(sizes[1:] if history and isinstance(history[0], Summary) else sizes)
-    room = window_budget(context_window, max_output_tokens) - fixed
-    return compactable >= max(1, room // 4)
+    sizes = [estimate_item(item) for item in history]
+    measured = (fixed + sum(sizes)) * _bounded(scale)
+    hard = hard_fixed(system, tools, scale) + sum(map(hard_estimate(scale), history))
+    if hard + COMPACTION_HEADROOM <= budget and measured <= min(context_window * threshold, budget):
+        return False
+    lead = 1 if history and isinstance(history[0], Summary) else 0
+    compactable = sum(sizes[lead : unanswered_start(history)])
+    return compactable >= max(1, (budget - fixed) // 4)
+
+
+#: What a compaction thread adds to the history it inherits (its begin call and instructions), with
+#: room to spare: compaction starts while that request still fits without truncation.
+COMPACTION_HEADROOM = 256
+#: The hard budget scales the estimate by the measured scale times this margin: what was added since the
+#: measure may be denser than what was measured.
+SCALE_MARGIN = 1.1
+
+
+def _bounded(scale: float) -> float:
+    """A measured scale, kept within what the estimate's known error allows (see the module docstring)."""
+    return min(1.5, max(0.5, scale))
+
+
+def estimate_scale(reported: int, estimated: int) -> float | None:
+    """The provider's tokens per estimated token of one request (``reported`` input tokens, system and
+    tools included, for ``estimated``); ``None`` when either is unknown."""
+    if reported <= 0 or estimated <= 0:
+        return None
+    return round(_bounded(reported / estimated), 4)
+
+
+def hard_factor(scale: float) -> float:
+    """What the hard checks multiply an estimate by, for a thread measured at ``scale``: the scale with
+    :data:`SCALE_MARGIN` (``1.0``: unmeasured, the estimate as it is)."""
+    return 1.0 if scale == 1.0 else _bounded(scale * SCALE_MARGIN)
+
+
+def hard_estimate(scale: float, *, covers_outputs: bool = False) -> Estimate:
+    """The per-item estimate the hard checks (truncation, overflow, compaction before truncation) use on a
+    thread measured at ``scale``: :func:`estimate_item` times :func:`hard_factor`, except that a tool
+    output is never counted below its estimate — it may be far denser (JSON, base64) than the
+    conversation the scale was measured on — unless the scale ``covers_outputs`` (they were measured)."""
+    factor = hard_factor(scale)
+    if factor == 1.0:
+        return estimate_item
+
+    def estimate(item: HistoryItem) -> int:
+        size = estimate_item(item)
+        if factor < 1.0 and not covers_outputs and isinstance(item, ToolResultItem | EventItem):
+            return size
+        return math.ceil(size * factor)
+
+    return estimate
+
+
+def hard_fixed(system: str, tools: Sequence[ToolSpec], scale: float = 1.0) -> int:
+    """The fixed part of a request (system prompt and tools) as the hard checks count it."""
+    return math.ceil(estimate_fixed(system, tools) * hard_factor(scale))
+
+
+#: Inputs the model answers: the trailing run of these is what a compaction must leave verbatim.
+_INPUTS = (UserItem, EventItem, ToolResultItem, ApprovalItem)
+
+
+def unanswered_start(history: Sequence[HistoryItem]) -> int:
+    """The index where the inputs the model has not answered yet begin: the trailing run of user items,
+    events, tool results and decisions, extended back over the assistant turn whose calls those results
+    answer (a result is never separated from its call, nor a call from the reasoning and text before
+    it). ``len(history)`` when the history ends with the model's own output. A compaction summarises only
+    what comes before: the unanswered inputs stay verbatim after the summary and are answered once."""
+    start = len(history)
+    while start > 0 and isinstance(history[start - 1], _INPUTS):
+        start -= 1
+    if start == len(history):
+        return start
+    needed = {i.result.id for i in history[start:] if isinstance(i, ToolResultItem)}
+    needed -= {i.call.id for i in history[start:] if isinstance(i, ToolCallItem)}
+    while needed and start > 0:
+        start -= 1
+        item = history[start]
+        if isinstance(item, ToolCallItem):
+            needed.discard(item.call.id)
+        elif isinstance(item, ToolResultItem):
+            needed.add(item.result.id)
+    if start < len(history) and isinstance(history[start], ToolCallItem):
+        while start > 0 and isinstance(history[start - 1], Reasoning | AssistantText):
+            start -= 1
+    return start
+
+
+def input_room(
+    system: str, tools: Sequence[ToolSpec], context_window: int, max_output_tokens: int, scale: float = 1.0
+) -> int:
+    """Tokens (estimated) the conversation may use beside the fixed part of every request: the
+    truncation budget minus the system prompt and tools, as the hard checks count them at the thread's
+    measured ``scale`` (in estimated tokens of text). ``0`` when the window is unknown."""
+    if context_window <= 0:
+        return 0
+    room = window_budget(context_window, max_output_tokens) - hard_fixed(system, tools, scale)
+    return int(room / hard_factor(scale))
+
+
+def fixed_part_error(
+    system: str, tools: Sequence[ToolSpec], context_window: int, max_output_tokens: int
+) -> str | None:
+    """The message that says the window is smaller than the fixed part of every request (system prompt,
+    tool schemas and the output reserve), naming both sizes and what to change; ``None`` when it fits or
+    the window is unknown."""
+    if context_window <= 0 or window_budget(context_window, max_output_tokens) > estimate_fixed(
+        system, tools
+    ):
+        return None
+    prompt = ITEM_FRAMING_TOKENS + estimate_text(system)
+    schemas = estimate_fixed(system, tools) - prompt
+    reserve = context_window - window_budget(context_window, max_output_tokens)
+    return WINDOW_TOO_SMALL.format(
+        window=context_window,
+        fixed=prompt + schemas + reserve,
+        prompt=prompt,
+        schemas=schemas,
+        tools=len(tools),
+        reserve=reserve,
+    )
+
+
+#: The error when even the fixed part of a request does not fit the window.
+WINDOW_TOO_SMALL = (
+    "The model's context window ({window} tokens) is smaller than the fixed part of every request (about "
+    "{fixed} tokens: system prompt {prompt}, tool schemas {schemas} for {tools} tools, output reserve "
+    "{reserve}), so no message can be answered. Use a model with a larger context window (or set "
+    "STEPAGENT_CONTEXT_WINDOW if its real window is larger), offer fewer built-in tools "
+    "(STEPAGENT_BUILTIN_TOOLS), or shorten the system prompt (STEPAGENT_SYSTEM_PROMPT)."
+)
+#: The error when one input alone cannot fit the room the window leaves beside the fixed part.
+INPUT_TOO_LARGE = (
+    "The message is too large for the model's context window: about {tokens} tokens ({chars} characters), "
+    "where the window is {window} tokens and one message may take at most about {limit} of them (the rest "
+    "holds the system prompt, tools and output reserve). It was not shown to the model; send it in smaller "
+    "parts."
+)
+#: What the model (and ``history``) sees in place of an input that could not fit.
+INPUT_NOT_SHOWN = (
+    "[A message of {chars} characters was not shown to the model: it does not fit the context window of "
+    "{window} tokens.]"
+)
+
+
+def _room(request: ModelRequest) -> int:
+    """The request's budget beside its fixed part, as the hard checks count them."""
+    budget = window_budget(request.model.context_window, request.output_limit)
+    return budget - hard_fixed(request.system, request.tools, request.estimate_scale)
+
+
+def compaction_first(request: ModelRequest) -> bool:
+    """Whether ``request`` should wait for a compaction before it is sent: its estimate is over the
+    (measured) truncation budget — sent as it is, its oldest tool outputs would be truncated — and
+    compaction can remove enough of it (:func:`compaction_helps`). Compaction comes before truncation."""
+    window = request.model.context_window
+    if window <= 0:
+        return False
+    if sum(
+        map(
+            hard_estimate(request.estimate_scale, covers_outputs=request.estimate_scale_covers_outputs),
+            request.history,
+        )
+    ) <= _room(request):
+        return False
+    return compaction_helps(
+        request.system,
+        request.tools,
+        request.history,
+        window,
+        request.output_limit,
+        1.0,
+        scale=request.estimate_scale,
+    )
+
+
+def too_large_to_compact(request: ModelRequest) -> int | None:
+    """When ``request`` cannot fit even truncated and no compaction can make it fit — nothing before its
+    unanswered inputs can be compacted (only a summary, or nothing, precedes them), or those inputs alone
+    cannot fit even truncated: the estimate of those inputs at their least (tokens). ``None`` otherwise."""
+    if not overflows(request):
+        return None
+    history = request.history
+    start = unanswered_start(history)
+    lead = 1 if history and isinstance(history[0], Summary) else 0
+    least = _least_of(
+        hard_estimate(request.estimate_scale, covers_outputs=request.estimate_scale_covers_outputs)
+    )
+    run = sum(map(least, history[max(start, lead) :]))
+    if start > lead and run <= _room(request):
+        return None
+    return run
 
 
 def overflows(request: ModelRequest) -> bool:
@@ -254,8 +464,10 @@ def overflows(request: ModelRequest) -> bool:
     window = request.model.context_window
     if window <= 0:
         return False
-    budget = window_budget(window, request.output_limit) - estimate_fixed(request.system, request.tools)
-    return sum(map(_least, request.history)) > budget
+    least = _least_of(
+        hard_estimate(request.estimate_scale, covers_outputs=request.estimate_scale_covers_outputs)
+    )
+    return sum(map(least, request.history)) > _room(request)
 
 
 #: What replaces the oldest items a compaction thread cannot be shown (:func:`newest_that_fit`).
@@ -264,10 +476,19 @@ OMITTED_NOTE = "[{count} earlier conversation items omitted: they did not fit th
 
 def _least(item: HistoryItem) -> int:
     """An item's estimate with its tool output truncated (the least it can cost in a request)."""
-    size = estimate_item(item)
-    if isinstance(item, ToolResultItem | EventItem):
-        size = min(size, estimate_item(_stub(item)))
-    return size
+    return _least_of(estimate_item)(item)
+
+
+def _least_of(estimate: Estimate) -> Estimate:
+    """:func:`_least` by ``estimate``."""
+
+    def least(item: HistoryItem) -> int:
+        size = estimate(item)
+        if isinstance(item, ToolResultItem | EventItem):
+            size = min(size, estimate(_stub(item)))
+        return size
+
+    return least
 
 
 def newest_that_fit(request: ModelRequest) -> list[HistoryItem]:
@@ -278,26 +499,27 @@ def newest_that_fit(request: ModelRequest) -> list[HistoryItem]:
     window = request.model.context_window
     if window <= 0 or not overflows(request):
         return history
-    budget = window_budget(window, request.output_limit) - estimate_fixed(request.system, request.tools)
-    budget -= estimate_item(UserItem(TextContent(text=OMITTED_NOTE.format(count=len(history)))))
+    estimate = hard_estimate(request.estimate_scale, covers_outputs=request.estimate_scale_covers_outputs)
+    least = _least_of(estimate)
+    budget = _room(request) - estimate(UserItem(TextContent(text=OMITTED_NOTE.format(count=len(history)))))
     start, total = len(history), 0
-    while start > 0 and total + (size := _least(history[start - 1])) <= budget:
+    while start > 0 and total + (size := least(history[start - 1])) <= budget:
         total += size
         start -= 1
     return [UserItem(TextContent(text=OMITTED_NOTE.format(count=start))), *history[start:]]
 
 
 def fit_request(
-    request: ModelRequest, estimate: Estimate = estimate_item
+    request: ModelRequest, estimate: Estimate | None = None
 ) -> tuple[list[HistoryItem], TruncationReport | None]:
     """The request's history, truncated once to fit its model's window; ``None`` report when the window
     is unknown (``context_window == 0``: nothing to fit against) or nothing had to change."""
     window = request.model.context_window
     if window <= 0:
         return list(request.history), None
-    budget = window_budget(window, request.output_limit)
-    budget -= estimate_fixed(request.system, request.tools)
-    history, report = truncate_for_window(request.history, budget, estimate)
+    if estimate is None:
+        estimate = hard_estimate(request.estimate_scale, covers_outputs=request.estimate_scale_covers_outputs)
+    history, report = truncate_for_window(request.history, _room(request), estimate)
     if not report.rows_replaced:
         return history, None
     _log.warning(

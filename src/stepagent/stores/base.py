@@ -31,6 +31,7 @@ Guarantees every implementation must give (the contract suite in ``tests/contrac
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -72,6 +73,25 @@ class ThreadInfo:
     #: Model calls of this thread since its last user text, as of the last commit that said
     #: (:attr:`Commit.turn_model_calls`); what the per-turn model-call limit counts.
     turn_model_calls: int = field(default=0, compare=False)
+    #: When the thread's last turn ended (the step clock's seconds; ``None``: not recorded), and how long
+    #: its person took to write after the turn before (``None``: not measured yet): what the prompt cache's
+    #: ``auto`` TTL predicts the next wait for a person from (``core/cache_ttl.py``). Hints, not records.
+    turn_ended_at: float | None = field(default=None, compare=False)
+    person_gap: float | None = field(default=None, compare=False)
+    #: The provider's input tokens per estimated token on the thread's last request (``None``: not measured):
+    #: what the window accounting scales its estimate by (``ModelRequest.estimate_scale``). A hint.
+    estimate_scale: float | None = field(default=None, compare=False)
+
+
+def with_pace(info: ThreadInfo, commit: Commit) -> ThreadInfo:
+    """``info`` with the pace and measure hints ``commit`` records (each kept when the commit leaves it ``None``)."""
+    if commit.turn_ended_at is not None:
+        info = dataclasses.replace(info, turn_ended_at=commit.turn_ended_at)
+    if commit.person_gap is not None:
+        info = dataclasses.replace(info, person_gap=commit.person_gap)
+    if commit.estimate_scale is not None:
+        info = dataclasses.replace(info, estimate_scale=commit.estimate_scale)
+    return info
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +202,11 @@ class Commit:
     usage: UsageRecord | None = None
     #: The thread's model calls since its last user text, recorded on the head (``None``: unchanged).
     turn_model_calls: int | None = None
+    #: Recorded on the head when not ``None`` (see :attr:`ThreadInfo.turn_ended_at`, ``person_gap``).
+    turn_ended_at: float | None = None
+    person_gap: float | None = None
+    #: Recorded on the head when not ``None`` (see :attr:`ThreadInfo.estimate_scale`).
+    estimate_scale: float | None = None
     #: The step that makes this commit leaves the thread with nothing pending (no open call, no held input,
     #: no compaction about to start). Recorded on the head (``ThreadInfo.turn_complete``); every commit
     #: writes it, so a mid-step commit marks the turn as still running. Not a change by itself.

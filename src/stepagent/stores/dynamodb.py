@@ -74,6 +74,7 @@ from stepagent.stores.base import (
     ThreadKind,
     ThreadSnapshot,
     UsageRecord,
+    with_pace,
 )
 from stepagent.stores.dynamodb_io import (
     CONFLICT_BACKOFF,
@@ -501,6 +502,7 @@ class DynamoConversationStore:
         )
         if commit.turn_model_calls is not None:
             new = replace(new, turn_model_calls=commit.turn_model_calls)
+        new = with_pace(new, commit)
         return new
 
     async def _transact(self, thread_id: str, writes: list[Write]) -> None:

@@ -130,6 +130,11 @@ CHILD_PREFIX = "C#"
 USAGE_PREFIX = "U#"
 TURN_COMPLETE_ATTRIBUTE = "turn_complete"
 TURN_MODEL_CALLS_ATTRIBUTE = "mc"
+#: The pace hints on a thread's head (:attr:`ThreadInfo.turn_ended_at`, :attr:`ThreadInfo.person_gap`).
+TURN_ENDED_AT_ATTRIBUTE = "te"
+PERSON_GAP_ATTRIBUTE = "pg"
+#: The provider's tokens per estimated token (:attr:`ThreadInfo.estimate_scale`).
+ESTIMATE_SCALE_ATTRIBUTE = "es"
 INBOX_ATTRIBUTE = "inbox"
 CREATED_AT_ATTRIBUTE = "created_at"
 FLAGS_ATTRIBUTE = "fl"
@@ -219,7 +224,28 @@ def info_from_item(item: DynamoItem) -> ThreadInfo:
         epoch=number("epoch") or 0,
         turn_complete=bool(turn) if turn is not None else None,
         turn_model_calls=number(TURN_MODEL_CALLS_ATTRIBUTE) or 0,
+        turn_ended_at=seconds(item, TURN_ENDED_AT_ATTRIBUTE),
+        person_gap=seconds(item, PERSON_GAP_ATTRIBUTE),
+        estimate_scale=seconds(item, ESTIMATE_SCALE_ATTRIBUTE),
     )
+
+
+def seconds(item: DynamoItem, name: str) -> float | None:
+    """A numeric hint of a head item (seconds, a scale), ``None`` when it is not there."""
+    return float(item[name]["N"]) if name in item else None
+
+
+def pace_values(commit: Commit) -> dict[str, str]:
+    """The hints ``commit`` records on the head: attribute name -> number (seconds to the millisecond, or
+    the estimate's scale)."""
+    out = {}
+    if commit.turn_ended_at is not None:
+        out[TURN_ENDED_AT_ATTRIBUTE] = f"{commit.turn_ended_at:.3f}"
+    if commit.person_gap is not None:
+        out[PERSON_GAP_ATTRIBUTE] = f"{commit.person_gap:.3f}"
+    if commit.estimate_scale is not None:
+        out[ESTIMATE_SCALE_ATTRIBUTE] = f"{commit.estimate_scale:.4f}"
+    return out
 
 
 def head_item(info: ThreadInfo, *, fresh: bool = False) -> DynamoItem:
@@ -337,6 +363,10 @@ def head_update(
             names["#mc"] = TURN_MODEL_CALLS_ATTRIBUTE
             values[":mc"] = n_attr(commit.turn_model_calls)
             sets.append("#mc = :mc")
+        for n, (attribute, number) in enumerate(pace_values(commit).items()):
+            names[f"#pace{n}"] = attribute
+            values[f":pace{n}"] = {"N": number}
+            sets.append(f"#pace{n} = :pace{n}")
         processed = sorted(set(commit.processed_message_ids))
         if processed:
             names["#in"] = INBOX_ATTRIBUTE
@@ -419,6 +449,8 @@ def head_after(head: DynamoItem, new: ThreadInfo, commit: Commit, deferred: set[
     after[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": commit.turn_complete}
     if commit.turn_model_calls is not None:
         after[TURN_MODEL_CALLS_ATTRIBUTE] = n_attr(commit.turn_model_calls)
+    for attribute, number in pace_values(commit).items():
+        after[attribute] = {"N": number}
     inbox = head_inbox(head) - set(commit.processed_message_ids)
     sets = {
         INBOX_ATTRIBUTE: inbox,

@@ -38,6 +38,7 @@ from stepagent.stores.base import (
     ThreadKind,
     UsageRecord,
     iterate_entries,
+    with_pace,
 )
 
 #: Rows per staged write of a history replacement (as DynamoDB's BatchWriteItem), so a replacement has the
@@ -210,6 +211,7 @@ class InMemoryConversationStore:
         )
         if commit.turn_model_calls is not None:
             new = replace(new, turn_model_calls=commit.turn_model_calls)
+        new = with_pace(new, commit)
         if commit.usage is not None:
             backend.usage.setdefault(thread_id, []).append(
                 replace(commit.usage, version=new.version, tail=new.tail)
