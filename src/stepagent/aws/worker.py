@@ -68,7 +68,7 @@ from stepagent.errors import (
 )
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.modes.step_mode import AgentSystem
-from stepagent.senders.sqs import SqsQueues, record_traceparent
+from stepagent.senders.sqs import SqsQueues, record_format, record_traceparent
 from stepagent.tracing import TRACEPARENT
 
 logger = logging.getLogger(__name__)
@@ -204,6 +204,7 @@ class Worker:
             traceparent=record_traceparent(raw),
         )
         try:
+            record_format(raw, "this input message")  # a newer release's message is rejected, not guessed at
             if not isinstance(body, str):
                 raise MalformedMessageError("the SQS record has no body")
             resolved = await self.queues.resolve(body)

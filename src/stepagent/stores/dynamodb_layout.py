@@ -89,6 +89,7 @@ import base64
 import binascii
 
 from stepagent.call_id_filter import CallIdFilter
+from stepagent.formats import item_version
 from stepagent.history_items import Summary
 from stepagent.stores.base import Commit, ThreadInfo, ThreadKind, UsageRecord
 from stepagent.stores.dynamodb_io import DynamoItem, Write, item_key, n_attr, s_attr, update
@@ -205,6 +206,7 @@ def info_from_item(item: DynamoItem) -> ThreadInfo:
         return int(item[name]["N"]) if name in item else None
 
     thread_id = str(item["pk"]["S"])
+    item_version(item, f"the head of thread {thread_id}")
     turn = item.get(TURN_COMPLETE_ATTRIBUTE, {}).get("BOOL")
     return ThreadInfo(
         thread_id=thread_id,
