@@ -127,6 +127,18 @@ clean:
 
 ## soak: the long reliability runs, not part of make test (see docs/reliability.md): 1,000 crash runs
 ## through the worker on moto, 10,000 in memory with a fresh seed, 50 threads x 20 steps of load
+## corpus: record a release's corpus (threads left at every waiting point, as stored and queued) from a
+## checkout of CORPUS_FROM (a commit or tag; default HEAD) into tests/corpus/$(RELEASE); run it for each
+## release before changing a format: make corpus RELEASE=r2 [CORPUS_FROM=v0.2.0]
+CORPUS_FROM ?= HEAD
+.PHONY: corpus
+corpus: setup
+	@test -n "$(RELEASE)" || { echo "corpus: name the release: make corpus RELEASE=<name> [CORPUS_FROM=<commit>]"; exit 2; }
+	@tmp=$$(mktemp -d) && git worktree add -q --detach $$tmp/release $(CORPUS_FROM) && \
+		echo "corpus: recording $$(git -C $$tmp/release rev-parse --short HEAD) into tests/corpus/$(RELEASE)" && \
+		PYTHONPATH=$$tmp/release/src $(PY) -m tests.corpus.record tests/corpus/$(RELEASE); status=$$?; \
+		git worktree remove --force $$tmp/release; rm -rf $$tmp; exit $$status
+
 .PHONY: soak
 soak: setup
 	@seed=$${STEPAGENT_CRASH_SEED:-$$(date +%s)}; echo "soak: STEPAGENT_CRASH_SEED=$$seed"; \
