@@ -26,6 +26,8 @@ continue every thread in them with today's code.
 
 from __future__ import annotations
 
+import functools
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from stepagent.errors import NewerFormatError
@@ -36,6 +38,7 @@ __all__ = [
     "READS_UP_TO",
     "check_version",
     "item_version",
+    "running_release",
     "stamp_body",
 ]
 
@@ -86,3 +89,12 @@ def stamp_body(body: str) -> str:
     rest = body[1:].lstrip()
     separator = "" if rest.startswith("}") else ","
     return f'{{"{FORMAT_FIELD}":{FORMAT_VERSION}{separator}{rest}'
+
+
+@functools.cache
+def running_release() -> str:
+    """The version of the installed ``stepagent`` (what a commit records as the release that made it)."""
+    try:
+        return version("stepagent")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"

@@ -97,7 +97,10 @@ def stamped(item: DynamoItem) -> DynamoItem:
 
 
 def _stamp_expression(expression: str, names: dict[str, str], values: DynamoItem) -> str:
-    """``expression`` that also sets the format version (inside its SET clause, or a new one first)."""
+    """``expression`` that also sets the format version (inside its SET clause, or a new one first); one
+    built from an expression that sets it already is left as it is."""
+    if "#fmtv" in names:
+        return expression
     names["#fmtv"] = FORMAT_FIELD
     values[":fmtv"] = n_attr(FORMAT_VERSION)
     if expression.startswith("SET "):
