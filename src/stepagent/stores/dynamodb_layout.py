@@ -17,9 +17,10 @@ Item layout (``pk`` = thread id in both tables)::
                                     [journal journal_n]                  a flipped commit's pending journal
                                     [created_at]                         epoch milliseconds of the first commit
                                                                          (absent on heads written before it)
-                                    [rel] [cfg] [cfg0]                   the stepagent release and the agent
-                                                                         configuration's fingerprint of the last
-                                                                         commit; cfg0 the first one recorded
+                                    [rel] [cfg] [cfg0] [committed_at]    the stepagent release, the agent
+                                                                         configuration's fingerprint and the
+                                                                         time of the last commit; cfg0 the
+                                                                         first fingerprint recorded
                                     [fl] [oi] [dq] [ch]                  state flags: with ``fl`` = 1 the
                                                                          string sets ``oi`` (open intents),
                                                                          ``dq`` (deferred inputs), ``ch``
@@ -152,6 +153,8 @@ RELEASE_ATTRIBUTE = "rel"
 #: The agent configuration's fingerprint of the head's last commit, and of the first commit that had one.
 CONFIG_ATTRIBUTE = "cfg"
 START_CONFIG_ATTRIBUTE = "cfg0"
+#: Epoch milliseconds of the head's last commit.
+COMMITTED_AT_ATTRIBUTE = "committed_at"
 
 
 def row_sk(order: int, generation: str = "") -> str:
@@ -332,14 +335,15 @@ def head_update(
     intents to the open-intent set and sets the deferred set to ``deferred`` (``None``: unchanged). Every
     update records the running release (``rel``) and, given one, the agent ``config`` fingerprint (``cfg``;
     ``cfg0`` keeps the first one the thread recorded)."""
-    names = {"#v": "version", "#t": "tail", "#rel": RELEASE_ATTRIBUTE}
+    names = {"#v": "version", "#t": "tail", "#rel": RELEASE_ATTRIBUTE, "#cat": COMMITTED_AT_ATTRIBUTE}
     values: DynamoItem = {
         ":nv": n_attr(info.version + 1),
         ":nt": n_attr(new_tail),
         ":e": n_attr(info.version),
         ":rel": s_attr(running_release()),
+        ":cat": n_attr(now_ms),
     }
-    sets = ["#v = :nv", "#t = :nt", "#rel = :rel"]
+    sets = ["#v = :nv", "#t = :nt", "#rel = :rel", "#cat = :cat"]
     if config is not None:
         names.update({"#cfg": CONFIG_ATTRIBUTE, "#cfg0": START_CONFIG_ATTRIBUTE})
         values[":cfg"] = s_attr(config)
