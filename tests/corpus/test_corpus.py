@@ -148,7 +148,7 @@ def test_the_corpus_covers_every_waiting_point() -> None:
 
 @contextmanager
 def writing_format(monkeypatch: pytest.MonkeyPatch, version: int) -> Iterator[None]:
-    """Today's code writing format ``version`` (what a release with that format would write)."""
+    """Today's code writing format ``version`` (what a release with that format would write) from here on."""
     monkeypatch.setattr(dynamodb_io, "FORMAT_VERSION", version)
     monkeypatch.setattr(sqs_sender, "FORMAT_ATTRIBUTES", {sqs_sender.FORMAT_ATTRIBUTE: str(version)})
     yield
@@ -191,8 +191,8 @@ async def test_data_of_a_newer_format_is_dead_lettered_naming_the_version_and_le
         # ...then it is rolled back: this release reads up to v1. The tool runner refuses the v2 call, a
         # v1 message to that thread is refused for the v2 head; both dead-lettered, naming the version.
         monkeypatch.setattr(formats, "READS_UP_TO", 1)
-        monkeypatch.setattr(dynamodb_io, "FORMAT_VERSION", 1)
-        await stack.send_user("newer", "are you there?", "newer-2")
+        with writing_format(monkeypatch, 1):
+            await stack.send_user("newer", "are you there?", "newer-2")
         await stack.send_raw(
             json.dumps({"content": {"type": "text", "text": "hi"}, "group_id": "fresh"}), "fresh", "fresh-1"
         )
@@ -205,17 +205,18 @@ async def test_data_of_a_newer_format_is_dead_lettered_naming_the_version_and_le
         )
         for _ in range(3):
             await record.pump_queue(stack, "input")
-        [dead] = [
-            m
-            for m in await stack.receive(stack.resources.input_dlq_url, 10)
-            if m["Body"].find("from v3") >= 0
-        ] or [None]
-        assert dead is not None
-        reason = dead["MessageAttributes"]["stepagent_error"]["StringValue"]
-        assert "written by a newer stepagent (format v3; this release reads up to v1)" in reason
+        dead = await stack.receive(stack.resources.input_dlq_url, 10)
+        reasons = {
+            m["Attributes"]["MessageGroupId"]: m["MessageAttributes"]["stepagent_error"]["StringValue"]
+            for m in dead
+        }
+        assert "written by a newer stepagent (format v3; this release reads up to v1)" in reasons["fresh"]
+        assert "written by a newer stepagent (format v2; this release reads up to v1)" in reasons["newer"]
+        assert len(dead) == 2  # each copied once by the worker, with its reason, and acknowledged
+        errors = [e for e in await stack.outputs() if e["type"] == "error" and e["thread_id"] == "newer"]
+        assert errors and "format v2" in errors[-1]["message"] and errors[-1]["retrying"] is False
         assert await stack.texts("fresh") == ["hi", "ok"]  # the same thread's v1 message went on
-        assert await record.scan(stack, stack.settings.conversation_table) != []
-        newer_rows = [
+        after = [
             i for i in await record.scan(stack, stack.settings.conversation_table) if i["pk"]["S"] == "newer"
         ]
-        assert newer_rows == [i for i in stored if i["pk"]["S"] == "newer"], "the newer thread was changed"
+        assert after == [i for i in stored if i["pk"]["S"] == "newer"], "the newer thread was changed"
