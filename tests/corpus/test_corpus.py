@@ -213,6 +213,9 @@ async def test_data_of_a_newer_format_is_dead_lettered_naming_the_version_and_le
         assert "written by a newer stepagent (format v3; this release reads up to v1)" in reasons["fresh"]
         assert "written by a newer stepagent (format v2; this release reads up to v1)" in reasons["newer"]
         assert len(dead) == 2  # each copied once by the worker, with its reason, and acknowledged
+        # The copy keeps the label: redriven once the newer release is back, it is read as v3 again.
+        [v3] = [m for m in dead if m["Attributes"]["MessageGroupId"] == "fresh"]
+        assert v3["MessageAttributes"]["stepagent_format"]["StringValue"] == "3"
         errors = [e for e in await stack.outputs() if e["type"] == "error" and e["thread_id"] == "newer"]
         assert errors and "format v2" in errors[-1]["message"] and errors[-1]["retrying"] is False
         assert await stack.texts("fresh") == ["hi", "ok"]  # the same thread's v1 message went on

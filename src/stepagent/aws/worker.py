@@ -68,7 +68,13 @@ from stepagent.errors import (
 )
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.modes.step_mode import AgentSystem
-from stepagent.senders.sqs import SqsQueues, record_format, record_traceparent
+from stepagent.senders.sqs import (
+    FORMAT_ATTRIBUTE,
+    SqsQueues,
+    record_attribute,
+    record_format,
+    record_traceparent,
+)
 from stepagent.tracing import TRACEPARENT
 
 logger = logging.getLogger(__name__)
@@ -150,6 +156,8 @@ class Record:
     traceparent: str | None = None
     rejected: StepagentError | None = None  # never retried: DLQ copy + error event
     failed: Exception | None = None  # transient (e.g. the claim check's S3 read)
+    #: The record's ``stepagent_format`` attribute, kept on its DLQ copy so a redrive keeps the label.
+    format_version: str | None = None
 
 
 class Worker:
@@ -202,6 +210,7 @@ class Worker:
             receive_count=int(attributes.get("ApproximateReceiveCount") or 1),
             logical_id=str(attributes.get("MessageDeduplicationId") or record_id),
             traceparent=record_traceparent(raw),
+            format_version=record_attribute(raw, FORMAT_ATTRIBUTE),
         )
         try:
             record_format(raw, "this input message")  # a newer release's message is rejected, not guessed at
@@ -409,6 +418,8 @@ class Worker:
             attributes["stepagent_attempts"] = str(error.attempts)
         if record.group_id is not None:
             attributes["stepagent_message_group_id"] = record.group_id
+        if record.format_version is not None:
+            attributes[FORMAT_ATTRIBUTE] = record.format_version
         try:
             await self.queues.send(
                 await self.input_dlq_url(),

@@ -72,13 +72,18 @@ def _wire_attributes(attributes: Mapping[str, str]) -> dict[str, Any]:
     return {name: {"DataType": "String", "StringValue": value} for name, value in attributes.items()}
 
 
+def record_attribute(record: Mapping[str, Any], name: str) -> str | None:
+    """A string message attribute of a Lambda SQS record, if it has one."""
+    attributes = record.get("messageAttributes") or {}
+    value = attributes.get(name) if isinstance(attributes, Mapping) else None
+    found = value.get("stringValue") if isinstance(value, Mapping) else None
+    return found if isinstance(found, str) else None
+
+
 def record_format(record: Mapping[str, Any], what: str) -> int:
     """The checked format version of a Lambda SQS record (its ``stepagent_format`` attribute; absent: 1):
     :class:`~stepagent.errors.NewerFormatError`, naming the version, for one this release cannot read."""
-    attributes = record.get("messageAttributes") or {}
-    value = attributes.get(FORMAT_ATTRIBUTE) if isinstance(attributes, Mapping) else None
-    found = value.get("stringValue") if isinstance(value, Mapping) else None
-    return check_version(found, what)
+    return check_version(record_attribute(record, FORMAT_ATTRIBUTE), what)
 
 
 def record_traceparent(record: Mapping[str, Any]) -> str | None:
