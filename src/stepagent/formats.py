@@ -8,8 +8,11 @@ checks it before it decodes anything.
 
 What it guarantees:
 
-- Writers stamp :data:`FORMAT_VERSION`: the attribute ``v`` on a DynamoDB item, the field ``"v"`` of a
-  queued JSON body (:func:`stamp_body`), ``format`` in an export file's header.
+- Writers stamp :data:`FORMAT_VERSION`: the attribute ``v`` on every DynamoDB item
+  (:mod:`stepagent.stores.dynamodb_io`), the ``stepagent_format`` message attribute on every queued
+  message (:mod:`stepagent.senders.sqs`; the body stays byte for byte what consumers know), the field
+  ``"v"`` of a body that cannot carry attributes (an EventBridge Scheduler target, :func:`stamp_body`; the
+  tool queue's body has always had one), ``version`` in an export file's header.
 - A missing version is version 1 (the format of the release before versions were written), so every
   existing item and message reads as it always did.
 - A reader meeting a version above :data:`READS_UP_TO` raises :class:`NewerFormatError`, which names the
