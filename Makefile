@@ -17,7 +17,7 @@ SAM_STAMP := $(SAM_VENV)/.installed
 PEER_VENV := .venv-peer
 PEER_STAMP := $(PEER_VENV)/.installed
 
-.PHONY: setup run test test-fast lint lint-template bench coverage deploy clean
+.PHONY: setup run test test-fast test-oldest lint lint-template bench coverage deploy clean
 
 setup: $(STAMP)
 
@@ -34,9 +34,11 @@ $(STAMP): pyproject.toml constraints.txt
 run: setup
 	$(VENV)/bin/stepagent run $(ARGS)
 
-## test: lint, template checks and the whole suite (what CI runs)
+## test: lint, template checks, the whole suite on the deployed Python and the fast lane on the oldest
+## Python requires-python claims (what CI runs)
 test: setup lint lint-template
 	$(PY) -m pytest
+	$(MAKE) --no-print-directory test-oldest
 
 ## test-fast: the in-process lane while you work (a few minutes, not a substitute for make test): ruff, then
 ## unit, engine, the store contract on the in-memory stores, providers, RAP, MCP and local mode; no moto
@@ -45,6 +47,24 @@ FAST_TESTS := tests/unit tests/engine tests/contract tests/providers tests/rap t
 test-fast: setup
 	$(VENV)/bin/ruff check src tests handlers examples bench
 	$(PY) -m pytest $(FAST_TESTS) -m "not slow" -k "not dynamodb and not moto"
+
+## test-oldest: the fast lane on $(OLDEST_PYTHON), the oldest version requires-python claims, in its own
+## $(OLDEST_VENV); skipped with a notice on a machine without that Python
+OLDEST_VENV := .venv-oldest
+OLDEST_STAMP := $(OLDEST_VENV)/.installed
+test-oldest:
+	@if [ -z "$(OLDEST_PYTHON)" ]; then \
+		echo "test-oldest: SKIPPED - no python3.11 on this machine (requires-python claims >=3.11; install it, e.g. pyenv install 3.11, to test it)"; \
+	else \
+		$(MAKE) --no-print-directory $(OLDEST_STAMP) && \
+		$(OLDEST_VENV)/bin/python -m pytest $(FAST_TESTS) -m "not slow" -k "not dynamodb and not moto" -q; \
+	fi
+
+$(OLDEST_STAMP): pyproject.toml constraints.txt
+	@echo "setup: installing stepagent into $(OLDEST_VENV) on $$($(OLDEST_PYTHON) -V) (the oldest supported Python)"
+	@test -x $(OLDEST_VENV)/bin/python || $(OLDEST_PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev,local]'
+	@touch $(OLDEST_STAMP)
 
 ## lint: ruff + mypy strict on src/ and bench/ + the import layering contracts (import-linter)
 lint: setup
@@ -103,10 +123,22 @@ coverage: setup
 	$(PY) -m pytest --cov=stepagent --cov-report=term-missing:skip-covered
 
 clean:
-	rm -rf $(VENV) $(SAM_VENV) $(PEER_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) $(SAM_VENV) $(PEER_VENV) .aws-sam .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info
 
 ## soak: the long reliability runs, not part of make test (see docs/reliability.md): 1,000 crash runs
 ## through the worker on moto, 10,000 in memory with a fresh seed, 50 threads x 20 steps of load
+## corpus: record a release's corpus (threads left at every waiting point, as stored and queued) from a
+## checkout of CORPUS_FROM (a commit or tag; default HEAD) into tests/corpus/$(RELEASE); run it for each
+## release before changing a format: make corpus RELEASE=r2 [CORPUS_FROM=v0.2.0]
+CORPUS_FROM ?= HEAD
+.PHONY: corpus
+corpus: setup
+	@test -n "$(RELEASE)" || { echo "corpus: name the release: make corpus RELEASE=<name> [CORPUS_FROM=<commit>]"; exit 2; }
+	@tmp=$$(mktemp -d) && git worktree add -q --detach $$tmp/release $(CORPUS_FROM) && \
+		echo "corpus: recording $$(git -C $$tmp/release rev-parse --short HEAD) into tests/corpus/$(RELEASE)" && \
+		PYTHONPATH=$$tmp/release/src $(PY) -m tests.corpus.record tests/corpus/$(RELEASE); status=$$?; \
+		git worktree remove --force $$tmp/release; rm -rf $$tmp; exit $$status
+
 .PHONY: soak
 soak: setup
 	@seed=$${STEPAGENT_CRASH_SEED:-$$(date +%s)}; echo "soak: STEPAGENT_CRASH_SEED=$$seed"; \

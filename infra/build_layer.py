@@ -2,7 +2,8 @@
 
 Called by ``make build-RuntimeLayer``, which is what ``sam build`` runs for ``RuntimeLayer``
 (``BuildMethod: makefile``) and what the artifact test in ``tests/artifact`` runs into a temporary folder.
-Standard library only, so it runs under any Python 3.11.
+Standard library only, so it runs under any Python 3.11 or later; run it on the target runtime's Python
+(3.13) so the ``.pyc`` files it keeps are the ones Lambda loads.
 
 What it guarantees:
 
@@ -10,8 +11,11 @@ What it guarantees:
   this checkout), its runtime dependencies resolved against ``constraints.txt``, and, with ``--tools``, the
   user's project and its own dependencies (resolved together with ours, so a conflict fails the build,
   not the first invocation). Nothing development-only (moto, pytest, linters, benchmarks) is installed.
-- Wheels are the ones pip resolves for the Lambda platform (manylinux2014, CPython 3.11, the chosen
-  architecture), so no container is needed. ``.pyc`` files are kept: compiling at cold start is billed.
+- Wheels are the ones pip resolves for the Lambda runtime ``python3.13`` (Amazon Linux 2023, glibc 2.34:
+  manylinux2014 or manylinux_2_28 wheels for CPython 3.13 and the chosen architecture), so no container is
+  needed. ``.pyc`` files are kept when the build runs on Python 3.13 (compiling at cold start is billed);
+  on another interpreter they would be compiled for the wrong version, so none are written and a notice
+  says so.
 - botocore's service models are pruned to the services the runtime calls (plus ``--aws-services`` for the
   user's tools, or ``all`` to keep every model): that is most of the layer's weight.
 - ``python/stepagent_layer.json`` records the architecture and Python version the layer was built for;
@@ -32,8 +36,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PLATFORMS = {"x86_64": "manylinux2014_x86_64", "arm64": "manylinux2014_aarch64"}
-PYTHON_VERSION = "3.11"
+# The Lambda runtime (template.yaml: Runtime python3.13) runs Amazon Linux 2023, glibc 2.34: wheels tagged
+# for manylinux2014 (glibc 2.17) and manylinux_2_28 both load there; pip picks the best one per package.
+PLATFORMS = {
+    "x86_64": ("manylinux2014_x86_64", "manylinux_2_28_x86_64"),
+    "arm64": ("manylinux2014_aarch64", "manylinux_2_28_aarch64"),
+}
+PYTHON_VERSION = "3.13"
 LAMBDA_UNZIPPED_LIMIT = 250 * 1024 * 1024
 
 # Every AWS service the runtime creates a client for (tests/artifact checks this list against the code),
@@ -112,14 +121,21 @@ def tree_size(path: Path) -> int:
 
 def build(target: Path, architecture: str, tools: Path | None, aws_services: list[str]) -> int:
     started = time.monotonic()
-    platform = PLATFORMS[architecture]
+    platforms = PLATFORMS[architecture]
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    compile_flag = [] if running == PYTHON_VERSION else ["--no-compile"]
+    if compile_flag:
+        say(
+            f"building on Python {running}, not {PYTHON_VERSION}: no .pyc files are kept (they would not match "
+            f"the runtime); run the build with python{PYTHON_VERSION} for faster cold starts"
+        )
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="stepagent-layer-wheels-") as scratch:
         wheels = Path(scratch)
         say("building the stepagent wheel")
         build_wheel(ROOT, wheels)
         extra = tools_requirements(tools, wheels, target) if tools is not None else []
-        say(f"installing the pinned runtime dependencies for {platform}, CPython {PYTHON_VERSION}")
+        say(f"installing the pinned runtime dependencies for {'/'.join(platforms)}, CPython {PYTHON_VERSION}")
         run(
             pip(
                 "install",
@@ -127,14 +143,14 @@ def build(target: Path, architecture: str, tools: Path | None, aws_services: lis
                 str(target),
                 "-c",
                 str(ROOT / "constraints.txt"),
-                "--platform",
-                platform,
+                *[flag for platform in platforms for flag in ("--platform", platform)],
                 "--implementation",
                 "cp",
                 "--python-version",
                 PYTHON_VERSION,
                 "--only-binary=:all:",
                 "--upgrade",
+                *compile_flag,
                 *[str(w) for w in sorted(wheels.glob("*.whl"))],
                 *extra,
             )

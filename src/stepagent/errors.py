@@ -11,7 +11,8 @@ Every error the runtime raises on purpose derives from :class:`StepagentError` a
     │   ├── PayloadTooLargeError           a payload or row over the configured limits
     │   ├── UnknownProfileError            the root's metadata selects an agent profile that is not configured
     │   ├── InvalidRewindError             a rewind to an order the thread does not have
-    │   └── ChoiceAnswerError              a user-choice answer that cannot be delivered (bad index, refused)
+    │   ├── ChoiceAnswerError              a user-choice answer that cannot be delivered (bad index, refused)
+    │   └── NewerFormatError               a message or stored item written by a newer release's format
     ├── RetriesExhaustedError     reject   a record failed transiently on its last allowed attempt
     ├── TransientError            retry    the record fails, SQS redelivers it (DLQ after maxReceiveCount)
     │   ├── StoreError                     a store call failed
@@ -94,6 +95,12 @@ class InvalidRewindError(InputError):
 
 class ChoiceAnswerError(InputError):
     """A user-choice answer could not be delivered (bad index, network error, or the tool refused it)."""
+
+
+class NewerFormatError(InputError):
+    """A queued message or stored item in a format newer than this release reads (a rollback met data
+    the newer release wrote). Never decoded by guesswork: the input is dead-lettered with this message,
+    which names the version, and can be redriven once the newer release is back."""
 
 
 class RetriesExhaustedError(StepagentError):

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from stepagent.errors import MalformedMessageError
+from stepagent.formats import FORMAT_FIELD, check_version
 from stepagent.input_rules import check_id, check_json, check_metadata, check_size, load_json
 
 
@@ -461,6 +462,7 @@ def parse_input_message(body: str | bytes | dict[str, Any]) -> InputMessage:
         raw = body
     if not isinstance(raw, dict):
         raise MalformedMessageError(f"message body must be a JSON object, got {type(raw).__name__}")
+    check_version(raw.get(FORMAT_FIELD), "this input message")  # before reading anything else of it
     check_json(raw, "input message")
     try:
         message = _INPUT_ADAPTER.validate_python(raw)

@@ -7,6 +7,10 @@ interpreter (``python -I -S``: only the function's code and the layer on ``sys.p
 set, the environment the template gives that function and nothing else) against the moto server; this
 test plays Lambda's event sources and the Function URL, handing them Lambda-shaped events.
 
+The interpreter is the one the template deploys (``Runtime: python3.13``): the layer is built and every
+handler runs on that CPython version (this venv's own interpreter when it is that version, else pyenv's or
+one on ``PATH``; the test fails, naming the version, when the machine has none).
+
 Covered: a user message through worker → tool queue → tool runner (the user's tool, importing its own
 dependency) → worker; an inline user tool; an MCP tool run by the tool runner; a timer through the delay
 queue and the relay; a RAP tool whose result comes back through the receiver's Function URL; a forged
@@ -106,6 +110,28 @@ CONVERSATIONS = {
 }
 
 
+def runtime_version() -> str:
+    """The Python version the template deploys, e.g. ``3.13`` for ``Runtime: python3.13``."""
+    runtime = str(load_template()["Globals"]["Function"]["Runtime"])
+    assert runtime.startswith("python"), runtime
+    return runtime.removeprefix("python")
+
+
+def runtime_python() -> str:
+    """A base interpreter (no venv: ``-S`` must leave only the standard library) of the deployed version."""
+    version = runtime_version()
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+        return str(getattr(sys, "_base_executable", None) or sys.executable)
+    candidates = sorted(Path.home().glob(f".pyenv/versions/{version}*/bin/python{version}"))
+    found = [str(c) for c in candidates] + [p for p in [shutil.which(f"python{version}")] if p]
+    if not found:
+        pytest.fail(
+            f"the template deploys python{version} and the built layer must be tested on it, but this machine "
+            f"has no python{version} (install it, e.g. pyenv install {version})"
+        )
+    return found[0]
+
+
 @pytest.fixture(scope="module")
 def layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``make build-RuntimeLayer`` into a temporary ARTIFACTS_DIR, as ``sam build`` runs it."""
@@ -117,7 +143,7 @@ def layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "build-RuntimeLayer",
             f"ARTIFACTS_DIR={artifacts}",
             f"TOOLS_DIR={TOOLS_PROJECT}",
-            f"PYTHON={sys.executable}",
+            f"PYTHON={layer_build_python()}",
         ],
         cwd=ROOT,
         check=True,
@@ -134,9 +160,12 @@ def task_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def base_python() -> str:
-    """The interpreter behind the venv: its site-packages are not the venv's, and ``-S`` drops them."""
-    return str(getattr(sys, "_base_executable", None) or sys.executable)
+def layer_build_python() -> str:
+    """This venv's interpreter when it is the runtime's version (its pip builds the wheel), else the
+    runtime's base interpreter: the layer's ``.pyc`` files are compiled by whichever runs the build."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == runtime_version():
+        return sys.executable
+    return runtime_python()
 
 
 @dataclass
@@ -174,7 +203,7 @@ async def start_function(
         "AWS_LAMBDA_FUNCTION_NAME": name,
         "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": "512",
         "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
-        "AWS_EXECUTION_ENV": "AWS_Lambda_python3.11",
+        "AWS_EXECUTION_ENV": f"AWS_Lambda_python{runtime_version()}",
         "AWS_REGION": REGION,
         "AWS_DEFAULT_REGION": REGION,
         "AWS_ACCESS_KEY_ID": "testing",
@@ -185,7 +214,7 @@ async def start_function(
         "TZ": ":UTC",
     }
     process = await asyncio.create_subprocess_exec(
-        base_python(),
+        runtime_python(),
         "-I",
         "-S",
         str(DRIVER),
@@ -458,7 +487,7 @@ async def api_function(env: dict[str, str], layer: Path, task_root: Path) -> Asy
         port = probe.getsockname()[1]
     bin_dir = task_root.parent / "bin"
     bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {base_python()} -S "$@"\n')
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {runtime_python()} -S "$@"\n')
     (bin_dir / "python3").chmod(0o755)
     runtime_dir = task_root.parent / "runtime"
     runtime_dir.mkdir(exist_ok=True)

@@ -4,6 +4,7 @@ architecture with one clear message."""
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def test_an_api_key_secret_for_a_model_without_keys_is_refused() -> None:
 
 
 def test_the_layer_refuses_another_architecture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / MARKER).write_text(json.dumps({"architecture": "x86_64", "python": "3.11"}))
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    (tmp_path / MARKER).write_text(json.dumps({"architecture": "x86_64", "python": running}))
     check_layer([str(tmp_path)], machine="aarch64")  # outside Lambda: nothing to check
     monkeypatch.setenv("LAMBDA_TASK_ROOT", str(tmp_path))
     check_layer([str(tmp_path)], machine="x86_64")

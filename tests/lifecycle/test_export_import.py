@@ -209,7 +209,10 @@ def unknown_event_child(lines: Lines) -> None:
 
 
 BAD: dict[str, tuple[Callable[[Lines], None], str]] = {
-    "version": (edit("header", version=2), "format version 2 is not supported"),
+    "version": (
+        edit("header", version=2),
+        "written by a newer stepagent \\(format v2; this release reads up to v1\\)",
+    ),
     "format": (edit("header", format="other"), "not a stepagent-export file"),
     "missing end": (drop("end"), "without an end line"),
     "end totals": (edit("end", rows=3), "end line says 3 rows"),

@@ -6,7 +6,8 @@ Guarantees:
   the same settings (or ``--stack``) as every other command are enough, on moto, LocalStack or AWS.
 - Listing does not consume: messages are received with a short visibility timeout and made visible again
   at once. SQS lets a reader see at most ``limit`` messages of a FIFO DLQ per message group in one pass.
-- Redrive sends each message back to its source queue unchanged (the same body and, on the FIFO input
+- Redrive sends each message back to its source queue unchanged (the same body, its format version
+  attribute, and, on the FIFO input
   queue, the same message group, so its thread's order is kept) and deletes it from the DLQ only after the
   send succeeded: a crash in between leaves a duplicate in the source queue, which the worker's dedup by
   logical id (or the tool call id) absorbs, never a loss. The FIFO dedup id is the original one with a
@@ -25,6 +26,7 @@ from typing import Any
 
 from stepagent.aws.transient import retry_transient
 from stepagent.errors import ConfigurationError
+from stepagent.senders.sqs import FORMAT_ATTRIBUTE
 
 QUEUES = ("input", "tool")
 _LIST_HOLD_SECONDS = 30
@@ -44,6 +46,8 @@ class DeadLetter:
     group_id: str | None
     dedup_id: str | None
     receipt_handle: str
+    #: The body's format version as the message carried it (``stepagent_format``; ``None``: version 1).
+    format_version: str | None = None
 
     def summary(self) -> dict[str, Any]:
         """What ``dlq list --json`` shows (no receipt handle, the body shortened)."""
@@ -93,6 +97,7 @@ def _letter(queue: str, message: dict[str, Any]) -> DeadLetter:
         group_id=group,
         dedup_id=attributes.get("MessageDeduplicationId"),
         receipt_handle=str(message["ReceiptHandle"]),
+        format_version=custom.get(FORMAT_ATTRIBUTE, {}).get("StringValue"),
     )
 
 
@@ -156,6 +161,10 @@ async def redrive(
             send["MessageGroupId"] = letter.group_id
             base = letter.dedup_id or letter.message_id
             send["MessageDeduplicationId"] = (base + ":redrive")[-_MAX_DEDUP_ID:]
+        if letter.format_version is not None:  # a newer release's message goes back labelled as such
+            send["MessageAttributes"] = {
+                FORMAT_ATTRIBUTE: {"DataType": "String", "StringValue": letter.format_version}
+            }
         # Both calls are safe to repeat (the dedup id, a receipt handle), so a throttled or 5xx one is tried
         # again rather than stopping a redrive half-way.
         await retry_transient(partial(sqs.send_message, **send))

@@ -19,6 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from stepagent.errors import NewerFormatError
 from stepagent.outputs.build import record_events
 from stepagent.outputs.events import OutputEvent, ThreadContext, in_thread
 from stepagent.senders.sqs import Outgoing, SqsQueues
@@ -78,10 +79,14 @@ class OutputPublisher:
         self.state = state
 
     async def thread_context(self, thread_id: str) -> tuple[str, Any]:
-        """(root thread id, root metadata or ``{}``). A thread with no record is its own root."""
-        info = await self.conversation.get_thread(thread_id)
-        root = info.root_id if info is not None else thread_id
-        metadata = await self.state.get_metadata(root)
+        """(root thread id, root metadata or ``{}``). A thread with no record is its own root; so is one whose
+        records a newer release wrote (a rollback): the ``error`` event saying so must still reach it."""
+        try:
+            info = await self.conversation.get_thread(thread_id)
+            root = info.root_id if info is not None else thread_id
+            metadata = await self.state.get_metadata(root)
+        except NewerFormatError:
+            return thread_id, {}
         return root, metadata if metadata is not None else {}
 
     async def publish(

@@ -42,6 +42,7 @@ from stepagent.aws.timers import AwsTimers, deliver_due_schedules, handle_delay_
 from stepagent.aws.tool_runner import SqsFunctionRunner, handle_tool_batch
 from stepagent.aws.worker import CountingMetrics, MetricsSink, Worker
 from stepagent.blobs import ContentBlobs
+from stepagent.config_fingerprint import config_fingerprint
 from stepagent.core.completion import RetryPolicy
 from stepagent.core.step import StepConfig
 from stepagent.core.thread_cache import ThreadCache
@@ -245,6 +246,10 @@ class AwsRuntime:
         )
         self.function_tools.update({t.name: t for t in remote.tools if isinstance(t, Invocable)})
         toolset = Toolset.of([*local_tools, *remote.tools])
+        # Each commit records the release and this configuration on its thread's head (stepagent configs).
+        conversation.config_fingerprint = config_fingerprint(
+            self.agent, [t.name for t in (*local_tools, *remote.tools)], settings.model
+        )
         # Thread-to-thread messages are noted on the target's head first (what clients read to tell idle).
         config = StepConfig(
             provider=provider,

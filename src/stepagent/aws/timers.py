@@ -37,8 +37,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from stepagent.aws.lambda_events import BatchItemFailure, BatchResponse, SqsEvent, SqsRecord
 from stepagent.errors import MalformedMessageError, PayloadTooLargeError, QueueError
+from stepagent.formats import FORMAT_FIELD, check_version, stamp_body
 from stepagent.messages import InputMessage, parse_input_message
-from stepagent.senders.sqs import SqsQueues, SqsSender, record_traceparent
+from stepagent.senders.sqs import SqsQueues, SqsSender, record_format, record_traceparent
 from stepagent.tools.sleep import Clock, utc_now
 from stepagent.tracing import continuing, trace_attributes
 
@@ -74,7 +75,7 @@ def schedule_body(message: InputMessage) -> str:
     """A schedule's target input: the message, plus the trace context as a top-level ``traceparent`` field
     (Scheduler cannot set SQS message attributes; the message model ignores unknown fields, and the worker
     reads this one when the record has no ``traceparent`` attribute)."""
-    body = message.to_json()
+    body = stamp_body(message.to_json())  # Scheduler sends it as it is: nothing else stamps it
     carried = trace_attributes()
     if not carried:
         return body
@@ -175,6 +176,7 @@ class AwsTimers:
 
 async def relay_record(record: SqsRecord, queues: SqsQueues, sender: SqsSender) -> None:
     """Forward one delay-queue record to the input queue."""
+    record_format(record, "this timer message")
     body = await queues.resolve(str(record.get("body", "")))
     try:
         envelope = json.loads(body)
@@ -182,6 +184,7 @@ async def relay_record(record: SqsRecord, queues: SqsQueues, sender: SqsSender) 
         raise MalformedMessageError(f"timer envelope is not JSON: {exc}") from None
     if not isinstance(envelope, dict):
         raise MalformedMessageError("timer envelope must be a JSON object")
+    check_version(envelope.get(FORMAT_FIELD), "this timer envelope")
     group_id, dedup_id, raw = envelope.get("group_id"), envelope.get("dedup_id"), envelope.get("message")
     if not isinstance(group_id, str) or not isinstance(dedup_id, str) or not dedup_id:
         raise MalformedMessageError("timer envelope needs string 'group_id' and 'dedup_id'")

@@ -34,8 +34,9 @@ from stepagent.aws.lambda_events import BatchItemFailure, BatchResponse, SqsEven
 from stepagent.aws.log_keys import append_keys
 from stepagent.aws.metrics import DimensionedSink, publish_tool_latency
 from stepagent.errors import MalformedMessageError, classify
+from stepagent.formats import FORMAT_FIELD, FORMAT_VERSION, check_version
 from stepagent.messages import InputMessage, ToolResult
-from stepagent.senders.sqs import SqsQueues, SqsSender, record_traceparent
+from stepagent.senders.sqs import SqsQueues, SqsSender, record_format, record_traceparent
 from stepagent.tools.base import ToolContext
 from stepagent.tools.functions import Invocable
 from stepagent.tracing import (
@@ -49,7 +50,8 @@ from stepagent.tracing import (
 
 logger = logging.getLogger(__name__)
 
-TOOL_MESSAGE_VERSION = 1
+#: The tool message's own format version: the ``v`` every queued body carries (:mod:`stepagent.formats`).
+TOOL_MESSAGE_VERSION = FORMAT_VERSION
 #: Seconds kept back from the Lambda's remaining time to send the result after a tool times out.
 TIME_MARGIN_S = 10.0
 
@@ -108,8 +110,9 @@ class ToolCallMessage:
             raw = json.loads(body)
         except json.JSONDecodeError as exc:
             raise MalformedMessageError(f"tool message is not JSON: {exc}") from None
-        if not isinstance(raw, dict) or raw.get("v") != TOOL_MESSAGE_VERSION:
-            raise MalformedMessageError(f"tool message must be an object with v={TOOL_MESSAGE_VERSION}")
+        if not isinstance(raw, dict):
+            raise MalformedMessageError("tool message must be a JSON object")
+        check_version(raw.get(FORMAT_FIELD), "this tool message")  # a newer release's call: not guessed at
         for name in ("thread_id", "tool_call_id", "tool_name"):
             if not isinstance(raw.get(name), str) or not raw[name]:
                 raise MalformedMessageError(f"tool message needs a string {name!r}", field=name)
@@ -166,6 +169,7 @@ async def handle_tool_batch(
     async def one(record: SqsRecord) -> BatchItemFailure | None:
         message_id = str(record.get("messageId", ""))
         try:
+            record_format(record, "this tool message")
             call = ToolCallMessage.parse(await queues.resolve(str(record.get("body", ""))))
         except Exception as exc:
             # Bad input ("reject") has no thread to tell and no copy of its own to keep: reporting it too

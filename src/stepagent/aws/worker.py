@@ -64,7 +64,13 @@ from stepagent.events import AgentEvent, CompletionFinished
 from stepagent.messages import InputMessage, parse_input_message
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.outputs.build import StepEvents, error_event, row_events, step_events
-from stepagent.senders.sqs import SqsQueues, record_traceparent
+from stepagent.senders.sqs import (
+    FORMAT_ATTRIBUTE,
+    SqsQueues,
+    record_attribute,
+    record_format,
+    record_traceparent,
+)
 from stepagent.stores.dynamodb_quotas import SubjectCounters
 from stepagent.tracing import TRACEPARENT
 
@@ -147,6 +153,8 @@ class Record:
     traceparent: str | None = None
     rejected: StepagentError | None = None  # never retried: DLQ copy + error event
     failed: Exception | None = None  # transient (e.g. the claim check's S3 read)
+    #: The record's ``stepagent_format`` attribute, kept on its DLQ copy so a redrive keeps the label.
+    format_version: str | None = None
 
 
 class Worker:
@@ -205,8 +213,10 @@ class Worker:
             receive_count=int(attributes.get("ApproximateReceiveCount") or 1),
             logical_id=str(attributes.get("MessageDeduplicationId") or record_id),
             traceparent=record_traceparent(raw),
+            format_version=record_attribute(raw, FORMAT_ATTRIBUTE),
         )
         try:
+            record_format(raw, "this input message")  # a newer release's message is rejected, not guessed at
             if not isinstance(body, str):
                 raise MalformedMessageError("the SQS record has no body")
             resolved = await self.queues.resolve(body)
@@ -434,6 +444,8 @@ class Worker:
             attributes["stepagent_attempts"] = str(error.attempts)
         if record.group_id is not None:
             attributes["stepagent_message_group_id"] = record.group_id
+        if record.format_version is not None:
+            attributes[FORMAT_ATTRIBUTE] = record.format_version
         try:
             await self.queues.send(
                 await self.input_dlq_url(),

@@ -1,4 +1,4 @@
-"""The ``export``, ``import``, ``rewind`` and ``usage`` CLI commands (wired into ``stepagent.cli``).
+"""The ``export``, ``import``, ``rewind``, ``usage`` and ``configs`` CLI commands (wired into ``stepagent.cli``).
 
 ``usage THREAD [--json] [--stack NAME]`` prints the token totals of a thread tree
 (:func:`stepagent.usage.thread_usage`). They read the same settings as the handlers (``STEPAGENT_CONVERSATION_TABLE``, ``STEPAGENT_STATE_TABLE``,
@@ -29,7 +29,7 @@ from stepagent.providers.prices import PRICES_SETTING, parse_prices
 from stepagent.stores.base import ConversationStore, StateStore
 from stepagent.usage import thread_usage, turn_usage
 
-COMMANDS = ("export", "import", "rewind", "usage")
+COMMANDS = ("export", "import", "rewind", "usage", "configs")
 
 
 def add_lifecycle_commands(subparsers: Any) -> None:
@@ -120,6 +120,21 @@ def add_lifecycle_commands(subparsers: Any) -> None:
     )
     usage.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
 
+    configs = subparsers.add_parser(
+        "configs",
+        help="which open threads last stepped under another agent configuration (after a deploy)",
+        description=(
+            "Read every thread's head (a Scan of the conversation table) and list the open threads whose "
+            "last step ran another agent configuration than the current one (--current, else the one of "
+            "the most recent commit), with the stepagent release of that step and the configuration the "
+            "thread started with."
+        ),
+    )
+    configs.add_argument("--current", default=None, metavar="FINGERPRINT", help="the current configuration")
+    configs.add_argument("--all", action="store_true", help="list every open thread")
+    configs.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    configs.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+
 
 async def run_lifecycle_command(args: argparse.Namespace) -> int:
     """Run the parsed ``export``/``import``/``rewind``/``usage`` command; the exit status. ``export``,
@@ -135,6 +150,8 @@ async def run_lifecycle_command(args: argparse.Namespace) -> int:
             return await _import(conversation, state, args)
         if args.command == "rewind":
             return await _rewind(conversation, state, args)
+        if args.command == "configs":
+            return await _configs(conversation, args)
     raise LifecycleError(f"unknown lifecycle command {args.command!r}")
 
 
@@ -229,6 +246,18 @@ async def _usage(conversation: ConversationStore, args: argparse.Namespace) -> i
             print("  by turn:")
             for turn in turns:
                 print(f"    {turn.line()}")
+    return 0
+
+
+async def _configs(conversation: ConversationStore, args: argparse.Namespace) -> int:
+    from stepagent.lifecycle.configs import as_json, configs_report, report_lines, scan_configs
+    from stepagent.stores.dynamodb import DynamoConversationStore
+
+    if not isinstance(conversation, DynamoConversationStore):
+        raise LifecycleError("configs reads a deployment's DynamoDB table")
+    threads = await retry_transient(lambda: scan_configs(conversation))
+    report = configs_report(threads, args.current, show_all=args.all)
+    print(as_json(report) if args.json else "\n".join(report_lines(report)))
     return 0
 
 

@@ -38,14 +38,17 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from stepagent.errors import CorruptRowError, InputError
+from stepagent.errors import CorruptRowError, InputError, NewerFormatError
+from stepagent.formats import FORMAT_VERSION as WRITTEN_VERSION
+from stepagent.formats import check_version
 from stepagent.history_items import EventItem, ToolCallItem, item_from_dict, item_to_dict
 from stepagent.history_items import answered_call_id as answers
 from stepagent.messages import InputMessage, ThreadReport, UserChoiceRequired
 from stepagent.stores.base import ConversationStore, StateStore, ThreadInfo, ThreadKind
 
 FORMAT = "stepagent-export"
-FORMAT_VERSION = 1
+#: The export file's format version: the one version of everything stepagent writes (:mod:`stepagent.formats`).
+FORMAT_VERSION = WRITTEN_VERSION
 #: The line types allowed between a thread line and its summaries and rows.
 STATE_TYPES = ("metadata", "subscription", "intent", "deferred", "choice")
 #: The fields of each line type (besides ``type``): exactly these, no more, no fewer.
@@ -282,8 +285,10 @@ class Validator:
         self.n, header = first
         self.fail_unless(header["type"] == "header", "the first line must be the header")
         self.fail_unless(header["format"] == FORMAT, f"not a {FORMAT} file (format {header['format']!r})")
-        version = header["version"]
-        self.fail_unless(version == FORMAT_VERSION, f"format version {version!r} is not supported")
+        try:
+            check_version(header["version"], "this export file")
+        except NewerFormatError as exc:
+            raise ImportFormatError(self.n, str(exc)) from None
         self.plan.top = str(text_field(self.n, header, "root_thread_id"))
         while (entry := lines.next()) is not None:
             self.n, record = entry

@@ -20,6 +20,9 @@ Guarantees of :class:`SqsSender`:
   queues, the stores and the publisher share one :class:`~stepagent.blobs.ContentBlobs`.
 - Every AWS failure is a :class:`~stepagent.errors.QueueError` naming the queue (transient: the record
   that caused the send is retried).
+- Every message it sends (not a copy: ``claim_check=False``) carries this release's format version in
+  the ``stepagent_format`` message attribute (:data:`FORMAT_ATTRIBUTE`; the body stays as it is, so its
+  wire format is unchanged for other consumers); readers refuse a newer one.
 - The message carries the sending task's trace context as the ``traceparent`` message attribute (none
   when there is no trace), so the step it wakes joins the same trace.
 """
@@ -35,6 +38,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from stepagent.blobs import ContentBlobs
 from stepagent.errors import QueueError
+from stepagent.formats import FORMAT_VERSION, check_version
 from stepagent.messages import InputMessage
 from stepagent.senders.claim_check import INLINE_BODY_LIMIT, unwrap_body, wrap_body
 from stepagent.tracing import TRACEPARENT, trace_attributes
@@ -57,6 +61,29 @@ class Outgoing:
     body: str
     group_id: str | None = None
     dedup_id: str | None = None
+
+
+#: The message attribute naming the format version of a message's body (absent: version 1).
+FORMAT_ATTRIBUTE = "stepagent_format"
+FORMAT_ATTRIBUTES = {FORMAT_ATTRIBUTE: str(FORMAT_VERSION)}
+
+
+def _wire_attributes(attributes: Mapping[str, str]) -> dict[str, Any]:
+    return {name: {"DataType": "String", "StringValue": value} for name, value in attributes.items()}
+
+
+def record_attribute(record: Mapping[str, Any], name: str) -> str | None:
+    """A string message attribute of a Lambda SQS record, if it has one."""
+    attributes = record.get("messageAttributes") or {}
+    value = attributes.get(name) if isinstance(attributes, Mapping) else None
+    found = value.get("stringValue") if isinstance(value, Mapping) else None
+    return found if isinstance(found, str) else None
+
+
+def record_format(record: Mapping[str, Any], what: str) -> int:
+    """The checked format version of a Lambda SQS record (its ``stepagent_format`` attribute; absent: 1):
+    :class:`~stepagent.errors.NewerFormatError`, naming the version, for one this release cannot read."""
+    return check_version(record_attribute(record, FORMAT_ATTRIBUTE), what)
 
 
 def record_traceparent(record: Mapping[str, Any]) -> str | None:
@@ -108,6 +135,8 @@ class SqsQueues:
         """Send ``body`` (claim-checked if big, unless ``claim_check`` is false: a body copied from a
         queue already fits one); returns the SQS message id."""
         wire = await wrap_body(body, self.blobs, limit=self.inline_limit) if claim_check else body
+        if claim_check:
+            attributes = {**(attributes or {}), **FORMAT_ATTRIBUTES}
         kwargs: dict[str, Any] = {"QueueUrl": queue_url, "MessageBody": wire}
         if group_id is not None:
             kwargs["MessageGroupId"] = group_id
@@ -116,9 +145,7 @@ class SqsQueues:
         if delay_seconds:
             kwargs["DelaySeconds"] = delay_seconds
         if attributes:
-            kwargs["MessageAttributes"] = {
-                name: {"DataType": "String", "StringValue": value} for name, value in attributes.items()
-            }
+            kwargs["MessageAttributes"] = _wire_attributes(attributes)
         try:
             response = await self.sqs.send_message(**kwargs)
         except (ClientError, BotoCoreError, OSError) as exc:
@@ -135,7 +162,11 @@ class SqsQueues:
             if batch and (len(batch) == BATCH_ENTRIES or size + length > BATCH_BODY_BYTES):
                 await self._send_entries(queue_url, batch)
                 batch, size = [], 0
-            entry: dict[str, Any] = {"Id": str(len(batch)), "MessageBody": wire}
+            entry: dict[str, Any] = {
+                "Id": str(len(batch)),
+                "MessageBody": wire,
+                "MessageAttributes": _wire_attributes(FORMAT_ATTRIBUTES),
+            }
             if message.group_id is not None:
                 entry["MessageGroupId"] = message.group_id
             if message.dedup_id is not None:
@@ -153,6 +184,7 @@ class SqsQueues:
                 entry["MessageBody"],
                 group_id=entry.get("MessageGroupId"),
                 dedup_id=entry.get("MessageDeduplicationId"),
+                attributes=FORMAT_ATTRIBUTES,
                 claim_check=False,
             )
             return

@@ -156,6 +156,9 @@ class DynamoConversationStore:
         self.page_size = page_size
         self._io = DynamoIo(client, s3_client, bucket, self.metrics, blobs)
         self._heads: OrderedDict[str, DynamoItem] = OrderedDict()
+        #: The fingerprint of the agent configuration the steps committed here run with (recorded on each
+        #: head a commit moves; the runtime sets it once it knows its tools), or ``None``.
+        self.config_fingerprint: str | None = None
 
     def _remember(self, thread_id: str, head: DynamoItem | None) -> None:
         """Keep ``head`` as the thread's head at its version (``None`` forgets it)."""
@@ -416,7 +419,15 @@ class DynamoConversationStore:
         commit: Commit | None = None,
         deferred: set[str] | None = None,
     ) -> Write:
-        return head_update(self.table, info, new_tail, commit, deferred, now_ms=int(time.time() * 1000))
+        return head_update(
+            self.table,
+            info,
+            new_tail,
+            commit,
+            deferred,
+            now_ms=int(time.time() * 1000),
+            config=self.config_fingerprint,
+        )
 
     def _head_check(self, info: ThreadInfo) -> Write:
         names = {"#v": "version"}

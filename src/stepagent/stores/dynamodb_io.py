@@ -16,6 +16,9 @@ What it guarantees:
   big payload (not JSON, or too big even without its large strings) is one object under a deterministic
   ``{blob_key}-{sha256[:16]}`` key named by ``blob`` (a retry rewrites the same object; a read verifies
   the hash); only those per-item objects are deleted with their rows.
+- Every item written through :func:`put`, :func:`update` and :meth:`DynamoIo.batch_put` carries this
+  release's format version (:data:`~stepagent.formats.FORMAT_FIELD`), and :meth:`DynamoIo.read_payload`
+  refuses an item of a newer format with :class:`~stepagent.errors.NewerFormatError` before decoding it.
 - Batch calls respect AWS's limits (25 writes, 100 keys) even where moto does not, and retry unprocessed
   items with bounded backoff, failing loudly rather than dropping any.
 """
@@ -48,6 +51,7 @@ from stepagent.blobs import (
     split,
 )
 from stepagent.errors import CorruptRowError, PayloadTooLargeError, StoreError
+from stepagent.formats import FORMAT_FIELD, FORMAT_VERSION, item_version
 from stepagent.stores.metrics import StoreMetrics
 
 #: The async AWS clients (aiobotocore's, :mod:`stepagent.aws.clients`) are untyped; this alias marks where
@@ -83,6 +87,27 @@ def n_attr(value: int) -> dict[str, str]:
 def item_key(pk: str, sk: str) -> DynamoItem:
     """The primary key of item (``pk``, ``sk``) in either table."""
     return {"pk": s_attr(pk), "sk": s_attr(sk)}
+
+
+def stamped(item: DynamoItem) -> DynamoItem:
+    """``item`` with this release's format version (a copy; an item that has one keeps it)."""
+    if FORMAT_FIELD in item:
+        return item
+    return {**item, FORMAT_FIELD: n_attr(FORMAT_VERSION)}
+
+
+def _stamp_expression(expression: str, names: dict[str, str], values: DynamoItem) -> str:
+    """``expression`` that also sets the format version (inside its SET clause, or a new one first); one
+    built from an expression that sets it already is left as it is."""
+    if "#fmtv" in names:
+        return expression
+    names["#fmtv"] = FORMAT_FIELD
+    values[":fmtv"] = n_attr(FORMAT_VERSION)
+    if expression.startswith("SET "):
+        return f"SET #fmtv = :fmtv, {expression[4:]}"
+    if " SET " in expression:
+        return expression.replace(" SET ", " SET #fmtv = :fmtv, ", 1)
+    return f"SET #fmtv = :fmtv {expression}"
 
 
 def chunks(seq: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -132,6 +157,7 @@ def put(
     is_row: bool = False,
 ) -> Write:
     """A Put of ``item``, optionally conditioned; ``is_row`` marks a history row (its conflicts are debris)."""
+    item = stamped(item)
     request: DynamoItem = {"TableName": table, "Item": item}
     if condition is not None:
         request["ConditionExpression"] = condition
@@ -150,7 +176,10 @@ def delete(table: str, key: DynamoItem) -> Write:
 def update(
     table: str, key: DynamoItem, expression: str, names: dict[str, str], values: DynamoItem, **extra: Any
 ) -> Write:
-    """An Update of the item at ``key`` (``extra`` carries e.g. a ``ConditionExpression``)."""
+    """An Update of the item at ``key`` (``extra`` carries e.g. a ``ConditionExpression``); it also sets
+    the item's format version."""
+    names, values = dict(names), dict(values)
+    expression = _stamp_expression(expression, names, values)
     request: DynamoItem = {
         "TableName": table,
         "Key": key,
@@ -292,6 +321,7 @@ class DynamoIo:
         return {"body": s_attr(body), "texts": s_attr(json.dumps(refs, separators=(",", ":")))}
 
     async def read_payload(self, item: DynamoItem, what: str) -> str:
+        item_version(item, what)  # a newer format is refused before anything is decoded
         if "texts" in item:
             return await self._read_shared(item, what)
         if "body" in item:
@@ -411,6 +441,7 @@ class DynamoIo:
 
     async def batch_put(self, table: str, items: Sequence[DynamoItem]) -> None:
         """BatchWriteItem in chunks of 25, retrying ``UnprocessedItems`` with backoff."""
+        items = [stamped(item) for item in items]
         await self._batch_write(table, [{"PutRequest": {"Item": item}} for item in items], items)
 
     async def batch_delete(self, table: str, keys: Sequence[DynamoItem]) -> None:

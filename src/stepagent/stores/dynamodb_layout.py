@@ -17,6 +17,10 @@ Item layout (``pk`` = thread id in both tables)::
                                     [journal journal_n]                  a flipped commit's pending journal
                                     [created_at]                         epoch milliseconds of the first commit
                                                                          (absent on heads written before it)
+                                    [rel] [cfg] [cfg0] [committed_at]    the stepagent release, the agent
+                                                                         configuration's fingerprint and the
+                                                                         time of the last commit; cfg0 the
+                                                                         first fingerprint recorded
                                     [fl] [oi] [dq] [ch]                  state flags: with ``fl`` = 1 the
                                                                          string sets ``oi`` (open intents),
                                                                          ``dq`` (deferred inputs), ``ch``
@@ -34,7 +38,7 @@ Item layout (``pk`` = thread id in both tables)::
                   SUMMARY           up_to sv (body | blob) [cid]         copy of the latest summary, valid
                                                                          only while the head's ``sv`` matches
                   C#{child_id}      seq                                  child index entry (spawn order)
-                  U#{version:012d}  step_id model in out cr cw calls done [cost] [output]
+                  U#{version:012d}  step_id model in out cr cw calls done [cost] [output] [rel]
                                                                          model usage of the commit
                                                                           that produced head ``version``
     state         P#{message_id}    expires_at                           processed marker (TTL)
@@ -89,6 +93,7 @@ import base64
 import binascii
 
 from stepagent.call_id_filter import CallIdFilter
+from stepagent.formats import item_version, running_release
 from stepagent.history_items import Summary
 from stepagent.stores.base import Commit, ThreadInfo, ThreadKind, UsageRecord
 from stepagent.stores.dynamodb_io import DynamoItem, Write, item_key, n_attr, s_attr, update
@@ -97,6 +102,7 @@ __all__ = [
     "CALL_IDS_ATTRIBUTE",
     "CHILD_PREFIX",
     "CHOICES_ATTRIBUTE",
+    "CONFIG_ATTRIBUTE",
     "CREATED_AT_ATTRIBUTE",
     "DEFERRED_ATTRIBUTE",
     "FLAGS_ATTRIBUTE",
@@ -104,6 +110,8 @@ __all__ = [
     "INBOX_ATTRIBUTE",
     "INTENTS_ATTRIBUTE",
     "LATEST_SUMMARY_SK",
+    "RELEASE_ATTRIBUTE",
+    "START_CONFIG_ATTRIBUTE",
     "SUMMARY_ORDER_ATTRIBUTE",
     "SUMMARY_TOKEN_ATTRIBUTE",
     "TURN_COMPLETE_ATTRIBUTE",
@@ -145,6 +153,13 @@ SUMMARY_ORDER_ATTRIBUTE = "sum"
 SUMMARY_TOKEN_ATTRIBUTE = "sv"
 LATEST_SUMMARY_SK = "SUMMARY"
 CALL_IDS_ATTRIBUTE = "cid"
+#: The stepagent release whose commit moved the head last (and that stored a ``U#`` usage record).
+RELEASE_ATTRIBUTE = "rel"
+#: The agent configuration's fingerprint of the head's last commit, and of the first commit that had one.
+CONFIG_ATTRIBUTE = "cfg"
+START_CONFIG_ATTRIBUTE = "cfg0"
+#: Epoch milliseconds of the head's last commit.
+COMMITTED_AT_ATTRIBUTE = "committed_at"
 
 
 def row_sk(order: int, generation: str = "") -> str:
@@ -210,6 +225,7 @@ def info_from_item(item: DynamoItem) -> ThreadInfo:
         return int(item[name]["N"]) if name in item else None
 
     thread_id = str(item["pk"]["S"])
+    item_version(item, f"the head of thread {thread_id}")
     turn = item.get(TURN_COMPLETE_ATTRIBUTE, {}).get("BOOL")
     return ThreadInfo(
         thread_id=thread_id,
@@ -297,6 +313,7 @@ def usage_item(thread_id: str, record: UsageRecord, version: int, tail: int | No
         "step_id": s_attr(record.step_id),
         "model": s_attr(record.model),
         "done": {"BOOL": record.turn_complete},
+        RELEASE_ATTRIBUTE: s_attr(running_release()),
     }
     for attribute, name in _USAGE_COUNTS:
         item[attribute] = n_attr(int(getattr(record, name)))
@@ -338,19 +355,28 @@ def head_update(
     deferred: set[str] | None = None,
     *,
     now_ms: int,
+    config: str | None = None,
 ) -> Write:
     """Move the head from ``info.version`` to ``info.version + 1`` and ``new_tail``, only if it is still at
     ``info.version``. At version 0 this creates the root record (``created_at`` = ``now_ms``, epoch
     milliseconds), keeping one a spawn already made. A
     ``commit`` also sets the turn flag, takes the ids it processed out of the ``inbox``, adds its
-    intents to the open-intent set and sets the deferred set to ``deferred`` (``None``: unchanged)."""
-    names = {"#v": "version", "#t": "tail"}
+    intents to the open-intent set and sets the deferred set to ``deferred`` (``None``: unchanged). Every
+    update records the running release (``rel``) and, given one, the agent ``config`` fingerprint (``cfg``;
+    ``cfg0`` keeps the first one the thread recorded)."""
+    names = {"#v": "version", "#t": "tail", "#rel": RELEASE_ATTRIBUTE, "#cat": COMMITTED_AT_ATTRIBUTE}
     values: DynamoItem = {
         ":nv": n_attr(info.version + 1),
         ":nt": n_attr(new_tail),
         ":e": n_attr(info.version),
+        ":rel": s_attr(running_release()),
+        ":cat": n_attr(now_ms),
     }
-    sets = ["#v = :nv", "#t = :nt"]
+    sets = ["#v = :nv", "#t = :nt", "#rel = :rel", "#cat = :cat"]
+    if config is not None:
+        names.update({"#cfg": CONFIG_ATTRIBUTE, "#cfg0": START_CONFIG_ATTRIBUTE})
+        values[":cfg"] = s_attr(config)
+        sets += ["#cfg = :cfg", "#cfg0 = if_not_exists(#cfg0, :cfg)"]
     removes: list[str] = []
     adds: list[str] = []
     deletes: list[str] = []

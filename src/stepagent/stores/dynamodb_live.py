@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 
 from stepagent.errors import StoreError
+from stepagent.formats import item_version
 from stepagent.notices import LiveNotice, Notice, read_notice
 from stepagent.stores.dynamodb_io import (
     ConditionFailed,
@@ -87,6 +88,7 @@ def decode_live(item: DynamoItem | None) -> LiveState:
     """The ``LIVE`` item as a :class:`LiveState` (an empty state when there is none)."""
     if not item:
         return LiveState()
+    item_version(item, f"the live state of thread {item.get('pk', {}).get('S')}")
 
     def number(name: str) -> int | None:
         return int(item[name]["N"]) if name in item else None
@@ -168,8 +170,6 @@ class LiveStore:
             {},
             ConditionExpression="attribute_exists(#pk)",
         )
-        # DynamoDB rejects an empty ExpressionAttributeValues map.
-        write.request.pop("ExpressionAttributeValues")
         with contextlib.suppress(ConditionFailed):  # nothing to clear (never written, or TTL'd)
             await self.io.write(write)
 
