@@ -34,12 +34,16 @@ async def test_an_older_server_is_called_through_the_handshake_without_probe_or_
     app = recording(build().streamable_http_app(), seen, legacy=True)
     async with serve_in_background(app) as base:
         tools = await _tools(base)
-        assert seen.rpc("server/discover") == 1 and seen.rpc("initialize") == 1 and seen.rpc("tools/list") == 1
+        assert (
+            seen.rpc("server/discover") == 1 and seen.rpc("initialize") == 1 and seen.rpc("tools/list") == 1
+        )
         seen.requests.clear()
         for n in range(3):
             assert await tools["web__echo"].invoke({"text": str(n)}) == f"echo: {n}"
         assert seen.rpc("initialize") == 3 and seen.rpc("tools/call") == 3  # a session per call, as before
-        assert seen.rpc("server/discover") == 0 and seen.rpc("tools/list") == 0  # but never probed or re-listed
+        assert (
+            seen.rpc("server/discover") == 0 and seen.rpc("tools/list") == 0
+        )  # but never probed or re-listed
         remembered = facts(tools["web__echo"].connection.server)
         assert remembered is not None and remembered.discover is None
 

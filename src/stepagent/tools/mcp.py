@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
@@ -157,7 +156,7 @@ class McpTool(Tool):
     async def _call(self, arguments: dict[str, Any], resume: Resume | None, ask: Ask | None) -> Any:
         from mcp_types import ElicitResult, InputRequiredResult
 
-        async def answer(_context: Any, params: Any) -> ElicitResult:
+        async def answer(_context: Any, params: Any) -> Any:
             if ask is None:
                 return ElicitResult(action="decline")
             return elicit_result(await ask(question_of(params)))
