@@ -23,6 +23,7 @@ from typing import Any, Literal, NotRequired, cast
 from typing_extensions import TypedDict
 
 from stepagent.notices import ErrorEvent as ErrorEvent
+from stepagent.notices import InputRequiredOutput as InputRequiredOutput
 from stepagent.notices import LimitReachedOutput as LimitReachedOutput
 from stepagent.notices import OAuthRequiredOutput as OAuthRequiredOutput
 
@@ -111,6 +112,7 @@ OutputEvent = (
     | ToolResultEvent
     | ErrorEvent
     | OAuthRequiredOutput
+    | InputRequiredOutput
     | UserChoiceRequiredOutput
     | UserChoiceCompleteOutput
     | LimitReachedOutput
@@ -148,6 +150,10 @@ class OAuthRequiredInThread(OAuthRequiredOutput, ThreadContext):
     """An ``oauth_required`` event as published."""
 
 
+class InputRequiredInThread(InputRequiredOutput, ThreadContext):
+    """An ``input_required`` event as published."""
+
+
 class UserChoiceRequiredInThread(UserChoiceRequiredOutput, ThreadContext):
     """A ``user_choice_required`` event as published."""
 
@@ -174,6 +180,7 @@ OutputEventInThread = (
     | ToolResultEventInThread
     | ErrorEventInThread
     | OAuthRequiredInThread
+    | InputRequiredInThread
     | UserChoiceRequiredInThread
     | UserChoiceCompleteInThread
     | LimitReachedInThread

@@ -55,6 +55,7 @@ from stepagent.stores.metrics import StoreMetrics
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import Invocable, load_toolset
+from stepagent.tools.mcp_runs import ReadKept
 from stepagent.tools.remote import load_remote
 from stepagent.tools.sleep import Clock, Sleep, SleepUntil, utc_now
 from stepagent.tracing import Tracer
@@ -119,6 +120,8 @@ class AwsRuntime:
         self._worker: Worker | None = None
         self._system: AgentSystem | None = None
         self._stores: tuple[DynamoConversationStore, DynamoStateStore] | None = None
+        #: Reads a person's answer to an MCP server's question (the tool runner role; see handle_tool_batch).
+        self._read_kept: ReadKept | None = None
         self.live = LiveText.disabled()
         # The providers this runtime built: their HTTP/AWS clients (kept per loop) close with it.
         self._made_providers: list[ModelProvider] = []
@@ -209,6 +212,16 @@ class AwsRuntime:
 
                 mcp_tools = await load_mcp_tools(settings.mcp_servers, existing=local_tools)
                 self.function_tools.update({t.name: t for t in mcp_tools if isinstance(t, Invocable)})
+                if settings.state_table:
+                    # An older MCP server's call is held open for the person's answer, which the thread's
+                    # step keeps in the state table (read only).
+                    dynamodb = await self._stack.enter_async_context(client(session, "dynamodb", settings))
+                    _, reader = dynamo_stores(
+                        dynamodb,
+                        conversation_table=str(settings.conversation_table or settings.state_table),
+                        state_table=str(settings.state_table),
+                    )
+                    self._read_kept = reader.cache_get
             return
         assert provider is not None  # create() resolved it for the worker role
         self.dynamodb = await self._stack.enter_async_context(client(session, "dynamodb", settings))
@@ -359,6 +372,9 @@ class AwsRuntime:
         self, event: SqsEvent, remaining_ms: RemainingMs | None = None
     ) -> BatchResponse:
         """The tool runner: run queued function-tool calls and send their results."""
+        read_kept = self._read_kept
+        if read_kept is None and self._stores is not None:
+            read_kept = self._stores[1].cache_get
         return await handle_tool_batch(
             event,
             self.function_tools,
@@ -367,6 +383,8 @@ class AwsRuntime:
             remaining_ms,
             tracer=self.tracer,
             metrics=self.metrics,
+            read_kept=read_kept,
+            input_wait=self.settings.mcp_input_wait,
         )
 
     async def handle_delay_batch(

@@ -102,6 +102,9 @@ class ToolContext:
     notifier: LifecycleNotifier | None = None
     #: Where a synchronous tool records its state changes for the step's commit (``None``: apply them now).
     effects: ToolEffects | None = None
+    #: A call resumed with the user's answer to the tool's question (an MCP elicitation): what the
+    #: resumed request carries (``stepagent.tools.mcp_input.Resume`` as JSON); ``None`` for a first call.
+    resume: dict[str, Any] | None = None
 
     @property
     def root_thread_id(self) -> str:

@@ -123,17 +123,24 @@ class McpTool(Tool):
         return outcome
 
     async def call(
-        self, arguments: Mapping[str, Any], *, resume: Resume | None = None, ask: Ask | None = None
+        self,
+        arguments: Mapping[str, Any],
+        *,
+        resume: Resume | None = None,
+        ask: Ask | None = None,
+        ask_wait: float = 0.0,
     ) -> str | PendingInput:
         """Call the tool (or resume a call with the user's answer): the result's text, a
         :class:`PendingInput` when a 2026-07-28 server asks the user something, or ``ToolError``.
-        ``ask`` answers a handshake-era server's question while the session stays open."""
+        ``ask`` answers a handshake-era server's question while the session stays open; ``ask_wait``
+        (seconds it may take) is added to the call's timeout."""
         server = self.connection.server.name
         try:
             if self.timeout is None:
                 result = await self._call(dict(arguments), resume, ask)
             else:
-                result = await asyncio.wait_for(self._call(dict(arguments), resume, ask), self.timeout)
+                limit = self.timeout + (ask_wait if ask is not None else 0.0)
+                result = await asyncio.wait_for(self._call(dict(arguments), resume, ask), limit)
         except TimeoutError:
             raise ToolError(
                 f"MCP tool '{self.remote_name}' of server '{server}' timed out after {self.timeout:g} s"

@@ -61,6 +61,11 @@ class InputAnswer:
         return cls(cast(ElicitationAction, action), content if isinstance(content, dict) else None)
 
 
+def question_key(thread_id: str, tool_call_id: str) -> str:
+    """Where the state store keeps the question of call ``tool_call_id`` of ``thread_id`` and its answer."""
+    return f"mcp-input#{thread_id}#{tool_call_id}"
+
+
 #: Puts a handshake-era server's question to the user and waits for the answer.
 Ask = Callable[[InputQuestion], Awaitable[InputAnswer]]
 
