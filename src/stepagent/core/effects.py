@@ -204,6 +204,10 @@ class StoreToolAccess:
     async def cache_put(self, key: str, value: str, expires_at: float) -> None:
         await self._state.cache_put(key, value, expires_at)
 
+    async def cache_get(self, key: str) -> str | None:
+        """A value of the key/value cache (an MCP call held open reads the person's answer here)."""
+        return await self._state.cache_get(key)
+
 
 # ---- running tools -------------------------------------------------------------------------------------------
 
