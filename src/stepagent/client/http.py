@@ -159,6 +159,25 @@ class HttpApi:
         _raise_for(response)
         return str(response.json()["message_id"])
 
+    async def answer_input(
+        self,
+        thread: str,
+        tool_call_id: str,
+        action: str,
+        content: dict[str, Any] | None = None,
+        message_id: str | None = None,
+    ) -> str:
+        body: dict[str, Any] = {"tool_call_id": tool_call_id, "action": action}
+        if content is not None:
+            body["content"] = content
+        response = await self.http.post(
+            self._path(thread, "/elicitations"),
+            json=body,
+            headers={"Idempotency-Key": message_id or f"elicitation-{tool_call_id}-{uuid.uuid4()}"},
+        )
+        _raise_for(response)
+        return str(response.json()["message_id"])
+
     async def history(self, thread: str) -> list[Item]:
         response = await self.http.get(self._path(thread))
         _raise_for(response)

@@ -265,6 +265,8 @@ class TreeWatch:
                 )
             elif notice["type"] == "limit_reached":
                 out.append({"thread_id": thread, "kind": "limit", "text": limit_text(notice)})
+            elif notice["type"] == "input_required":
+                continue  # a tool's question: shown by surfaces that can answer it (not yet this one)
             else:
                 self._error(thread, notice["message"], notice["retrying"], out)
         view.notice_seq = live.notice_seq

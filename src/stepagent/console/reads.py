@@ -445,6 +445,10 @@ def _notice(notice: LiveNotice, pending_ids: set[str]) -> NoticeView:
         }
     if notice["type"] == "limit_reached":
         return {"kind": "error", "text": limit_text(notice), "retrying": False}
+    if notice["type"] == "input_required":
+        # The console does not answer a tool's question inline yet: it says where to answer it.
+        text = f"? {notice['message']} (answer with POST .../elicitations for {notice['tool_call_id']})"
+        return {"kind": "error", "text": text, "retrying": True}
     return {"kind": "error", "text": notice["message"], "retrying": notice["retrying"]}
 
 

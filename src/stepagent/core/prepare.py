@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 
 from stepagent import texts
 from stepagent.core.approval import fold_decision
-from stepagent.core.elicitation import fold_answer, fold_question
 from stepagent.core.effects import (
     AddPendingChoice,
     ChildSpawn,
@@ -42,6 +41,7 @@ from stepagent.core.effects import (
     RemovePendingChoice,
     StepEffects,
 )
+from stepagent.core.elicitation import fold_answer, fold_question
 from stepagent.core.history import INTERRUPTED_TEXT, HistoryManager
 from stepagent.events import (
     AgentEvent,
