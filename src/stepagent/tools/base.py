@@ -75,6 +75,8 @@ class ToolAccess(Protocol):
 
     async def cache_put(self, key: str, value: str, expires_at: float) -> None: ...
 
+    async def cache_get(self, key: str) -> str | None: ...
+
 
 @dataclass(slots=True)
 class ToolEffects:

@@ -349,7 +349,7 @@ class InProcessFunctionRunner:
             call_id=context.call_id,
             resume=context.resume,
             sender=context.sender,
-            read_kept=getattr(context.access, "cache_get", None),
+            read_kept=context.access.cache_get,
             input_wait=self.input_wait,
         )
 
