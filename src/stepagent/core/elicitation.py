@@ -63,6 +63,11 @@ class PendingQuestion:
         return cls(notice=value["notice"], answered_by=value.get("answered_by"), answer=value.get("answer"))
 
 
+def _expiry() -> float:
+    # Wall-clock time, as the store compares it (a step's own clock may be a test's fixed one).
+    return time.time() + QUESTION_TTL_S
+
+
 async def read_question(state: StateStore, thread_id: str, tool_call_id: str) -> PendingQuestion | None:
     """The kept question of a call (``None``: none, or expired)."""
     raw = await state.cache_get(question_key(thread_id, tool_call_id))
@@ -75,14 +80,13 @@ async def fold_question(
     notice: InputRequired,
     message_id: str,
     emit: Callable[[AgentEvent], None],
-    clock: Callable[[], float] = time.time,
 ) -> None:
     """Keep and report a tool's question (see the module docstring)."""
     pending = history.pending_tool_call()
     if pending is not None and pending.call.id == notice.id:
         kept = PendingQuestion(notice=notice.model_dump(mode="json"))
         key = question_key(history.thread_id, notice.id)
-        await effects.change(PutPendingQuestion(key, kept.to_json(), clock() + QUESTION_TTL_S))
+        await effects.change(PutPendingQuestion(key, kept.to_json(), _expiry()))
         emit(
             InputRequiredEvent(
                 tool_call_id=notice.id,
@@ -102,7 +106,6 @@ async def fold_answer(
     answer: ElicitationAnswer,
     message_id: str,
     emit: Callable[[AgentEvent], None],
-    clock: Callable[[], float] = time.time,
 ) -> DispatchIntent | None:
     """Fold a person's answer; the intent to run now for a stateless server (``None`` otherwise)."""
     call_id = answer.tool_call_id
@@ -122,7 +125,7 @@ async def fold_answer(
         given["content"] = answer.content or {}
     answered = PendingQuestion(notice=kept.notice, answered_by=message_id, answer=given)
     key = question_key(history.thread_id, call_id)
-    await effects.change(PutPendingQuestion(key, answered.to_json(), clock() + QUESTION_TTL_S))
+    await effects.change(PutPendingQuestion(key, answered.to_json(), _expiry()))
     history.record_processed(message_id)
     notice = InputRequired.model_validate(kept.notice)
     if notice.era != "stateless":

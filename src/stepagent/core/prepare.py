@@ -132,12 +132,10 @@ class Preparer:
             await self._prepare_request_to_user(content, message_id)
             return False
         if isinstance(content, InputRequired):
-            await fold_question(history, self.effects, content, message_id, self.emit, self.clock)
+            await fold_question(history, self.effects, content, message_id, self.emit)
             return False
         if isinstance(content, ElicitationAnswer):
-            intent = await fold_answer(
-                history, self.state, self.effects, content, message_id, self.emit, self.clock
-            )
+            intent = await fold_answer(history, self.state, self.effects, content, message_id, self.emit)
             if intent is not None:
                 self.approved.append(intent)
             return False
