@@ -927,7 +927,7 @@ class RecordingSender:
 
 def aws_tools(runs: list[str]) -> list[Tool]:
     """The scenario tools the AWS runtime does not already have (it adds the built-ins and sleep tools)."""
-    return [make_get_time(runs), make_send_email(runs), Subscribe(), Ticker(), Lookup()]
+    return [make_get_time(runs), make_send_email(runs), ConfirmDelete(runs), Subscribe(), Ticker(), Lookup()]
 
 
 def aws_context_window(runs: list[str]) -> int:
@@ -946,8 +946,16 @@ async def instrument_runtime(
     raw_conversation = runtime.conversation
     log = DispatchLog()
 
+    raw_state = runtime.state
+
     async def is_committed(thread_id: str, tool_call_id: str) -> bool:
-        return await committed_in(raw_conversation, thread_id, tool_call_id)
+        if not await committed_in(raw_conversation, thread_id, tool_call_id):
+            return False
+        # a call resumed with a person's answer: the answer must be durable (processed) before it runs
+        kept = await read_question(raw_state, thread_id, tool_call_id)
+        if kept is not None and kept.answered_by is not None:
+            return bool(await raw_state.filter_processed(thread_id, [kept.answered_by]))
+        return True
 
     sender = RecordingSender(runtime.sender, dedupe=dedupe)
     faulty_sender = Faulty(sender, plan, "queue")

@@ -257,6 +257,39 @@ async def test_a_crash_anywhere_in_the_deciding_step_neither_loses_the_decision_
             assert not run.problems, f"{where}: {run.problems}"
 
 
+# ---- elicitation: a crash at every I/O point of the step that takes a person's answer ------------------
+
+
+async def test_a_crash_anywhere_in_the_answering_step_neither_loses_the_answer_nor_resends_the_call_early() -> (
+    None
+):
+    """The elicitation scenario on moto through the worker: ``confirm_delete`` asks the person a question
+    (``input_required`` published, the server's state kept in DynamoDB, the call open), then the answer
+    arrives. A crash before each I/O call of the step that takes it — load, reading the kept question,
+    marking it answered, the commit of the answer and the resumed call's intent, the dispatch, marking the
+    intent done, the output publish — must converge: the call re-sent with the answer and the server's
+    state only after the answer was durable, answered once, and the model's final answer."""
+    scenario = MOTO_SCENARIOS["elicit"]
+    async with aws_stack() as stack:
+        clean = await run_moto(stack, scenario, frozenset(), batch_size=1, dedupe=True, prefix="clean-")
+        assert not clean.problems, clean.problems
+        answer_at = clean.wave_starts[1]
+        log = clean.plan.log
+        ends = next(n for n in range(answer_at, len(log)) if log[n] == "dispatch:after:confirm_delete")
+        wanted = ("conversation.", "state.", "dispatch:", "queue.")
+        points = [n for n in range(answer_at + 1, ends + 4) if log[n - 1].startswith(wanted)]
+        assert {"conversation.commit", "state.cache_put", "state.cache_get", "state.mark_intent_done"} <= {
+            log[n - 1] for n in points
+        }
+        for n, crash_at in enumerate(points):
+            run = await run_moto(
+                stack, scenario, frozenset({crash_at}), batch_size=1, dedupe=n % 2 == 0, prefix=f"e{n}-"
+            )
+            where = f"crash before I/O #{crash_at} ({log[crash_at - 1]})"
+            assert run.plan.crashes == 1, where
+            assert not run.problems, f"{where}: {run.problems}"
+
+
 # ---- the checks catch what they guard (issue 13): each mechanism removed, a check fails ----------------
 
 
