@@ -54,6 +54,7 @@ ItemKind = Literal[
     "approval",
     "choice",
     "oauth",
+    "input",
     "limit",
     "error",
     "partial",
@@ -88,6 +89,10 @@ class Item(TypedDict):
     default: NotRequired[int]
     #: ``oauth``: the link to open.
     auth_url: NotRequired[str]
+    #: ``input``: a tool's question during call ``tool_call_id`` (``text``), answered with
+    #: ``answer_input``: the form to fill (a JSON Schema) or the page to open.
+    requested_schema: NotRequired[dict[str, Any]]
+    url: NotRequired[str]
     #: ``error``: whether the failed input will be tried again.
     retrying: NotRequired[bool]
     #: ``partial`` (from the stores): the order the text follows, what the model is doing (``thinking``,
@@ -265,6 +270,9 @@ def item_glyph_text(item: Item, *, limit: int | None = 300) -> str | None:
     if kind == "choice":
         choices = ", ".join(f"{i}: {c}" for i, c in enumerate(item.get("choices", [])))
         return f"? {item.get('prompt')} [{choices}]"
+    if kind == "input":
+        url = item.get("url")
+        return f"? {text}" + (f" (open {url})" if url else "")
     return None
 
 

@@ -85,6 +85,16 @@ def item_of(event: Mapping[str, Any]) -> Item | None:
         }
     if kind == "text_delta":
         return {"thread_id": thread, "kind": "partial", "delta": str(event.get("text", ""))}
+    if kind == "input_required":
+        asked: Item = {"thread_id": thread, "kind": "input", "text": str(event.get("message", ""))}
+        call_id, schema, url = (event.get(key) for key in ("tool_call_id", "requested_schema", "url"))
+        if isinstance(call_id, str):
+            asked["tool_call_id"] = call_id
+        if isinstance(schema, dict):
+            asked["requested_schema"] = schema
+        if isinstance(url, str):
+            asked["url"] = url
+        return asked
     return None
 
 
