@@ -446,9 +446,12 @@ def _notice(notice: LiveNotice, pending_ids: set[str]) -> NoticeView:
     if notice["type"] == "limit_reached":
         return {"kind": "error", "text": limit_text(notice), "retrying": False}
     if notice["type"] == "input_required":
-        # The console does not answer a tool's question inline yet: it says where to answer it.
-        text = f"? {notice['message']} (answer with POST .../elicitations for {notice['tool_call_id']})"
-        return {"kind": "error", "text": text, "retrying": True}
+        # The console cannot answer a tool's question inline yet: it shows it and says where to answer.
+        text = (
+            f"a tool asks you: {notice['message']} — the console cannot answer it yet: answer in "
+            f"`stepagent chat` or with POST .../elicitations (tool call {notice['tool_call_id']})"
+        )
+        return {"kind": "error", "text": text, "retrying": False}
     return {"kind": "error", "text": notice["message"], "retrying": notice["retrying"]}
 
 
