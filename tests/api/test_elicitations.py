@@ -48,7 +48,9 @@ async def test_answers_route_ownership_validation_and_refusal() -> None:
             queued = await http.post(path, json=answer, headers={**alice, "Idempotency-Key": "answer-1"})
             assert queued.status_code == 202 and queued.json() == {"message_id": "answer-1"}
             [refused] = await _refusal(api.client, thread)
-            assert "answer-1" in refused["text"] and "no tool call c1 waiting for an answer" in refused["text"]
+            assert (
+                "answer-1" in refused["text"] and "no tool call c1 waiting for an answer" in refused["text"]
+            )
             assert refused["retrying"] is False
 
             # the client, over HTTP: the same route

@@ -4,6 +4,9 @@ streamable-HTTP app; :func:`~tests.mcp.fixtures.eras.recording` counts every req
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from stepagent.rap.server import serve_in_background
 from stepagent.tools.mcp import McpTool, load_mcp_tools
 from stepagent.tools.mcp_config import McpServer
@@ -61,3 +64,62 @@ async def test_a_failure_forgets_the_server_so_the_next_call_probes_again() -> N
         seen.requests.clear()
         assert await tools["web__echo"].invoke({"text": "y"}) == "echo: y"
         assert seen.requests[-1] == ("POST", "tools/call") and seen.rpc("server/discover") == 0
+
+
+async def test_a_server_that_says_its_tools_changed_is_listed_again_once() -> None:
+    seen = Recorder()
+    app = recording(build().streamable_http_app(), seen, legacy=True)
+    async with serve_in_background(app) as base:
+        tools = await _tools(base)
+        seen.requests.clear()
+        assert await tools["web__grow"].invoke({}) == "grown"  # sends notifications/tools/list_changed
+        assert seen.rpc("tools/list") == 0
+        remembered = facts(tools["web__grow"].connection.server)
+        assert remembered is not None and remembered.listing is None  # forgotten on the notification
+        assert await tools["web__echo"].invoke({"text": "a"}) == "echo: a"
+        assert await tools["web__echo"].invoke({"text": "b"}) == "echo: b"
+        assert seen.rpc("tools/list") == 1  # listed again once, then remembered
+        assert remembered.listing is not None and "extra" in {t.name for t in remembered.listing.tools}
+
+
+async def test_a_stale_listing_rejected_by_a_2026_server_is_refreshed_and_the_call_sent_once_more() -> None:
+    """The 2026-07-28 server answers ``HEADER_MISMATCH`` (-32020) when the client's listing of a tool is
+    stale; the call is sent again on a fresh listing instead of failing."""
+    seen = Recorder()
+    inner = recording(build().streamable_http_app(), seen)
+    refused: list[int] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not refused:
+            message = await receive()
+            body = json.loads(message.get("body") or b"{}")
+            if body.get("method") == "tools/call":
+                refused.append(body["id"])
+                error = {"code": -32020, "message": "the tool's listed schema changed"}
+                payload = json.dumps({"jsonrpc": "2.0", "id": body["id"], "error": error}).encode()
+                headers = [(b"content-type", b"application/json")]
+                await send({"type": "http.response.start", "status": 400, "headers": headers})
+                await send({"type": "http.response.body", "body": payload})
+                return
+
+            replayed: list[bool] = []
+
+            async def again() -> dict[str, Any]:
+                if replayed:
+                    return dict(await receive())
+                replayed.append(True)
+                return dict(message)
+
+            await inner(scope, again, send)
+            return
+        await inner(scope, receive, send)
+
+    async with serve_in_background(app) as base:
+        tools = await _tools(base)
+        seen.requests.clear()
+        assert await tools["web__echo"].invoke({"text": "x"}) == "echo: x"
+        assert refused  # the first attempt was refused
+        # the session that failed forgot the server: probed and listed afresh, then called
+        assert (
+            seen.rpc("server/discover") == 1 and seen.rpc("tools/list") == 1 and seen.rpc("tools/call") == 1
+        )

@@ -53,10 +53,15 @@ def tool_name(server: str, tool: str) -> str:
     return _UNSAFE.sub("_", f"{server}{SEPARATOR}{tool}")
 
 
-def _describe(exc: BaseException) -> str:
-    # anyio task groups wrap failures in exception groups: show the first real cause.
+def _first_cause(exc: BaseException) -> BaseException:
+    # anyio task groups wrap failures in exception groups: the first real cause.
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    exc = _first_cause(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
@@ -161,6 +166,20 @@ class McpTool(Tool):
         return text
 
     async def _call(self, arguments: dict[str, Any], resume: Resume | None, ask: Ask | None) -> Any:
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import HEADER_MISMATCH
+
+        try:
+            return await self._call_once(arguments, resume, ask)
+        except Exception as error:
+            cause = _first_cause(error)
+            if not (isinstance(cause, MCPError) and cause.code == HEADER_MISMATCH):
+                raise
+            # A 2026-07-28 server says the remembered listing of this tool is stale: the failed session
+            # forgot it (mcp_session); the call is sent once more on a fresh listing.
+            return await self._call_once(arguments, resume, ask)
+
+    async def _call_once(self, arguments: dict[str, Any], resume: Resume | None, ask: Ask | None) -> Any:
         from mcp_types import ElicitResult, InputRequiredResult
 
         async def answer(_context: Any, params: Any) -> Any:
