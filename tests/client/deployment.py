@@ -109,7 +109,11 @@ class Deployment:
 
 @asynccontextmanager
 async def deployment(
-    model: Any, *, live_text: bool = True, agent_settings: dict[str, str] | None = None
+    model: Any,
+    *,
+    live_text: bool = True,
+    agent_settings: dict[str, str] | None = None,
+    mcp_servers: tuple[Any, ...] = (),
 ) -> AsyncIterator[Deployment]:
     """The stack, running until the context exits (``model``: a provider, e.g. :class:`FunctionModel`;
     ``agent_settings``: ``STEPAGENT_*`` agent settings, e.g. ``STEPAGENT_APPROVAL``)."""
@@ -124,6 +128,7 @@ async def deployment(
             callback_secret=secrets.token_hex(16),
             live_text=live_text,
             agent_settings={**settings.agent_settings, **(agent_settings or {})},
+            mcp_servers=mcp_servers or settings.mcp_servers,
         )
         services = await stack.enter_async_context(local_services(settings, demo=True, provider=model))
         yield Deployment(services.settings, services)

@@ -213,7 +213,9 @@ class Client:
         their first row), else after where the last :meth:`send` to or :meth:`replies` of this thread
         left off, else after the tree as it is now. Items have the shape of ``stepagent history --json``
         (``thread_id``, ``kind``, ``order``, ``text``, ...), plus notices without an ``order``: ``choice``
-        (a question to answer with :meth:`answer_choice`), ``oauth`` (a link to open), ``error``, and with
+        (a question to answer with :meth:`answer_choice`), ``oauth`` (a link to open), ``input`` (a tool's
+        question during a call — ``text``, ``requested_schema`` or ``url`` — to answer with
+        :meth:`answer_input`; the tree counts as idle while it waits for you), ``error``, and with
         ``partial=True`` ``partial`` (the text a completion has streamed so far, never committed; ``phase``
         ``None`` when it is over). ``timeout`` (seconds) raises ``TimeoutError`` if the tree is still busy.
         """
