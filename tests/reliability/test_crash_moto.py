@@ -58,6 +58,12 @@ MOTO_SCENARIOS = {
 }
 
 
+#: The scenarios the randomized moto runs draw from. The elicitation has its own moto row (a crash before
+#: every I/O point of the answering step, below) and runs crash-free in the baselines here; leaving it out
+#: of the draw keeps the seeded draws, and the crash-rate floor they were tuned for, as they were.
+RANDOMIZED = sorted(name for name in MOTO_SCENARIOS if name != "elicit")
+
+
 @dataclass
 class MotoRun:
     plan: CrashPlan
@@ -171,7 +177,7 @@ async def test_randomized_crash_runs_through_the_worker_on_moto() -> None:
         async with aws_stack() as stack:
             for run in range(first, min(first + RUNS_PER_STACK, MOTO_RUNS)):
                 rng = random.Random(f"moto-{SEED}-{run}")
-                name = rng.choice(sorted(MOTO_SCENARIOS))
+                name = rng.choice(RANDOMIZED)
                 points = frozenset(rng.sample(range(1, int(calls[name] * 1.2) + 1), rng.choice([1, 1, 2])))
                 batch_size, dedupe = rng.randint(1, 10), rng.random() < 0.5
                 prefix = f"r{run}-{uuid.uuid4().hex[:6]}-"

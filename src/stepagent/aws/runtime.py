@@ -25,7 +25,7 @@ import asyncio
 import json
 import math
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
 from datetime import datetime
@@ -55,7 +55,6 @@ from stepagent.stores.metrics import StoreMetrics
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import Invocable, load_toolset
-from stepagent.tools.mcp_runs import ReadKept
 from stepagent.tools.remote import load_remote
 from stepagent.tools.sleep import Clock, Sleep, SleepUntil, utc_now
 from stepagent.tracing import Tracer
@@ -121,7 +120,7 @@ class AwsRuntime:
         self._system: AgentSystem | None = None
         self._stores: tuple[DynamoConversationStore, DynamoStateStore] | None = None
         #: Reads a person's answer to an MCP server's question (the tool runner role; see handle_tool_batch).
-        self._read_kept: ReadKept | None = None
+        self._read_kept: Callable[[str], Awaitable[str | None]] | None = None
         self.live = LiveText.disabled()
         # The providers this runtime built: their HTTP/AWS clients (kept per loop) close with it.
         self._made_providers: list[ModelProvider] = []

@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from stepagent.aws.lambda_events import BatchItemFailure, BatchResponse, SqsEvent, SqsRecord
 from stepagent.aws.log_keys import append_keys
@@ -39,8 +40,6 @@ from stepagent.senders.base import InputSender
 from stepagent.senders.sqs import SqsQueues, SqsSender, record_traceparent
 from stepagent.tools.base import ToolContext
 from stepagent.tools.functions import Invocable
-from stepagent.tools.mcp import McpTool
-from stepagent.tools.mcp_runs import ReadKept, run_mcp_call
 from stepagent.tracing import (
     Tracer,
     capture_content,
@@ -49,6 +48,9 @@ from stepagent.tracing import (
     trace_attributes,
     traced,
 )
+
+if TYPE_CHECKING:
+    from stepagent.tools.mcp_runs import ReadKept
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +156,11 @@ async def run_tool_call(
     if function_tool is None:
         return f"Error: no function tool named '{call.tool_name}' is registered with the tool runner"
     try:
-        if isinstance(function_tool, McpTool) and sender is not None:
+        # Only a process with MCP servers has loaded the MCP module (a worker's cold start never imports it).
+        mcp = sys.modules.get("stepagent.tools.mcp")
+        if mcp is not None and isinstance(function_tool, mcp.McpTool) and sender is not None:
+            from stepagent.tools.mcp_runs import run_mcp_call
+
             wait = input_wait if time_limit is None else max(min(input_wait, time_limit - 1.0), 0.0)
             running: Any = run_mcp_call(
                 function_tool,
