@@ -74,6 +74,7 @@ from bench.cold_start import cold_start
 from bench.imports import cold_import, import_costs
 from bench.large_payload import large_payload_costs
 from bench.live_text import live_text_costs
+from bench.mcp_calls import mcp_call_costs
 from bench.overhead import (
     as_dict,
     dynamodb_overhead,
@@ -407,6 +408,7 @@ SECTIONS = (
     Section("local_mode", "local mode", lambda a: asyncio.run(local_mode_rate(quick=a.quick))),
     Section("prompt_cache", "prompt cache bill", lambda a: asyncio.run(prompt_cache_costs(quick=a.quick))),
     Section("memory", "memory", lambda a: memory_runs(a.quick), memory=True),
+    Section("mcp_calls", "MCP requests per step", lambda a: asyncio.run(mcp_call_costs(a.quick))),
 )
 
 

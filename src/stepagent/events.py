@@ -51,6 +51,19 @@ class OAuthRequiredEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class InputRequiredEvent:
+    """A tool asks the user a question during call ``tool_call_id`` (the ``input_required`` output event):
+    ``message`` and a form's ``requested_schema`` or a page's ``url``; ``message_id`` is the notice's
+    logical id (the event's stable id derives from it)."""
+
+    tool_call_id: str
+    message: str
+    message_id: str
+    requested_schema: dict[str, Any] | None = None
+    url: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class CompactionApplied:
     """A compaction summary was applied to the thread."""
 
@@ -240,6 +253,7 @@ AgentEvent = (
     | ToolResultReceived
     | SubscriptionEventReceived
     | OAuthRequiredEvent
+    | InputRequiredEvent
     | CompactionApplied
     | CompletionStarted
     | TextChunk

@@ -3,7 +3,7 @@
 Every input to a thread is one ``InputMessage`` (the SQS body). The JSON is compatible with the reference
 runtime in both directions: its own examples parse, and what we emit parses there. Content is tagged by
 ``type`` (``text``, ``image``, ``audio``, ``video``, ``document``, ``toolresult``, ``oauth_required``,
-``user_choice_required``); ``synthetic`` is a tagged object or the legacy bare string (a non-associative
+``user_choice_required``, ``approval``, ``input_required``, ``elicitation``); ``synthetic`` is a tagged object or the legacy bare string (a non-associative
 subscription event). The optional ``id`` is our extension: the logical message id used for dedup.
 
 :func:`parse_input_message` is the only entry point for untrusted bodies; it checks every rule of
@@ -215,6 +215,38 @@ class ApprovalDecision(_Model):
         return self
 
 
+class InputRequired(_Model):
+    """An MCP server asks the user a question during tool call ``id`` (sent by the tool runner; wire
+    ``type`` ``input_required``). ``message`` and a form's ``requested_schema`` or a page's ``url``;
+    ``era`` says how the call continues: ``stateless`` (a 2026-07-28 server: the call is re-sent with the
+    answer under ``key`` and the server's opaque ``request_state``) or ``session`` (an older server: the
+    tool runner holds the call open and reads the answer). Never enters history."""
+
+    type: Literal["input_required"] = "input_required"
+    id: str
+    call_id: str | None = None
+    message: str
+    requested_schema: dict[str, Any] | None = None
+    url: str | None = None
+    era: Literal["stateless", "session"] = "stateless"
+    key: str | None = None
+    request_state: str | None = None
+    round: int = Field(default=1, ge=1)
+
+
+ElicitationActionKind = Literal["accept", "decline", "cancel"]
+
+
+class ElicitationAnswer(_Model):
+    """A person's answer to a tool's question (wire ``type`` ``elicitation``): ``accept`` with the form's
+    ``content``, ``decline`` or ``cancel``. Never enters history as user content."""
+
+    type: Literal["elicitation"] = "elicitation"
+    tool_call_id: str = Field(min_length=1)
+    action: ElicitationActionKind
+    content: dict[str, Any] | None = None
+
+
 UserContent = Annotated[TextContent | ImageContent | MediaContent, Field(discriminator="type")]
 Content = Annotated[
     TextContent
@@ -223,7 +255,9 @@ Content = Annotated[
     | ToolResult
     | OAuthRequired
     | UserChoiceRequired
-    | ApprovalDecision,
+    | ApprovalDecision
+    | InputRequired
+    | ElicitationAnswer,
     Field(discriminator="type"),
 ]
 
@@ -389,6 +423,21 @@ class InputMessage(_Model):
         )
         return cls(content=content, group_id=group_id, id=id)
 
+    @classmethod
+    def elicitation(
+        cls,
+        group_id: str,
+        tool_call_id: str,
+        action: str,
+        content: dict[str, Any] | None = None,
+        *,
+        id: str | None = None,
+    ) -> InputMessage:
+        answer = ElicitationAnswer.model_validate(
+            {"tool_call_id": tool_call_id, "action": action, "content": content}
+        )
+        return cls(content=answer, group_id=group_id, id=id)
+
     def to_json(self) -> str:
         return json.dumps(self.model_dump(), ensure_ascii=False, separators=(",", ":"))
 
@@ -407,6 +456,8 @@ _UNION_TAGS = frozenset(
         "oauth_required",
         "user_choice_required",
         "approval",
+        "input_required",
+        "elicitation",
         "subscription_event",
         "thread_report",
         "parent_message",
@@ -437,6 +488,16 @@ def check_input_fields(message: InputMessage) -> None:
     if isinstance(content, ToolResult | OAuthRequired | UserChoiceRequired):
         check_id(content.id, "content.id")
         check_id(content.call_id, "content.call_id")
+    if isinstance(content, InputRequired):
+        check_id(content.id, "content.id")
+        check_id(content.call_id, "content.call_id")
+    if isinstance(content, ElicitationAnswer):
+        check_id(content.tool_call_id, "content.tool_call_id")
+        if message.synthetic is not None:
+            raise MalformedMessageError(
+                "invalid input message: synthetic: an elicitation answer is a person's, never synthetic",
+                field="synthetic",
+            )
     if isinstance(content, ApprovalDecision):
         check_id(content.tool_call_id, "content.tool_call_id")
         if message.synthetic is not None:

@@ -64,6 +64,17 @@ class OAuthRequiredOutput(TypedDict):
     tool_call_id: str
 
 
+class InputRequiredOutput(TypedDict):
+    """A tool asks the user a question during a call: a form (``requested_schema``) or a page (``url``)."""
+
+    type: Literal["input_required"]
+    event_id: str
+    tool_call_id: str
+    message: str
+    requested_schema: NotRequired[dict[str, Any]]
+    url: NotRequired[str]
+
+
 class LimitReachedOutput(TypedDict):
     """A spending limit stopped the thread before a model call."""
 
@@ -74,7 +85,7 @@ class LimitReachedOutput(TypedDict):
     used: float
 
 
-Notice = ErrorEvent | OAuthRequiredOutput | LimitReachedOutput
+Notice = ErrorEvent | OAuthRequiredOutput | InputRequiredOutput | LimitReachedOutput
 """A notice of a kind this version reads."""
 
 
@@ -106,6 +117,7 @@ def _kinds() -> dict[str, TypeAdapter[Any]]:
     return {
         "error": TypeAdapter(ErrorEvent),
         "oauth_required": TypeAdapter(OAuthRequiredOutput),
+        "input_required": TypeAdapter(InputRequiredOutput),
         LIMIT_REACHED: TypeAdapter(LimitReachedOutput),
     }
 

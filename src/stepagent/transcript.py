@@ -61,6 +61,7 @@ ItemKind = Literal[
     "approval",
     "choice",
     "oauth",
+    "input",
     "limit",
     "error",
     "partial",
@@ -95,6 +96,10 @@ class Item(TypedDict):
     default: NotRequired[int]
     #: ``oauth``: the link to open.
     auth_url: NotRequired[str]
+    #: ``input``: a tool's question during call ``tool_call_id`` (``text``), answered with
+    #: ``answer_input``: the form to fill (a JSON Schema) or the page to open.
+    requested_schema: NotRequired[dict[str, Any]]
+    url: NotRequired[str]
     #: ``error``: whether the failed input will be tried again.
     retrying: NotRequired[bool]
     #: ``partial`` (from the stores): the order the text follows, what the model is doing (``thinking``,
@@ -202,7 +207,7 @@ def describe_row(thread_id: str, row: StoredRow) -> Item:
 
 def notice_item(thread_id: str, notice: Notice, order: int | None = None) -> Item | None:
     """The item of a notice: ``error`` (``text``, ``retrying``, the ``tool_call_id`` a refused decision
-    named), ``limit`` (``text``), ``oauth`` (the link); ``order``: the row it follows, for a notice kept
+    named), ``limit`` (``text``), ``oauth`` (the link), ``input`` (a tool's question); ``order``: the row it follows, for a notice kept
     in the thread's history."""
     item: Item
     if notice["type"] == "error":
@@ -221,6 +226,17 @@ def notice_item(thread_id: str, notice: Notice, order: int | None = None) -> Ite
             "tool_call_id": notice["tool_call_id"],
             "auth_url": notice["auth_url"],
         }
+    elif notice["type"] == "input_required":
+        item = {
+            "thread_id": thread_id,
+            "kind": "input",
+            "tool_call_id": notice["tool_call_id"],
+            "text": notice["message"],
+        }
+        if "url" in notice:
+            item["url"] = notice["url"]
+        if "requested_schema" in notice:
+            item["requested_schema"] = notice["requested_schema"]
     else:
         item = {"thread_id": thread_id, "kind": "limit", "text": limit_text(notice)}
     if order is not None:
@@ -338,6 +354,9 @@ def item_glyph_text(item: Item, *, limit: int | None = 300) -> str | None:
     if kind == "choice":
         choices = ", ".join(f"{i}: {c}" for i, c in enumerate(item.get("choices", [])))
         return f"? {item.get('prompt')} [{choices}]"
+    if kind == "input":
+        url = item.get("url")
+        return f"? {text}" + (f" (open {url})" if url else "")
     return None
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -80,6 +81,24 @@ def wait_for(driver: WebDriver, check: Any, message: str) -> Any:
     return WebDriverWait(driver, WAIT, poll_frequency=0.1).until(lambda d: check(d), message)
 
 
+def click(driver: WebDriver, selector: str, message: str) -> None:
+    """Click the first element matching ``selector`` once there is one. The page redraws its transcript as
+    events arrive, so an element found a moment ago may be gone: find it again and retry until a click
+    lands on a live element."""
+
+    def attempt(d: WebDriver) -> bool:
+        try:
+            found = d.find_elements(By.CSS_SELECTOR, selector)
+            if not found:
+                return False
+            found[0].click()
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    wait_for(driver, attempt, message)
+
+
 def open_conversation(browser: WebDriver, api: LiveApi, thread: str) -> None:  # noqa: F811
     browser.get(api.url + "/")
     token = browser.find_element(By.ID, "token")
@@ -125,12 +144,11 @@ def test_send_see_the_reply_stream_reload_mid_reply_and_see_it_go_on(
 def test_approve_a_call(live_api: LiveApi, browser: WebDriver) -> None:  # noqa: F811
     open_conversation(browser, live_api, "page-approve")
     send(browser, "what time is it")
-    button = wait_for(
+    click(
         browser,
-        lambda d: d.find_elements(By.CSS_SELECTOR, ".approval button[data-decision='approve']"),
+        ".approval button[data-decision='approve']",
         "the approval request (needs the worker's tool approval, STEPAGENT_APPROVAL)",
     )
-    button[0].click()
     wait_for(browser, lambda d: "Time received." in transcript(d), "the call run after the approval")
 
 
@@ -143,10 +161,14 @@ def test_a_child_threads_work_is_folded_under_the_conversation(
     wait_for(browser, lambda d: "The helper is done." in transcript(d), "the root's answer after its child")
     # The conversation reads as the user's: the child's seed prompt and calls are not shown...
     assert "INSIDE" not in transcript(browser) and "close_thread" not in transcript(browser)
-    [folded] = browser.find_elements(By.CSS_SELECTOR, "#transcript li.child-thread details")
-    assert folded.get_attribute("open") is None
-    root_items = browser.find_elements(By.CSS_SELECTOR, "#transcript > li:not(.child-thread)")
-    assert root_items[0].text == "delegate"
+    # Read in one script: the page may redraw between two WebDriver calls.
+    folded, first_root_item = browser.execute_script(
+        "const folds = [...document.querySelectorAll('#transcript li.child-thread details')];"
+        "const roots = document.querySelectorAll('#transcript > li:not(.child-thread)');"
+        "return [folds.map(d => d.open), roots[0].innerText];"
+    )
+    assert folded == [False]
+    assert first_root_item == "delegate"
     # ...until the user unfolds it.
-    folded.find_element(By.TAG_NAME, "summary").click()
+    click(browser, "#transcript li.child-thread details summary", "the folded child thread")
     wait_for(browser, lambda d: "You are now INSIDE" in transcript(d), "the child's work, unfolded")

@@ -117,6 +117,7 @@ async def deployment(
     agent_settings: dict[str, str] | None = None,
     tools: Sequence[Tool] | None = None,
     prices: PriceTable | str | None = None,
+    mcp_servers: tuple[Any, ...] = (),
 ) -> AsyncIterator[Deployment]:
     """The stack, running until the context exits (``model``: a provider, e.g. :class:`FunctionModel`;
     ``agent_settings``: ``STEPAGENT_*`` agent settings, e.g. ``STEPAGENT_APPROVAL``; ``tools``: the
@@ -135,6 +136,7 @@ async def deployment(
             live_text=live_text,
             agent_settings={**settings.agent_settings, **(agent_settings or {})},
             prices=prices if prices is not None else settings.prices,
+            mcp_servers=mcp_servers or settings.mcp_servers,
         )
         services = await stack.enter_async_context(
             local_services(settings, demo=True, provider=model, tools=tools)

@@ -100,3 +100,14 @@ def test_settings_parse_into_servers() -> None:
         {"STEPAGENT_MCP_SERVERS": f'[{{"name": "echo", "command": "{sys.executable}", "args": ["{ECHO}"]}}]'}
     )
     assert settings.mcp_servers == (STDIO,)
+
+
+def test_the_input_wait_setting() -> None:
+    assert Settings.from_env({}).mcp_input_wait == 120.0
+    assert Settings.from_env({"STEPAGENT_MCP_INPUT_WAIT": "5"}).mcp_input_wait == 5.0
+    assert Settings.from_env({"STEPAGENT_MCP_INPUT_WAIT": "0"}).mcp_input_wait == 0.0
+    for bad in ("-1", "soon", "90000"):
+        with pytest.raises(
+            ConfigurationError, match=r"STEPAGENT_MCP_INPUT_WAIT='.*' is invalid: expected seconds"
+        ):
+            Settings.from_env({"STEPAGENT_MCP_INPUT_WAIT": bad})

@@ -32,6 +32,7 @@ from typing import Any
 
 from stepagent import texts
 from stepagent.core.completion import RetryPolicy
+from stepagent.core.elicitation import read_question
 from stepagent.core.history import INTERRUPTED_TEXT
 from stepagent.core.step import StepConfig, StepInput
 from stepagent.history_items import (
@@ -45,7 +46,7 @@ from stepagent.history_items import (
     encode_item,
     waiting_for_approval,
 )
-from stepagent.messages import InputMessage, SubscriptionEvent, TextContent, ToolResult
+from stepagent.messages import InputMessage, InputRequired, SubscriptionEvent, TextContent, ToolResult
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelInfo, ModelRequest, ToolCallComplete
 from stepagent.providers.scripted import ScriptedProvider
@@ -184,6 +185,14 @@ RULES: list[dict[str, Any]] = [
         "reply": [{"text": "Drafted."}, {"tool_call": {"name": "send_email", "arguments": {"to": "ops"}}}],
     },
     {"when": "^mailed ", "on": ["tool_result"], "reply": [{"text": "Mailed."}]},
+    # elicitation: confirm_delete asks the person a question (as a 2026-07-28 MCP server does through the
+    # tool runner); the answer re-sends the call with the server's state, which runs once
+    {
+        "when": "delete the draft",
+        "on": ["user"],
+        "reply": [{"tool_call": {"name": "confirm_delete", "arguments": {"path": "draft"}}}],
+    },
+    {"when": "^deleted draft", "on": ["tool_result"], "reply": [{"text": "Deleted."}]},
 ]
 
 
@@ -300,10 +309,50 @@ DECISION = "<decision: edit to=ops-team>"
 EDITED_ARGS = {"to": "ops-team"}
 
 
+class ConfirmDelete(Tool):
+    """What the tool runner does for a 2026-07-28 MCP server whose tool asks a question: the first run
+    sends an ``input_required`` notice (the question, the server's opaque state) and no result; the run
+    resumed with the person's answer (``context.resume``) sends the real result."""
+
+    name = "confirm_delete"
+    description = "Delete a file after asking the person why."
+    parameters = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+
+    def __init__(self, runs: list[str]) -> None:
+        self.runs = runs
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> None:
+        resume = context.resume
+        if resume is None:
+            self.runs.append("ask")
+            notice = InputRequired(
+                id=context.tool_call_id,
+                call_id=context.call_id,
+                message="Why delete it?",
+                requested_schema={"type": "object", "properties": {"reason": {"type": "string"}}},
+                key="why",
+                request_state="sealed-state-1",
+            )
+            await context.sender.send(
+                InputMessage(content=notice, group_id=context.thread_id), f"{context.tool_call_id}-input-1"
+            )
+            return
+        assert resume["request_state"] == "sealed-state-1" and resume["key"] == "why", resume
+        reason = resume["answer"].get("content", {}).get("reason")
+        self.runs.append(f"delete:{reason}")
+        await context.send_result(f"deleted {arguments['path']} because {reason}")
+
+
+#: The scenario's stand-in for the person's answer: sent, once the thread waits, as an ``elicitation``
+#: answer for the waiting call (:func:`wave_messages` looks the call up).
+ANSWER = "<answer: accept reason=stale>"
+
+
 def base_tools(runs: list[str]) -> list[Tool]:
     return [
         make_get_time(runs),
         make_send_email(runs),
+        ConfirmDelete(runs),
         Subscribe(),
         Ticker(),
         Lookup(),
@@ -360,13 +409,16 @@ _BASIC: dict[str, tuple[tuple[str, str, int], ...]] = {
     "storm": (("storm", "watch the ticker", 0),),
     "reused": (("reused", "look it up", 0), ("reused", "look it up again", 1)),
     "approval": (("approval", "please send the report", 0), ("approval", DECISION, 1)),
+    "elicit": (("elicit", "please delete the draft", 0), ("elicit", ANSWER, 1)),
 }
 SCENARIOS: dict[str, Scenario] = {name: Scenario(name, inputs) for name, inputs in _BASIC.items()}
 # The storm stays out of "mixed": its 40 held events would multiply the I/O points of every mixed run;
-# so does the approval (it would add a wave to every mixed run, and has its own matrix rows).
+# so do the approval and the elicitation (each would add a wave to every mixed run; they have their own rows).
 SCENARIOS["mixed"] = Scenario(
     "mixed",
-    tuple(i for name, inputs in _BASIC.items() if name not in ("storm", "approval") for i in inputs),
+    tuple(
+        i for name, inputs in _BASIC.items() if name not in ("storm", "approval", "elicit") for i in inputs
+    ),
 )
 
 
@@ -384,6 +436,13 @@ async def wave_messages(
             assert waiting is not None, f"{message.group_id} is not waiting for approval"
             message = InputMessage.approval(
                 message.group_id, waiting.call.id, "edit", args=EDITED_ARGS, id=dedup_id
+            )
+        elif isinstance(content, TextContent) and content.text == ANSWER:
+            rows = [row async for row in conversation.load_rows(message.group_id)]
+            asking = [r.item for r in rows if isinstance(r.item, ToolCallItem)]
+            assert asking and asking[-1].call.name == "confirm_delete", f"{message.group_id} asks nothing"
+            message = InputMessage.elicitation(
+                message.group_id, asking[-1].call.id, "accept", {"reason": "stale"}, id=dedup_id
             )
         out.append((message, dedup_id))
     return out
@@ -499,7 +558,13 @@ def memory_world(
     dispatches = DispatchLog()
 
     async def is_committed(thread_id: str, tool_call_id: str) -> bool:
-        return await committed_in(conversation, thread_id, tool_call_id)
+        if not await committed_in(conversation, thread_id, tool_call_id):
+            return False
+        # a call resumed with a person's answer: the answer must be durable (processed) before it runs
+        kept = await read_question(state, thread_id, tool_call_id)
+        if kept is not None and kept.answered_by is not None:
+            return bool(await state.filter_processed(thread_id, [kept.answered_by]))
+        return True
 
     timers = InProcessTimers(queue, clock=lambda: datetime(2026, 1, 1, tzinfo=UTC), manual=True)
     config = StepConfig(
@@ -698,7 +763,7 @@ def _expect_basic(name: str, snap: Snapshot, prefix: str) -> list[str]:
         return [f"{name}: thread {root} does not exist"]
     view = snap[root]
     items = view.items
-    want_users = [text for _, text, _ in _BASIC[name] if text != DECISION]
+    want_users = [text for _, text, _ in _BASIC[name] if text not in (DECISION, ANSWER)]
     facts: dict[str, bool] = {
         "every input once, in order": [i.text for i in items if isinstance(i, UserItem)] == want_users,
         "ends with an answer": isinstance(items[-1], AssistantText) if items else False,
@@ -765,6 +830,12 @@ def _expect_basic(name: str, snap: Snapshot, prefix: str) -> list[str]:
         facts["one decision, the edit"] = [(d.decision, d.args) for d in decisions] == [("edit", EDITED_ARGS)]
         facts["the edited call answered once"] = _count(items, ToolResultItem, "mailed ops-team") == 1
         facts["the final answer"] = bool(items) and items[-1] == AssistantText("Mailed.")
+    elif name == "elicit":
+        facts["one confirm_delete call"] = len(_calls(items, "confirm_delete")) == 1
+        facts["the answered call's result once"] = (
+            _count(items, ToolResultItem, "deleted draft because stale") == 1
+        )
+        facts["the final answer"] = bool(items) and items[-1] == AssistantText("Deleted.")
     elif name == "timer":
         facts["one sleep"] = len(_calls(items, "sleep")) == 1
         facts["one wake-up"] = _count(items, ToolResultItem, "Slept for 60 seconds") == 1
@@ -856,7 +927,7 @@ class RecordingSender:
 
 def aws_tools(runs: list[str]) -> list[Tool]:
     """The scenario tools the AWS runtime does not already have (it adds the built-ins and sleep tools)."""
-    return [make_get_time(runs), make_send_email(runs), Subscribe(), Ticker(), Lookup()]
+    return [make_get_time(runs), make_send_email(runs), ConfirmDelete(runs), Subscribe(), Ticker(), Lookup()]
 
 
 def aws_context_window(runs: list[str]) -> int:
@@ -875,8 +946,16 @@ async def instrument_runtime(
     raw_conversation = runtime.conversation
     log = DispatchLog()
 
+    raw_state = runtime.state
+
     async def is_committed(thread_id: str, tool_call_id: str) -> bool:
-        return await committed_in(raw_conversation, thread_id, tool_call_id)
+        if not await committed_in(raw_conversation, thread_id, tool_call_id):
+            return False
+        # a call resumed with a person's answer: the answer must be durable (processed) before it runs
+        kept = await read_question(raw_state, thread_id, tool_call_id)
+        if kept is not None and kept.answered_by is not None:
+            return bool(await raw_state.filter_processed(thread_id, [kept.answered_by]))
+        return True
 
     sender = RecordingSender(runtime.sender, dedupe=dedupe)
     faulty_sender = Faulty(sender, plan, "queue")

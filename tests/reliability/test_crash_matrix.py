@@ -231,3 +231,54 @@ async def test_mutation_an_approval_that_ignores_the_policy_is_caught(
     monkeypatch.setattr(ThreadAgent, "needs_approval", lambda self, tool: False)
     with pytest.raises(AssertionError, match="is not waiting for approval"):
         await run_memory(SCENARIOS["approval"])
+
+
+# ---- elicitation: the checks catch a resumed call run before the person's answer is durable ------------
+
+
+async def test_mutation_resuming_an_answered_call_before_committing_the_answer_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without the commit that makes the answer (and the resumed call's intent) durable before the call is
+    re-sent, the elicitation scenario's dispatch check fails even without a crash."""
+    from stepagent.core.step import ThreadStep
+
+    async def run_before_commit(self: ThreadStep, history: Any, approved: Any) -> bool:
+        owes = False
+        for intent in approved:
+            owes = await self._drive_intent(history, intent, redrive=False) or owes
+        return owes
+
+    clean = await run_memory(SCENARIOS["elicit"])
+    assert not (await check_memory_world(clean))[1]
+    monkeypatch.setattr(ThreadStep, "_run_approved", run_before_commit)
+    world = await run_memory(SCENARIOS["elicit"])
+    _, problems = await check_memory_world(world)
+    assert any("dispatched before it (and a decision it waits for) was committed" in p for p in problems), (
+        problems
+    )
+
+
+async def test_mutation_an_answer_that_does_not_claim_its_question_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """If a second, different answer could take a question already answered, the call would be re-sent to
+    the server twice; the scenario answers twice here and only one resumed run may happen."""
+    from stepagent.core import elicitation
+    from tests.reliability.scenarios import ANSWER, Scenario
+
+    twice = Scenario("elicit", (*SCENARIOS["elicit"].inputs, ("elicit", ANSWER, 1)))
+    world = await run_memory(twice)
+    assert world.tool_runs.count("delete:stale") == 1  # the second answer is refused
+
+    real = elicitation.PendingQuestion
+
+    class Forgetful(real):  # type: ignore[misc,valid-type]
+        @classmethod
+        def from_json(cls, raw: str) -> Any:
+            kept = real.from_json(raw)
+            return real(notice=kept.notice)  # forgets who answered
+
+    monkeypatch.setattr(elicitation, "PendingQuestion", Forgetful)
+    world = await run_memory(twice)
+    assert world.tool_runs.count("delete:stale") == 2

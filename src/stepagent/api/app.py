@@ -7,7 +7,9 @@
 ``POST /v1/threads/{thread}/messages``    ``{"text", "metadata"}`` → 202 ``{"message_id"}``; ``Idempotency-Key``
                                           is the logical message id, so a retried POST is processed once
 ``POST /v1/threads/{thread}/approvals``   an approval answer (``tool_call_id``, ``decision``, ``args``,
-                                          ``message``) → 202 ``{"message_id"}``
+                                          ``message``) → 202 ``{"message_id"}``; ``.../elicitations``: an
+                                          answer to a tool's question (``tool_call_id``, ``action``,
+                                          ``content``) → 202 ``{"message_id"}``
 ``GET /v1/threads/{thread}``              the tree's items, as ``stepagent history --json``
 ``GET /v1/threads/{thread}/events``       Server-Sent Events (:mod:`stepagent.api.events`): ``Last-Event-ID``
                                           or ``?after=`` resumes, ``?follow=1`` never ends,
@@ -64,7 +66,7 @@ from stepagent.api.quotas import ApiLimits, QuotaExceeded, Quotas
 from stepagent.client import Client
 from stepagent.errors import InputError, MalformedMessageError, PayloadTooLargeError, TransientError
 from stepagent.input_rules import MAX_MESSAGE_BYTES, check_group_id, check_id, check_json, load_json
-from stepagent.messages import ApprovalDecision, InputMessage, parse_input_message
+from stepagent.messages import ApprovalDecision, ElicitationAnswer, InputMessage, parse_input_message
 from stepagent.stores.dynamodb_quotas import Lease, SubjectCounters
 from stepagent.transcript import tree_items
 
@@ -92,6 +94,12 @@ class MessageBody(BaseModel):
 
 class ApprovalBody(ApprovalDecision):
     """``POST .../approvals``: the ``approval`` input content, with unknown fields refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ElicitationBody(ElicitationAnswer):
+    """``POST .../elicitations``: the ``elicitation`` input content, with unknown fields refused."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -399,6 +407,26 @@ async def send_approval(request: Request, state: ApiState, subject: str, thread:
     return JSONResponse({"message_id": message_id}, 202)
 
 
+async def send_elicitation(request: Request, state: ApiState, subject: str, thread: str) -> Response:
+    """Send a person's answer to a tool's question (``input_required``) as an input message."""
+    raw = await _body(request)
+    body = _parse(ElicitationBody, raw)
+    key = _idempotency_key(request)
+    message_id = key or str(uuid.uuid4())
+    _as_the_worker_reads_it(
+        InputMessage.elicitation(thread, body.tool_call_id, body.action, body.content, id=message_id)
+    )
+    await _readable(state, thread, subject)
+    await _same_request(state, thread, key, "elicitations", raw)
+    if state.limited:
+        await state.quotas.message(subject, new_thread=False)
+    await state.client.answer_input(
+        thread, body.tool_call_id, body.action, body.content, message_id=message_id
+    )
+    state.reads.expect(thread)
+    return JSONResponse({"message_id": message_id}, 202)
+
+
 async def get_history(request: Request, state: ApiState, subject: str, thread: str) -> Response:
     """The tree's stored items (``stepagent history --json``), streamed: memory stays bounded by a row."""
     await _readable(state, thread, subject)
@@ -531,6 +559,7 @@ def build_app(state: ApiState) -> Starlette:
         Route("/v1/threads", _threads_route(state), methods=["POST"]),
         Route(base + "/messages", _route(state, send_message), methods=["POST"]),
         Route(base + "/approvals", _route(state, send_approval), methods=["POST"]),
+        Route(base + "/elicitations", _route(state, send_elicitation), methods=["POST"]),
         Route(base + "/events", _route(state, get_events), methods=["GET"]),
         Route(base, _route(state, get_history), methods=["GET"]),
         *(Route(path, static, methods=["GET"]) for path in _STATIC),

@@ -289,4 +289,6 @@ def _notice_of(event: OutputEvent) -> Notice | None:
     """``event`` if it is of a kind the ``LIVE`` item keeps as a notice."""
     if event["type"] == "error" or event["type"] == "oauth_required" or event["type"] == "limit_reached":
         return event
+    if event["type"] == "input_required":
+        return event
     return None

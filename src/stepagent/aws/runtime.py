@@ -25,7 +25,7 @@ import asyncio
 import json
 import math
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
 from datetime import datetime
@@ -122,6 +122,8 @@ class AwsRuntime:
         self._worker: Worker | None = None
         self._system: AgentSystem | None = None
         self._stores: tuple[DynamoConversationStore, DynamoStateStore] | None = None
+        #: Reads a person's answer to an MCP server's question (the tool runner role; see handle_tool_batch).
+        self._read_kept: Callable[[str], Awaitable[str | None]] | None = None
         self.live = LiveText.disabled()
         # The providers this runtime built: their HTTP/AWS clients (kept per loop) close with it.
         self._made_providers: list[ModelProvider] = []
@@ -212,6 +214,16 @@ class AwsRuntime:
 
                 mcp_tools = await load_mcp_tools(settings.mcp_servers, existing=local_tools)
                 self.function_tools.update({t.name: t for t in mcp_tools if isinstance(t, Invocable)})
+                if settings.state_table:
+                    # An older MCP server's call is held open for the person's answer, which the thread's
+                    # step keeps in the state table (read only).
+                    dynamodb = await self._stack.enter_async_context(client(session, "dynamodb", settings))
+                    _, reader = dynamo_stores(
+                        dynamodb,
+                        conversation_table=str(settings.conversation_table or settings.state_table),
+                        state_table=str(settings.state_table),
+                    )
+                    self._read_kept = reader.cache_get
             return
         assert provider is not None  # create() resolved it for the worker role
         self.dynamodb = await self._stack.enter_async_context(client(session, "dynamodb", settings))
@@ -369,6 +381,9 @@ class AwsRuntime:
         self, event: SqsEvent, remaining_ms: RemainingMs | None = None
     ) -> BatchResponse:
         """The tool runner: run queued function-tool calls and send their results."""
+        read_kept = self._read_kept
+        if read_kept is None and self._stores is not None:
+            read_kept = self._stores[1].cache_get
         return await handle_tool_batch(
             event,
             self.function_tools,
@@ -377,6 +392,8 @@ class AwsRuntime:
             remaining_ms,
             tracer=self.tracer,
             metrics=self.metrics,
+            read_kept=read_kept,
+            input_wait=self.settings.mcp_input_wait,
         )
 
     async def handle_delay_batch(

@@ -31,6 +31,9 @@ from stepagent.tools.mcp_config import McpServer, parse_mcp_servers
 
 log = logging.getLogger(__name__)
 
+#: Seconds an older MCP server's call is held open for the user's answer (``STEPAGENT_MCP_INPUT_WAIT``).
+DEFAULT_MCP_INPUT_WAIT = 120.0
+
 SETTING_NAMES = (
     "STEPAGENT_CONVERSATION_TABLE",
     "STEPAGENT_STATE_TABLE",
@@ -45,6 +48,7 @@ SETTING_NAMES = (
     "STEPAGENT_CALLBACK_URL",
     "STEPAGENT_CALLBACK_SECRET",
     "STEPAGENT_MCP_SERVERS",
+    "STEPAGENT_MCP_INPUT_WAIT",
     "STEPAGENT_CALLBACK_SECRET_ID",
     "STEPAGENT_PROVIDER_API_KEY_ID",
     "STEPAGENT_LIVE_TEXT",
@@ -122,6 +126,9 @@ class Settings:
     thread_cache_bytes: int = DEFAULT_CACHE_BYTES
     #: Model prices: the catalog's, with ``STEPAGENT_PRICES`` overriding the models it names.
     prices: PriceTable = CATALOG_PRICES
+    #: Seconds the tool runner holds an older (session) MCP server's call open for the user's answer to
+    #: the server's question before it declines (``STEPAGENT_MCP_INPUT_WAIT``, default 120).
+    mcp_input_wait: float = DEFAULT_MCP_INPUT_WAIT
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -179,6 +186,9 @@ class Settings:
             agent_settings={name: value for name in AGENT_SETTING_NAMES if (value := get(name)) is not None},
             live_text=_switch("STEPAGENT_LIVE_TEXT", get("STEPAGENT_LIVE_TEXT"), default=True),
             prices=parse_prices(get(PRICES_SETTING)),
+            mcp_input_wait=_seconds(
+                "STEPAGENT_MCP_INPUT_WAIT", get("STEPAGENT_MCP_INPUT_WAIT"), DEFAULT_MCP_INPUT_WAIT
+            ),
         )
 
     def agent_config(self, roots: list[Path] | None = None) -> AgentConfig:
@@ -265,6 +275,18 @@ def _byte_count(name: str, raw: str | None) -> int:
     if not raw.isdigit():
         raise ConfigurationError(f"{name}={raw!r} is invalid: expected a number of bytes (0 or more)")
     return int(raw)
+
+
+def _seconds(name: str, raw: str | None, default: float) -> float:
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86400:
+        raise ConfigurationError(f"{name}={raw!r} is invalid: expected seconds, a number from 0 to 86400")
+    return value
 
 
 def _positive_int(name: str, raw: str | None) -> int | None:

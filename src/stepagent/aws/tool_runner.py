@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from stepagent.aws.lambda_events import BatchItemFailure, BatchResponse, SqsEvent, SqsRecord
 from stepagent.aws.log_keys import append_keys
@@ -36,6 +37,7 @@ from stepagent.aws.metrics import DimensionedSink, publish_tool_latency
 from stepagent.errors import MalformedMessageError, classify
 from stepagent.formats import FORMAT_FIELD, FORMAT_VERSION, check_version
 from stepagent.messages import InputMessage, ToolResult
+from stepagent.senders.base import InputSender
 from stepagent.senders.sqs import SqsQueues, SqsSender, record_format, record_traceparent
 from stepagent.tools.base import ToolContext
 from stepagent.tools.functions import Invocable
@@ -47,6 +49,9 @@ from stepagent.tracing import (
     trace_attributes,
     traced,
 )
+
+if TYPE_CHECKING:
+    from stepagent.tools.mcp_runs import ReadKept
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +77,7 @@ class SqsFunctionRunner:
             arguments=arguments,
             thread_stack=list(context.thread_stack),
             user_id=context.user_id,
+            resume=context.resume,
         )
         await self.queues.send(self.tool_queue_url, call.to_json(), attributes=trace_attributes())
 
@@ -87,10 +93,14 @@ class ToolCallMessage:
     arguments: dict[str, Any]
     thread_stack: list[str]
     user_id: str | None = None
+    #: A call resumed with the person's answer to the tool's question (MCP elicitation).
+    resume: dict[str, Any] | None = None
 
     def to_json(self) -> str:
+        extra = {} if self.resume is None else {"resume": self.resume}
         return json.dumps(
             {
+                **extra,
                 "v": TOOL_MESSAGE_VERSION,
                 "thread_id": self.thread_id,
                 "tool_call_id": self.tool_call_id,
@@ -121,8 +131,9 @@ class ToolCallMessage:
             raise MalformedMessageError("tool message 'arguments' must be an object", field="arguments")
         if not isinstance(stack, list) or not all(isinstance(t, str) for t in stack):
             raise MalformedMessageError("tool message 'thread_stack' must be a list of strings")
-        call_id, user_id = raw.get("call_id"), raw.get("user_id")
+        call_id, user_id, resume = raw.get("call_id"), raw.get("user_id"), raw.get("resume")
         return cls(
+            resume=resume if isinstance(resume, dict) else None,
             thread_id=raw["thread_id"],
             tool_call_id=raw["tool_call_id"],
             call_id=call_id if isinstance(call_id, str) else None,
@@ -134,16 +145,42 @@ class ToolCallMessage:
 
 
 async def run_tool_call(
-    tools: Mapping[str, Invocable], call: ToolCallMessage, time_limit: float | None
-) -> str:
-    """The result text of one call (``Error: ...`` for anything the model should see as a failure)."""
+    tools: Mapping[str, Invocable],
+    call: ToolCallMessage,
+    time_limit: float | None,
+    *,
+    sender: InputSender | None = None,
+    read_kept: ReadKept | None = None,
+    input_wait: float = 0.0,
+) -> str | None:
+    """The result text of one call (``Error: ...`` for anything the model should see as a failure), or
+    ``None`` when an MCP tool asked the person a question and the call continues with their answer."""
     function_tool = tools.get(call.tool_name)
     if function_tool is None:
         return f"Error: no function tool named '{call.tool_name}' is registered with the tool runner"
     try:
+        # Only a process with MCP servers has loaded the MCP module (a worker's cold start never imports it).
+        mcp = sys.modules.get("stepagent.tools.mcp")
+        if mcp is not None and isinstance(function_tool, mcp.McpTool) and sender is not None:
+            from stepagent.tools.mcp_runs import run_mcp_call
+
+            wait = input_wait if time_limit is None else max(min(input_wait, time_limit - 1.0), 0.0)
+            running: Any = run_mcp_call(
+                function_tool,
+                call.arguments,
+                thread_id=call.thread_id,
+                tool_call_id=call.tool_call_id,
+                call_id=call.call_id,
+                resume=call.resume,
+                sender=sender,
+                read_kept=read_kept,
+                input_wait=wait,
+            )
+        else:
+            running = function_tool.invoke(call.arguments)
         if time_limit is None:
-            return await function_tool.invoke(call.arguments)
-        return await asyncio.wait_for(function_tool.invoke(call.arguments), max(time_limit, 0.001))
+            return cast(str | None, await running)
+        return cast(str | None, await asyncio.wait_for(running, max(time_limit, 0.001)))
     except TimeoutError:
         return f"Error: tool '{call.tool_name}' did not finish within the tool runner's time limit"
     except Exception as exc:
@@ -161,6 +198,8 @@ async def handle_tool_batch(
     remaining_ms: Callable[[], int] | None = None,
     tracer: Tracer | None = None,
     metrics: DimensionedSink | None = None,
+    read_kept: ReadKept | None = None,
+    input_wait: float = 0.0,
 ) -> BatchResponse:
     """Run every queued call concurrently and send each result to its thread. Never raises for a
     partial failure. With a ``tracer``, each run is an ``execute_tool`` span in the trace of the step that
@@ -188,10 +227,15 @@ async def handle_tool_batch(
             async with traced(tracer, f"execute_tool {call.tool_name}", attributes) as span:
                 started = time.monotonic()
                 try:
-                    text = await run_tool_call(tools, call, limit)
+                    text = await run_tool_call(
+                        tools, call, limit, sender=sender, read_kept=read_kept, input_wait=input_wait
+                    )
                 except Exception:  # classify says retry: this record alone goes back to the queue
                     logger.exception("tool run failed; will be retried", extra={"message_id": message_id})
                     return {"itemIdentifier": message_id}
+                if text is None:  # a question went to the person; the call continues with their answer
+                    logger.info("tool call waits for the person's answer", extra={"tool": call.tool_name})
+                    return None
                 if metrics is not None:
                     publish_tool_latency(metrics, call.tool_name, (time.monotonic() - started) * 1000.0)
                 if capture_content(tracer):

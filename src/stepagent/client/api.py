@@ -214,7 +214,9 @@ class Client:
         their first row), else after where the last :meth:`send` to or :meth:`replies` of this thread
         left off, else after the tree as it is now. Items have the shape of ``stepagent history --json``
         (``thread_id``, ``kind``, ``order``, ``text``, ...), plus notices without an ``order``: ``choice``
-        (a question to answer with :meth:`answer_choice`), ``oauth`` (a link to open), ``error``, and with
+        (a question to answer with :meth:`answer_choice`), ``oauth`` (a link to open), ``input`` (a tool's
+        question during a call — ``text``, ``requested_schema`` or ``url`` — to answer with
+        :meth:`answer_input`; the tree counts as idle while it waits for you), ``error``, and with
         ``partial=True`` ``partial`` (the text a completion has streamed so far, never committed; ``phase``
         ``None`` when it is over). ``timeout`` (seconds) raises ``TimeoutError`` if the tree is still busy.
         """
@@ -364,6 +366,35 @@ class Client:
             self._awaited.setdefault(thread, set()).add(message_id)
         else:
             self._awaited_in.setdefault(thread, set()).add((target, message_id))
+        return message_id
+
+    async def answer_input(
+        self,
+        thread: str,
+        tool_call_id: str,
+        action: str,
+        content: dict[str, Any] | None = None,
+        *,
+        message_id: str | None = None,
+    ) -> str:
+        """Answer a tool's question to the user during call ``tool_call_id`` (an ``input_required`` event):
+        ``accept`` (with the form's ``content``), ``decline`` or ``cancel``. ``thread`` is the thread that
+        made the call. Returns the answer's message id; the next :meth:`replies` of ``thread`` waits until it
+        is processed. A call that is not waiting for an answer gets an ``error`` reply from the runtime."""
+        self._require_open()
+        if self._http is not None:
+            return await self._http.answer_input(thread, tool_call_id, action, content, message_id)
+        try:
+            answer = InputMessage.elicitation(thread, tool_call_id, action, content, id=message_id)
+        except ValidationError as error:
+            reason = error.errors()[0]["msg"]
+            raise ClientError(f"invalid answer for {tool_call_id}: {reason}") from None
+        if thread not in self._cursors:
+            self._cursors[thread], self._notice_seqs[thread] = await self._snapshot(thread)
+        message_id = message_id or str(uuid.uuid4())
+        answer = answer.model_copy(update={"id": message_id})
+        await retry_transient(functools.partial(self._sender.send, answer, message_id))
+        self._awaited.setdefault(thread, set()).add(message_id)
         return message_id
 
     async def pending_approvals(self, thread: str) -> list[Item]:

@@ -89,6 +89,16 @@ def item_of(event: Mapping[str, Any]) -> Item | None:
         return _decision_item(thread, event)
     if kind == "text_delta":
         return {"thread_id": thread, "kind": "partial", "delta": str(event.get("text", ""))}
+    if kind == "input_required":
+        asked: Item = {"thread_id": thread, "kind": "input", "text": str(event.get("message", ""))}
+        call_id, schema, url = (event.get(key) for key in ("tool_call_id", "requested_schema", "url"))
+        if isinstance(call_id, str):
+            asked["tool_call_id"] = call_id
+        if isinstance(schema, dict):
+            asked["requested_schema"] = schema
+        if isinstance(url, str):
+            asked["url"] = url
+        return asked
     return None
 
 
@@ -182,6 +192,25 @@ class HttpApi:
             self._path(thread, "/approvals"),
             json=body,
             headers={"Idempotency-Key": message_id or f"approval-{tool_call_id}-{uuid.uuid4()}"},
+        )
+        _raise_for(response)
+        return str(response.json()["message_id"])
+
+    async def answer_input(
+        self,
+        thread: str,
+        tool_call_id: str,
+        action: str,
+        content: dict[str, Any] | None = None,
+        message_id: str | None = None,
+    ) -> str:
+        body: dict[str, Any] = {"tool_call_id": tool_call_id, "action": action}
+        if content is not None:
+            body["content"] = content
+        response = await self.http.post(
+            self._path(thread, "/elicitations"),
+            json=body,
+            headers={"Idempotency-Key": message_id or f"elicitation-{tool_call_id}-{uuid.uuid4()}"},
         )
         _raise_for(response)
         return str(response.json()["message_id"])

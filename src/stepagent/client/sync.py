@@ -138,5 +138,18 @@ class SyncClient:
             self._client.approve(thread, tool_call_id, decision, args, message, message_id=message_id)
         )
 
+    def answer_input(
+        self,
+        thread: str,
+        tool_call_id: str,
+        action: str,
+        content: dict[str, Any] | None = None,
+        *,
+        message_id: str | None = None,
+    ) -> str:
+        return self._run(
+            self._client.answer_input(thread, tool_call_id, action, content, message_id=message_id)
+        )
+
     def pending_approvals(self, thread: str) -> list[Item]:
         return self._run(self._client.pending_approvals(thread))

@@ -15,6 +15,9 @@ What a person gets:
   writing (the live partial text), the tool that is running, a question waiting for you.
 - **Questions answered here**: when a tool asks you to choose, the next line you type is the answer (the
   number or the text of a choice; an empty line takes the default) and is delivered to the tool.
+- **A tool's questions answered here** (MCP elicitation): ``? Why should I delete it?`` with what the
+  form wants; the next line you type is the answer — a JSON object (or, for a one-field form, the value
+  itself), ``n`` to decline, ``c`` to cancel; for a page to open, ``y`` once you have.
 - **Approvals asked here**: a tool call that waits for a person shows
   ``⏸ send_email({...})  approve? [y]es [n]o [e]dit [r]espond``; the next line you type decides it —
   ``y``, ``n [why]``, ``e {"new": "arguments"}``, ``r <the answer the model gets instead>`` (with
@@ -85,6 +88,57 @@ def approval_line(item: Item, root: str) -> str:
     who = "" if thread == root else f"[child {thread[:8]}] "
     args = json.dumps(item.get("args") or {}, ensure_ascii=False, separators=(",", ":"))
     return f"{who}⏸ {item.get('name')}({clip(args, 200)})  {APPROVAL_QUESTION}"
+
+
+INPUT_HELP = "answer with a JSON object of the form's fields (or the value of its one field), n to decline, c to cancel"
+
+
+def input_hint(item: Item) -> str:
+    """What a tool's question wants, in one line: the form's fields, or the page to open."""
+    if item.get("url"):
+        return f"  open {item.get('url')}, then answer y (done), n (decline) or c (cancel)"
+    schema = item.get("requested_schema") or {}
+    fields = schema.get("properties") or {}
+    required = set(schema.get("required") or [])
+    shown = ", ".join(
+        f"{name}{'' if name in required else '?'}: {spec.get('type', 'any') if isinstance(spec, dict) else 'any'}"
+        for name, spec in fields.items()
+    )
+    return f"  {{{shown}}}  — {INPUT_HELP}"
+
+
+def parse_input_answer(line: str, item: Item) -> tuple[str, dict[str, Any] | None]:
+    """``(action, content)`` for a typed answer to a tool's question; ``ValueError`` (with what to type)
+    for a line that is none of the answers."""
+    text = line.strip()
+    lowered = text.lower()
+    if lowered in ("n", "no", "decline"):
+        return "decline", None
+    if lowered in ("c", "cancel"):
+        return "cancel", None
+    if item.get("url"):
+        if lowered in ("y", "yes", "ok", "done", ""):
+            return "accept", None
+        raise ValueError("answer y (done), n (decline) or c (cancel)")
+    if text.startswith("{"):
+        try:
+            content = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"that is not a JSON object ({error}); {INPUT_HELP}") from None
+        if not isinstance(content, dict):
+            raise ValueError(INPUT_HELP)
+        return "accept", content
+    fields = (item.get("requested_schema") or {}).get("properties") or {}
+    if len(fields) == 1 and text:
+        [(name, spec)] = fields.items()
+        value: Any = text
+        if isinstance(spec, dict) and spec.get("type") in ("number", "integer", "boolean"):
+            try:
+                value = json.loads(lowered)
+            except ValueError:
+                raise ValueError(f"{name} must be a {spec['type']}; {INPUT_HELP}") from None
+        return "accept", {name: value}
+    raise ValueError(INPUT_HELP)
 
 
 def parse_decision(line: str) -> tuple[str, dict[str, Any] | None, str | None]:
@@ -288,6 +342,7 @@ class Activity:
     choice: Item | None = None
     approval: Item | None = None  # a tool call waiting for a person's decision
     names: dict[str, str] = field(default_factory=dict)  # call id -> tool, of the calls seen
+    asking: Item | None = None  # a tool's question waiting for the person's answer
     tick: int = 0
 
     def see(self, item: Item) -> None:
@@ -320,17 +375,27 @@ class Activity:
                 call = str(item.get("tool_call_id"))
                 self.running[call] = (thread, self.names.get(call, call))
         elif kind in ("tool_result", "event"):
-            if self.approval is not None and self.approval.get("tool_call_id") == item.get("tool_call_id"):
-                self.approval = None  # interrupted
-            self.running.pop(str(item.get("tool_call_id")), None)
-            if self.choice is not None and self.choice.get("choice_id") == item.get("tool_call_id"):
-                self.choice = None  # answered (here or elsewhere) or interrupted
+            self._answered(str(item.get("tool_call_id")))
         elif kind == "choice":
             self.choice = item
+        elif kind == "input":
+            self.asking = item
+
+    def _answered(self, call_id: str) -> None:
+        """A call got its result (or was interrupted): nothing of it waits for the person any more."""
+        if self.approval is not None and self.approval.get("tool_call_id") == call_id:
+            self.approval = None  # interrupted
+        if self.asking is not None and self.asking.get("tool_call_id") == call_id:
+            self.asking = None  # answered (here or elsewhere) or interrupted
+        self.running.pop(call_id, None)
+        if self.choice is not None and self.choice.get("choice_id") == call_id:
+            self.choice = None  # answered (here or elsewhere) or interrupted
 
     def status(self, width: int) -> str | None:
         if self.choice is not None:
             return "? waiting for your answer (a number or a choice; empty line: the default)"
+        if self.asking is not None:
+            return f"? waiting for your answer: {self.asking.get('text')}"
         if self.approval is not None:
             return f"⏸ waiting for your decision on {self.approval.get('name')}: {APPROVAL_QUESTION}"
         if not self.busy:
@@ -404,6 +469,14 @@ class Chat:
         line = item_line(item, self.thread)
         if line is not None:
             self.screen.line(line)
+        if kind == "input":
+            if self.decides:
+                self.screen.line(input_hint(item))
+            else:
+                self.screen.line(
+                    f"  answer it with Client.answer_input({item.get('thread_id')!r}, "
+                    f"{item.get('tool_call_id')!r}, ...) or POST .../elicitations"
+                )
         if kind == "tool_call" and item.get("approval") == "pending":
             if self.decides:
                 self.screen.line(approval_line(item, self.thread))
@@ -466,6 +539,27 @@ class Chat:
         self.activity.approval = waiting
         self.screen.line(approval_line(waiting, self.thread))
         self.decided.set()
+
+    async def reply_to_question(self, text: str) -> None:
+        """Answer the tool's waiting question with a typed line (see :func:`parse_input_answer`)."""
+        asking = self.activity.asking
+        assert asking is not None
+        try:
+            action, content = parse_input_answer(text, asking)
+        except ValueError as error:
+            self.screen.line(f"! {error} (to send a message instead, start the line with >)")
+            return
+        try:
+            await self.client.answer_input(
+                str(asking["thread_id"]), str(asking["tool_call_id"]), action, content
+            )
+        except ClientError as error:
+            self.screen.line(f"! {error}")
+            return
+        self.activity.asking = None
+        self.activity.busy = True
+        self.quiet.clear()
+        self.screen.line(f"{PROMPT}{text.strip()}")
         self.refresh()
 
     def refresh(self) -> None:
@@ -577,6 +671,17 @@ async def _say(
             # The tree is idle, so our decision was processed: with no row deciding the call, it was not
             # applied (its refusal notice may have been missed) and the call still waits.
             session.refuse_decision()
+            asking = session.activity.asking
+            if asking is not None:
+                line = await asyncio.to_thread(stdin.readline)
+                if not line:
+                    session.screen.line(
+                        "  (no answer on standard input: the call keeps waiting; answer it with "
+                        f"Client.answer_input({asking['thread_id']!r}, {asking['tool_call_id']!r}, ...))"
+                    )
+                    break
+                await session.reply_to_question(line)
+                continue
             waiting = session.activity.approval
             if waiting is None:
                 await session.turn_spent()
@@ -607,6 +712,8 @@ async def _interactive(session: Chat, stdin: TextIO) -> int:
         async for line in reader:
             if session.activity.choice is not None and not line.startswith(">"):
                 await session.answer(line)
+            elif session.activity.asking is not None and not line.startswith(">"):
+                await session.reply_to_question(line)
             elif session.activity.approval is not None and not line.startswith(">"):
                 await session.decide(line)
                 # Until the decision is accepted or refused, the next line cannot be told apart (an

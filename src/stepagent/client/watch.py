@@ -17,6 +17,8 @@ processed, and every thread of the tree is settled —
 
 - an open thread whose last commit left a tool call waiting for a person's decision (it waits on nobody
   but the person, who is told by the call's item with ``approval: "pending"``);
+- an open thread whose tool asked the person a question (an ``input`` item) and whose head has not moved
+  since (the answer, the result or an interruption moves it);
 
 — seen the same in two consecutive polls (same head versions), so a change that lands between the reads of
 one poll cannot make a busy tree look idle. A non-retrying ``error`` notice that names an awaited
@@ -58,6 +60,9 @@ class WatchedThread:
     choices: set[str] = field(default_factory=set)
     pending_calls: dict[str, str] = field(default_factory=dict)  # unanswered tool call id -> tool name
     waiting_approval: set[str] = field(default_factory=set)  # calls waiting for a person's decision
+    #: Calls whose tool asked the person a question, with the head version the question was seen at: the
+    #: thread waits on the person until its head moves again (an answer, a result, an interruption).
+    waiting_input: dict[str, int] = field(default_factory=dict)
 
     @property
     def settled(self) -> bool:
@@ -70,7 +75,8 @@ class WatchedThread:
             return False
         if info.turn_complete is None:
             return info.tail > 0  # imported or older data: nothing says it is working
-        return info.turn_complete or bool(self.waiting_approval)
+        asks = any(version == info.version for version in self.waiting_input.values())
+        return info.turn_complete or bool(self.waiting_approval) or asks
 
 
 class StoreReader:
@@ -262,6 +268,8 @@ class TreeWatch:
                     # what can be read, and a waited-for message it names is still over.
                     self._error(thread, notice.fields.get("message"), notice.fields.get("retrying"), out)
                 continue  # any other kind: one this client does not know how to show
+            if notice["type"] == "input_required":
+                view.waiting_input[notice["tool_call_id"]] = view.info.version if view.info else 0
             item = notice_item(thread, notice)
             if item is not None:
                 out.append(item)

@@ -450,6 +450,13 @@ def _notice(notice: LiveNotice, pending_ids: set[str]) -> NoticeView:
         }
     if notice["type"] == "error":
         return {"kind": "error", "text": notice["message"], "retrying": notice["retrying"]}
+    if notice["type"] == "input_required":
+        # The console cannot answer a tool's question inline yet: it shows it and says where to answer.
+        text = (
+            f"a tool asks you: {notice['message']} — the console cannot answer it yet: answer in "
+            f"`stepagent chat` or with POST .../elicitations (tool call {notice['tool_call_id']})"
+        )
+        return {"kind": "error", "text": text, "retrying": False}
     return {"kind": "error", "text": limit_text(notice), "retrying": False}
 
 

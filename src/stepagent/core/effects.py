@@ -121,7 +121,17 @@ class ReleaseCompaction:
     """Free the thread's compaction claim (its compaction finished)."""
 
 
-StateChange = AddPendingChoice | RemovePendingChoice | ReleaseCompaction
+@dataclass(frozen=True, slots=True)
+class PutPendingQuestion:
+    """Store (replace) a tool's question to the user, or its answer, under ``key`` until ``expires_at``
+    (``core/elicitation.py``); idempotent, so a re-run writes the same value again."""
+
+    key: str
+    value: str
+    expires_at: float
+
+
+StateChange = AddPendingChoice | RemovePendingChoice | ReleaseCompaction | PutPendingQuestion
 
 
 @dataclass(slots=True)
@@ -193,6 +203,10 @@ class StoreToolAccess:
 
     async def cache_put(self, key: str, value: str, expires_at: float) -> None:
         await self._state.cache_put(key, value, expires_at)
+
+    async def cache_get(self, key: str) -> str | None:
+        """A value of the key/value cache (an MCP call held open reads the person's answer here)."""
+        return await self._state.cache_get(key)
 
 
 # ---- running tools -------------------------------------------------------------------------------------------
@@ -282,6 +296,8 @@ class StepEffects:
                 await self.state.remove_pending_choice(self.thread_id, choice_id)
             case ReleaseCompaction():
                 await self.state.release_compaction(self.thread_id)
+            case PutPendingQuestion(key=key, value=value, expires_at=expires_at):
+                await self.state.cache_put(key, value, expires_at)
 
     async def claim_compaction(self, claim_id: str, now: float, lease_seconds: float) -> bool:
         """Take the thread's compaction claim (``False``: another compaction holds it)."""
@@ -379,6 +395,7 @@ class StepEffects:
         about become its result; transient infrastructure errors propagate (the intent stays open and is
         re-driven)."""
         context = self.context(intent.tool_call_id, intent.call_id)
+        context.resume = intent.resume
         tool = self.toolset.get(intent.tool_name)
         annotations = self._tool_attributes(intent.tool_name, intent.tool_call_id, intent.arguments)
         try:

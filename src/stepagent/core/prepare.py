@@ -14,7 +14,9 @@ Rules, in order (the first that applies decides):
    non-associative events go to a freshly spawned event child; the rest are inlined as a
    ``receive_event__injected`` call/result pair;
 6. a person's decision on a call waiting for approval → :func:`~stepagent.core.approval.fold_decision`
-   (a call to run goes to :attr:`Preparer.approved`, run by the step after its commit);
+   (a call to run goes to :attr:`Preparer.approved`, run by the step after its commit); a tool's question
+   to the user and the person's answer → :mod:`stepagent.core.elicitation` (a resumed call goes to
+   :attr:`Preparer.approved` too);
 7. everything else → a ``user`` or ``tool_result`` item through ``HistoryManager.handle_content``.
 
 The preparer decides; every write it needs — a state change, a compaction claim, a child spawned from
@@ -39,6 +41,7 @@ from stepagent.core.effects import (
     RemovePendingChoice,
     StepEffects,
 )
+from stepagent.core.elicitation import fold_answer, fold_question
 from stepagent.core.history import INTERRUPTED_TEXT, HistoryManager
 from stepagent.events import (
     AgentEvent,
@@ -65,7 +68,9 @@ from stepagent.messages import (
     ApprovalDecision,
     Compaction,
     CompactionComplete,
+    ElicitationAnswer,
     InputMessage,
+    InputRequired,
     OAuthRequired,
     ParentMessage,
     SubscriptionEvent,
@@ -131,6 +136,14 @@ class Preparer:
         if isinstance(content, OAuthRequired | UserChoiceRequired):
             await self._prepare_request_to_user(content, message_id)
             return False
+        if isinstance(content, InputRequired):
+            await fold_question(history, self.effects, content, message_id, self.emit)
+            return False
+        if isinstance(content, ElicitationAnswer):
+            intent = await fold_answer(history, self.state, self.effects, content, message_id, self.emit)
+            if intent is not None:
+                self.approved.append(intent)
+            return False
         if isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage):
             assert isinstance(content, ToolResult)  # guaranteed by InputMessage validation
             return await self._prepare_event(message, synthetic, content, message_id)
@@ -177,7 +190,9 @@ class Preparer:
     async def _prepare_content(self, message: InputMessage, message_id: str) -> bool:
         """User content or a tool result, appended to history."""
         content = message.content
-        assert not isinstance(content, OAuthRequired | UserChoiceRequired | ApprovalDecision)  # the caller's
+        assert not isinstance(
+            content, OAuthRequired | UserChoiceRequired | ApprovalDecision | InputRequired | ElicitationAnswer
+        )  # the caller's
         item: HistoryItem
         refusal = None
         if isinstance(content, ToolResult):

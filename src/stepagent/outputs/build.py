@@ -45,6 +45,7 @@ from stepagent.events import (
     AgentEvent,
     CompletionFinished,
     InputRejected,
+    InputRequiredEvent,
     LimitReached,
     OAuthRequiredEvent,
     StepFailed,
@@ -68,6 +69,7 @@ from stepagent.notices import LIMIT_REACHED
 from stepagent.outputs.events import (
     ApprovalEvent,
     ErrorEvent,
+    InputRequiredOutput,
     LimitReachedOutput,
     OutputEvent,
     TurnCompleteOutput,
@@ -95,6 +97,7 @@ class StepEvents:
             | StepFailed
             | InputRejected
             | OAuthRequiredEvent
+            | InputRequiredEvent
             | UserChoiceRequiredEvent
             | UserChoiceDismissed
             | CompletionFinished
@@ -217,6 +220,18 @@ def step_events(
                     "tool_call_id": event.tool_call_id,
                 }
             )
+        elif isinstance(event, InputRequiredEvent):
+            asked: InputRequiredOutput = {
+                "type": "input_required",
+                "event_id": event_id(thread_id, event.message_id, "input_required"),
+                "tool_call_id": event.tool_call_id,
+                "message": event.message,
+            }
+            if event.url is not None:
+                asked["url"] = event.url
+            else:
+                asked["requested_schema"] = event.requested_schema or {"type": "object", "properties": {}}
+            out.append(asked)
         elif isinstance(event, UserChoiceRequiredEvent):
             choice = event.choice
             source = _source_id(inputs, UserChoiceRequired, choice.id)

@@ -23,6 +23,7 @@ from typing import Any, Literal, NotRequired, cast
 from typing_extensions import TypedDict
 
 from stepagent.notices import ErrorEvent as ErrorEvent
+from stepagent.notices import InputRequiredOutput as InputRequiredOutput
 from stepagent.notices import LimitReachedOutput as LimitReachedOutput
 from stepagent.notices import OAuthRequiredOutput as OAuthRequiredOutput
 from stepagent.notices import OtherNotice
@@ -127,6 +128,7 @@ OutputEvent = (
     | ApprovalEvent
     | ErrorEvent
     | OAuthRequiredOutput
+    | InputRequiredOutput
     | UserChoiceRequiredOutput
     | UserChoiceCompleteOutput
     | LimitReachedOutput
@@ -168,6 +170,10 @@ class OAuthRequiredInThread(OAuthRequiredOutput, ThreadContext):
     """An ``oauth_required`` event as published."""
 
 
+class InputRequiredInThread(InputRequiredOutput, ThreadContext):
+    """An ``input_required`` event as published."""
+
+
 class UserChoiceRequiredInThread(UserChoiceRequiredOutput, ThreadContext):
     """A ``user_choice_required`` event as published."""
 
@@ -195,6 +201,7 @@ OutputEventInThread = (
     | ApprovalEventInThread
     | ErrorEventInThread
     | OAuthRequiredInThread
+    | InputRequiredInThread
     | UserChoiceRequiredInThread
     | UserChoiceCompleteInThread
     | LimitReachedInThread

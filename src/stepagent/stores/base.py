@@ -127,6 +127,8 @@ class DispatchIntent:
     tool_name: str
     arguments: dict[str, Any]
     call_id: str | None = None
+    #: A call resumed with the user's answer to the tool's question: what the resumed request carries.
+    resume: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,14 +152,15 @@ def has_metadata(item: DynamoItem | None) -> bool:
 
 
 def _intent_json(intent: DispatchIntent) -> str:
-    return json.dumps(
-        {
-            "tool_call_id": intent.tool_call_id,
-            "tool_name": intent.tool_name,
-            "arguments": intent.arguments,
-            "call_id": intent.call_id,
-        }
-    )
+    raw: dict[str, Any] = {
+        "tool_call_id": intent.tool_call_id,
+        "tool_name": intent.tool_name,
+        "arguments": intent.arguments,
+        "call_id": intent.call_id,
+    }
+    if intent.resume is not None:
+        raw["resume"] = intent.resume
+    return json.dumps(raw)
 
 
 def _deferred_json(deferred: DeferredInput) -> str:
@@ -305,6 +306,7 @@ class DynamoStateStore:
                     tool_name=raw["tool_name"],
                     arguments=raw["arguments"],
                     call_id=raw.get("call_id"),
+                    resume=raw.get("resume") if isinstance(raw.get("resume"), dict) else None,
                 )
             )
         return intents

@@ -75,6 +75,8 @@ class ToolAccess(Protocol):
 
     async def cache_put(self, key: str, value: str, expires_at: float) -> None: ...
 
+    async def cache_get(self, key: str) -> str | None: ...
+
 
 @dataclass(slots=True)
 class ToolEffects:
@@ -102,6 +104,9 @@ class ToolContext:
     notifier: LifecycleNotifier | None = None
     #: Where a synchronous tool records its state changes for the step's commit (``None``: apply them now).
     effects: ToolEffects | None = None
+    #: A call resumed with the user's answer to the tool's question (an MCP elicitation): what the
+    #: resumed request carries (``stepagent.tools.mcp_input.Resume`` as JSON); ``None`` for a first call.
+    resume: dict[str, Any] | None = None
 
     @property
     def root_thread_id(self) -> str:

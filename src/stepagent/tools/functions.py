@@ -285,6 +285,9 @@ class InProcessFunctionRunner:
     call re-runs the function but the receiving thread keeps only one result.
     """
 
+    #: Seconds an older MCP server's call is held open for the person's answer to its question.
+    input_wait: float = 120.0
+
     def __init__(self, tools: Iterable[Tool] | Mapping[str, Tool] = (), *, background: bool = False) -> None:
         values: Iterable[Tool] = tools.values() if isinstance(tools, Mapping) else tools
         # Only invocable tools (function and MCP tools) run here; others dispatch by their own means.
@@ -320,13 +323,35 @@ class InProcessFunctionRunner:
         """Run one call now and send its result (or ``Error: <message>``) to the calling thread."""
         function_tool = self._tools.get(tool_name)
         if function_tool is None:
-            text = f"Error: no function tool named '{tool_name}' is registered with this runner"
+            text: str | None = f"Error: no function tool named '{tool_name}' is registered with this runner"
         else:
             try:
-                text = await function_tool.invoke(arguments)
+                text = await self._invoke(function_tool, arguments, context)
             except ToolError as exc:
                 text = f"Error: {exc}"
-        await context.send_result(text)
+        if text is not None:  # None: an MCP tool asked the person a question; the call resumes on the answer
+            await context.send_result(text)
+
+    async def _invoke(
+        self, function_tool: Invocable, arguments: dict[str, Any], context: ToolContext
+    ) -> str | None:
+        from stepagent.tools.mcp import McpTool
+
+        if not isinstance(function_tool, McpTool):
+            return await function_tool.invoke(arguments)
+        from stepagent.tools.mcp_runs import run_mcp_call
+
+        return await run_mcp_call(
+            function_tool,
+            arguments,
+            thread_id=context.thread_id,
+            tool_call_id=context.tool_call_id,
+            call_id=context.call_id,
+            resume=context.resume,
+            sender=context.sender,
+            read_kept=context.access.cache_get,
+            input_wait=self.input_wait,
+        )
 
     async def join(self) -> None:
         """Wait until no background call is running; re-raise the first unexpected failure."""

@@ -11,10 +11,16 @@ locally), which calls :meth:`McpTool.invoke`. ``invoke`` raises only
 :class:`~stepagent.errors.ToolError` for anything the model should see: an ``isError`` result (with the
 server's text), a protocol error, a server that cannot be started or reached, or the timeout.
 
-Connections: one session per invocation — start (stdio: spawn the process), initialise, call, close.
-That costs a process start or an HTTP handshake per call, and buys what Lambda needs: nothing lives
-across invocations (a frozen Lambda cannot keep a subprocess or an SSE stream healthy), no session can go
-stale, and concurrent calls never share a session.
+Connections (:mod:`stepagent.tools.mcp_session`): a server that speaks the 2026-07-28 revision is called
+statelessly — one plain request per call, no handshake — and an older one through a fresh session per
+call (a frozen Lambda cannot keep a subprocess or an SSE stream healthy, and concurrent calls never share
+a session). The tool list is fetched once per process, not once per call.
+
+Questions during a call (elicitation, :mod:`stepagent.tools.mcp_input`): :meth:`McpTool.call` returns a
+:class:`~stepagent.tools.mcp_input.PendingInput` when a 2026-07-28 server asks the user something — the
+caller keeps it durably and resumes the call later with the answer (a fresh request carrying the
+server's ``requestState``); a handshake-era server's question is put to the ``ask`` callback while the
+session stays open, and declined when there is none.
 """
 
 from __future__ import annotations
@@ -22,16 +28,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import subprocess
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, TextIO, cast
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, TextIO
 
 from stepagent.errors import ConfigurationError, ToolError
 from stepagent.messages import ToolResult
 from stepagent.tools.base import Tool, ToolContext
 from stepagent.tools.mcp_config import McpServer
+from stepagent.tools.mcp_input import Ask, PendingInput, Resume, elicit_result, pending_input, question_of
+from stepagent.tools.mcp_session import McpConnection, facts
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +44,8 @@ SEPARATOR = "__"
 DEFAULT_TIMEOUT = 60.0
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_NAME = 64
+#: Rounds a call may be sent again when a 2026-07-28 server answers with state alone (no question).
+_STATE_ONLY_ROUNDS = 10
 
 
 def tool_name(server: str, tool: str) -> str:
@@ -46,51 +53,16 @@ def tool_name(server: str, tool: str) -> str:
     return _UNSAFE.sub("_", f"{server}{SEPARATOR}{tool}")
 
 
-def _describe(exc: BaseException) -> str:
-    # anyio task groups wrap failures in exception groups: show the first real cause.
+def _first_cause(exc: BaseException) -> BaseException:
+    # anyio task groups wrap failures in exception groups: the first real cause.
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    exc = _first_cause(exc)
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-@dataclass(slots=True)
-class McpConnection:
-    """How to reach one server; :meth:`session` opens a fresh, initialised ``mcp.Client``."""
-
-    server: McpServer
-    errlog: TextIO | None = None
-
-    def _transport(self) -> AbstractAsyncContextManager[Any]:
-        server = self.server
-        if server.command is not None:
-            from mcp.client.stdio import StdioServerParameters, stdio_client
-
-            params = StdioServerParameters(
-                command=server.command, args=list(server.args), env=dict(server.env)
-            )
-            # A server's stderr is its log; in Lambda it would interleave with ours, so it is kept only on
-            # request. The SDK hands ``errlog`` to the subprocess as its stderr, where DEVNULL is valid.
-            errlog = self.errlog if self.errlog is not None else cast(TextIO, subprocess.DEVNULL)
-            return stdio_client(params, errlog=errlog)
-        import httpx2
-        from mcp.client.streamable_http import streamable_http_client
-
-        client = httpx2.AsyncClient(headers=dict(server.headers), timeout=httpx2.Timeout(30.0, read=300.0))
-        return _owning(client, streamable_http_client(str(server.url), http_client=client))
-
-    @asynccontextmanager
-    async def session(self) -> AsyncIterator[Any]:
-        from mcp import Client
-
-        async with Client(self._transport()) as client:
-            yield client
-
-
-@asynccontextmanager
-async def _owning(http_client: Any, transport: AbstractAsyncContextManager[Any]) -> AsyncIterator[Any]:
-    """``transport``, closing the HTTP client it was given afterwards."""
-    async with http_client, transport as streams:
-        yield streams
 
 
 def _result_text(result: Any) -> str:
@@ -145,13 +117,35 @@ class McpTool(Tool):
         return None
 
     async def invoke(self, arguments: Mapping[str, Any]) -> str:
-        """Call the tool on a fresh session; the result's text, or ``ToolError``."""
+        """Call the tool; the result's text, or ``ToolError``. A question from the server is declined
+        (this entry point has nobody to ask); the tool runner uses :meth:`call`, which relays it."""
+        outcome = await self.call(arguments)
+        if isinstance(outcome, PendingInput):
+            raise ToolError(
+                f"MCP tool '{self.remote_name}' of server '{self.connection.server.name}' asks the user "
+                f"a question ({outcome.question.message!r}), which this runner cannot relay"
+            )
+        return outcome
+
+    async def call(
+        self,
+        arguments: Mapping[str, Any],
+        *,
+        resume: Resume | None = None,
+        ask: Ask | None = None,
+        ask_wait: float = 0.0,
+    ) -> str | PendingInput:
+        """Call the tool (or resume a call with the user's answer): the result's text, a
+        :class:`PendingInput` when a 2026-07-28 server asks the user something, or ``ToolError``.
+        ``ask`` answers a handshake-era server's question while the session stays open; ``ask_wait``
+        (seconds it may take) is added to the call's timeout."""
         server = self.connection.server.name
         try:
             if self.timeout is None:
-                result = await self._call(dict(arguments))
+                result = await self._call(dict(arguments), resume, ask)
             else:
-                result = await asyncio.wait_for(self._call(dict(arguments)), self.timeout)
+                limit = self.timeout + (ask_wait if ask is not None else 0.0)
+                result = await asyncio.wait_for(self._call(dict(arguments), resume, ask), limit)
         except TimeoutError:
             raise ToolError(
                 f"MCP tool '{self.remote_name}' of server '{server}' timed out after {self.timeout:g} s"
@@ -162,6 +156,8 @@ class McpTool(Tool):
             raise ToolError(
                 f"MCP server '{server}' failed on '{self.remote_name}': {_describe(exc)}"
             ) from None
+        if isinstance(result, PendingInput):
+            return result
         text = _result_text(result)
         if result.is_error:
             raise ToolError(
@@ -169,24 +165,58 @@ class McpTool(Tool):
             )
         return text
 
-    async def _call(self, arguments: dict[str, Any]) -> Any:
-        async with self.connection.session() as client:
-            return await client.call_tool(self.remote_name, arguments)
+    async def _call(self, arguments: dict[str, Any], resume: Resume | None, ask: Ask | None) -> Any:
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import HEADER_MISMATCH
+
+        try:
+            return await self._call_once(arguments, resume, ask)
+        except Exception as error:
+            cause = _first_cause(error)
+            if not (isinstance(cause, MCPError) and cause.code == HEADER_MISMATCH):
+                raise
+            # A 2026-07-28 server says the remembered listing of this tool is stale: the failed session
+            # forgot it (mcp_session); the call is sent once more on a fresh listing.
+            return await self._call_once(arguments, resume, ask)
+
+    async def _call_once(self, arguments: dict[str, Any], resume: Resume | None, ask: Ask | None) -> Any:
+        from mcp_types import ElicitResult, InputRequiredResult
+
+        async def answer(_context: Any, params: Any) -> Any:
+            if ask is None:
+                return ElicitResult(action="decline")
+            return elicit_result(await ask(question_of(params)))
+
+        async with self.connection.session(elicitation_callback=answer) as client:
+            responses = None if resume is None else {resume.key: elicit_result(resume.answer)}
+            state = None if resume is None else resume.request_state
+            for _ in range(_STATE_ONLY_ROUNDS):
+                result = await client.session.call_tool(
+                    self.remote_name,
+                    arguments,
+                    input_responses=responses,
+                    request_state=state,
+                    allow_input_required=True,
+                )
+                if not isinstance(result, InputRequiredResult):
+                    return result
+                pending = pending_input(result, self.remote_name)
+                if pending is not None:
+                    return pending
+                # Only state, no question: the server wants the same request again shortly.
+                responses, state = None, result.request_state
+                await asyncio.sleep(0.05)
+            raise ToolError(f"MCP tool '{self.remote_name}' kept asking to be called again; gave up")
 
 
 async def list_server_tools(connection: McpConnection, *, list_timeout: float = 30.0) -> list[McpTool]:
     """The tools of one server (all pages). Raises ``ConfigurationError`` naming the server."""
     name = connection.server.name
     try:
-        async with asyncio.timeout(list_timeout), connection.session() as client:
-            listed: list[Any] = []
-            cursor: str | None = None
-            while True:
-                page = await client.list_tools(cursor=cursor)
-                listed.extend(page.tools)
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
+        async with asyncio.timeout(list_timeout), connection.session():
+            known = facts(connection.server)
+            assert known is not None and known.listing is not None  # a connected session lists once
+            listed: list[Any] = list(known.listing.tools)
     except Exception as exc:
         raise ConfigurationError(f"MCP server {name!r}: could not list its tools: {_describe(exc)}") from None
     tools = []

@@ -7,6 +7,7 @@
   const $ = (id) => document.getElementById(id);
   const state = {
     token: "", thread: "", abort: null, lastId: null, refresh: null, live: new Map(), unfolded: new Set(),
+    questions: new Map(),
   };
 
   function headers(extra) {
@@ -136,6 +137,67 @@
     $("approvals").replaceChildren(...boxes);
   }
 
+  // A tool's question during a call (input_required): a form from its JSON Schema (one text box per
+  // field; numbers and booleans are sent as such), or a page to open; Answer / Decline / Cancel post the
+  // elicitation answer. The question goes away when the call's result arrives.
+  function renderQuestions() {
+    const boxes = Array.from(state.questions.values()).map((asked) => {
+      const form = document.createElement("form");
+      form.className = "question";
+      form.dataset.toolCallId = asked.tool_call_id;
+      const text = document.createElement("p");
+      text.textContent = asked.message;
+      form.append(text);
+      const fields = (asked.requested_schema && asked.requested_schema.properties) || {};
+      for (const [name, spec] of Object.entries(fields)) {
+        const label = document.createElement("label");
+        label.textContent = (spec && spec.title) || name;
+        const input = document.createElement("input");
+        input.name = name;
+        input.dataset.type = (spec && spec.type) || "string";
+        label.append(input);
+        form.append(label);
+      }
+      if (asked.url) {
+        const link = document.createElement("a");
+        link.href = asked.url; link.target = "_blank"; link.rel = "noopener noreferrer";
+        link.textContent = "open the page";
+        form.append(link);
+      }
+      for (const action of ["accept", "decline", "cancel"]) {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.dataset.action = action;
+        button.textContent = action === "accept" ? "Answer" : action === "decline" ? "Decline" : "Cancel";
+        button.addEventListener("click", async () => {
+          const body = { tool_call_id: asked.tool_call_id, action };
+          if (action === "accept" && !asked.url) {
+            body.content = {};
+            for (const input of form.querySelectorAll("input")) {
+              const raw = input.value;
+              const type = input.dataset.type;
+              body.content[input.name] = type === "number" || type === "integer" ? Number(raw)
+                : type === "boolean" ? raw.trim().toLowerCase() === "true" : raw;
+            }
+          }
+          form.querySelectorAll("button").forEach((b) => { b.disabled = true; });
+          try {
+            await api("POST", path("/elicitations"), body, { "Idempotency-Key": "elicitation-" + asked.tool_call_id + "-" + action });
+            status("answered: " + action);
+            state.questions.delete(asked.tool_call_id);
+            renderQuestions();
+          } catch (error) {
+            form.querySelectorAll("button").forEach((b) => { b.disabled = false; });
+            status("could not send: " + error.message);
+          }
+        });
+        form.append(button);
+      }
+      return form;
+    });
+    $("questions").replaceChildren(...boxes);
+  }
+
   function renderLive() {
     $("live").textContent = Array.from(state.live.values()).join("\n");
   }
@@ -154,6 +216,8 @@
     }
     if (type === "text" || type === "turn_complete") { state.live.delete(data.thread_id); renderLive(); }
     if (type === "error") status("error: " + data.message);
+    if (type === "input_required") { state.questions.set(data.tool_call_id, data); renderQuestions(); }
+    if ((type === "tool_result" || type === "event") && state.questions.delete(data.tool_call_id)) renderQuestions();
     if (type === "turn_complete" && data.thread_id === state.thread) status("idle");
     scheduleRefresh();
   }
@@ -219,7 +283,9 @@
     state.lastId = null;
     state.live.clear();
     state.unfolded.clear();
+    state.questions.clear();
     renderLive();
+    renderQuestions();
     loadHistory().then(() => connect()).catch((e) => status(e.message));
   }
 
