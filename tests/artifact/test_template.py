@@ -126,7 +126,13 @@ def test_each_function_gets_only_its_environment_and_no_secret_values(template: 
     }
     env = {name: evaluate(template).environment(name) for name in FUNCTIONS}
     assert set(env["TimerRelayFunction"]) == common
-    assert set(env["ToolRunnerFunction"]) == common | {"STEPAGENT_TOOLS", "STEPAGENT_MCP_SERVERS"}
+    # The state table: an older MCP server's held call reads the person's answer to its question there.
+    assert set(env["ToolRunnerFunction"]) == common | {
+        "STEPAGENT_TOOLS",
+        "STEPAGENT_MCP_SERVERS",
+        "STEPAGENT_STATE_TABLE",
+        "STEPAGENT_MCP_INPUT_WAIT",
+    }
     assert set(env["RapReceiverFunction"]) == common | {
         "STEPAGENT_OUTPUT_QUEUE_URL",
         "STEPAGENT_CONVERSATION_TABLE",

@@ -44,6 +44,15 @@ class Faulty:
         self._inner = inner
         self._plan = plan
         self._label = label
+        # Since Python 3.12 ``isinstance`` against a runtime-checkable protocol (the stores'
+        # ``SnapshotReader``) looks attributes up statically, so methods reached only through
+        # ``__getattr__`` do not count: bind the inner object's public async methods on the instance, or the
+        # code under test would take another path than it takes unwrapped.
+        for name in dir(type(inner)):
+            if not name.startswith("_"):
+                attr = getattr(inner, name, None)
+                if inspect.isasyncgenfunction(attr) or inspect.iscoroutinefunction(attr):
+                    self.__dict__[name] = self.__getattr__(name)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
