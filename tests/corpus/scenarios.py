@@ -1,5 +1,7 @@
 """The threads the release corpus holds: one agent (a scripted model, three function tools) and, for each
-point a thread can wait at across a deploy, a thread left there and what it must end with.
+point a thread can wait at across a deploy, a thread left there and what it must end with; a second agent
+whose threads compact; a third with RAP tools (a call answered later, a subscription) served by
+:class:`CorpusRapServer`, whose callbacks reach the RAP receiver through :class:`FunctionUrl`.
 
 Shared by the recorder (:mod:`tests.corpus.record`, run on the previous release's code) and the tests that
 continue the recorded threads with today's code (:mod:`tests.corpus.test_corpus`), so both agree on the
