@@ -8,7 +8,8 @@ Usage (``make corpus`` runs it against a checkout of the release, see the Makefi
 It starts the moto server, runs the agent of :mod:`tests.corpus.scenarios` through the worker, the tool
 runner and the timer relay of whatever ``stepagent`` is importable (``PYTHONPATH`` picks the release to
 record), leaves each thread of :data:`~tests.corpus.scenarios.WAITING` (and
-:data:`~tests.corpus.scenarios.COMPACTING`) at its point, then writes, per agent, one JSON file of what
+:data:`~tests.corpus.scenarios.COMPACTING`, and :data:`~tests.corpus.scenarios.WAITING_ON_RAP` with the
+RAP server and receiver of that release) at its point, then writes, per agent, one JSON file of what
 is stored and queued — every DynamoDB item as stored (low-level wire form), every queued message (body,
 message attributes, group and dedup ids), every schedule's target, every blob (gzip, base64) — plus an export file of two
 threads. ``tests/corpus/test_corpus.py`` continues every recorded thread with today's code.
@@ -27,8 +28,19 @@ from typing import Any
 
 from stepagent.lifecycle.export import export_lines
 from stepagent.messages import InputMessage
-from tests.corpus.scenarios import AGENT_ENV, COMPACTING, COMPACTION_SCRIPT, SCRIPT, WAITING
+from tests.corpus.scenarios import (
+    AGENT_ENV,
+    COMPACTING,
+    COMPACTION_SCRIPT,
+    RAP_SCRIPT,
+    SCRIPT,
+    WAITING,
+    WAITING_ON_RAP,
+    corpus_rap,
+    rap_receiver,
+)
 from tests.integration.aws_helpers import Stack, aws_stack, lambda_record
+from tests.polling import eventually
 
 QUEUES = ("input", "tool", "delay", "output")
 
@@ -161,6 +173,24 @@ async def record_compaction(stack: Stack) -> dict[str, Any]:
     raise AssertionError("the compaction agent never started a compaction")
 
 
+async def record_rap(stack: Stack, rap: Any) -> dict[str, Any]:
+    """The RAP agent's threads: the worker hands both calls to the RAP server, which holds them; the
+    subscription's start result comes back through the receiver and is folded in; then nothing more comes.
+    The recording also keeps what the tool server holds (each call's invocation, with its callback URL)."""
+    for waiting in WAITING_ON_RAP:
+        await stack.send_user(waiting.thread, waiting.say, f"{waiting.thread}-1")
+    subscribing = WAITING_ON_RAP[1].thread
+
+    async def settled() -> bool:
+        await pump_queue(stack, "input")
+        subscribed = await stack.runtime.state.active_subscriptions(subscribing)
+        return len(rap.held) == len(WAITING_ON_RAP) and bool(subscribed)
+
+    async with rap_receiver(stack.settings, rap):
+        await eventually(settled, "the RAP server holding both calls, the subscription started")
+    return {**await snapshot(stack, {}), "rap_calls": dict(sorted(rap.held.items()))}
+
+
 def release_name() -> str:
     from importlib.metadata import version
 
@@ -190,6 +220,11 @@ async def record() -> dict[str, dict[str, Any]]:
     for name, script, run in agents:
         async with aws_stack(script=script, env=AGENT_ENV) as stack:
             recordings[name] = {"release": release, "agent": name, **await run(stack)}
+    async with (
+        corpus_rap() as (rap, rap_env),
+        aws_stack(script=RAP_SCRIPT, env={**AGENT_ENV, **rap_env}) as stack,
+    ):
+        recordings["rap"] = {"release": release, "agent": "rap", **await record_rap(stack, rap)}
     return recordings
 
 

@@ -4,7 +4,9 @@
 items byte for byte, the same queued messages (bodies, attributes, groups, dedup ids), the same blob
 bucket and objects; due schedules are delivered as EventBridge Scheduler would (the target input, as is);
 the delay queue's wake-ups are put back without their delay. :func:`continue_threads` then answers what
-only a person answers (the approval) and pumps every queue until all are empty.
+only a person answers (the approval) and pumps every queue until all are empty. For the RAP agent,
+:func:`loaded_with_rap` adds the tool server and the receiver, and :func:`answer_rap_calls` has the tool
+server send, through the recorded callback URLs, what the held calls were waiting for.
 """
 
 from __future__ import annotations
@@ -21,11 +23,19 @@ from typing import Any
 
 from stepagent.history_items import waiting_for_approval
 from stepagent.messages import InputMessage
-from tests.corpus.scenarios import AGENT_ENV, COMPACTION_SCRIPT, SCRIPT
+from tests.corpus.scenarios import (
+    AGENT_ENV,
+    COMPACTION_SCRIPT,
+    RAP_SCRIPT,
+    SCRIPT,
+    CorpusRapServer,
+    corpus_rap,
+    rap_receiver,
+)
 from tests.integration.aws_helpers import Stack, aws_stack
 
 CORPUS = Path(__file__).parent
-SCRIPTS = {"main": SCRIPT, "compaction": COMPACTION_SCRIPT}
+SCRIPTS = {"main": SCRIPT, "compaction": COMPACTION_SCRIPT, "rap": RAP_SCRIPT}
 
 
 def releases() -> list[Path]:
@@ -43,11 +53,11 @@ def recorded_bucket(recorded: dict[str, Any]) -> str | None:
 
 
 @asynccontextmanager
-async def loaded(recorded: dict[str, Any]) -> AsyncIterator[Stack]:
-    """A stack running today's code over ``recorded``."""
+async def loaded(recorded: dict[str, Any], extra_env: dict[str, str] | None = None) -> AsyncIterator[Stack]:
+    """A stack running today's code over ``recorded`` (``extra_env``: more settings of the agent)."""
     bucket = recorded_bucket(recorded)
     # The deployment's blob bucket stays across a deploy (claim checks name it): the recorded one.
-    env = {**AGENT_ENV, **({"STEPAGENT_BLOB_BUCKET": bucket} if bucket else {})}
+    env = {**AGENT_ENV, **(extra_env or {}), **({"STEPAGENT_BLOB_BUCKET": bucket} if bucket else {})}
     async with aws_stack(script=SCRIPTS[recorded["agent"]], env=env) as stack:
         if bucket is not None:
             with contextlib.suppress(stack.s3.exceptions.BucketAlreadyOwnedByYou):
@@ -81,6 +91,27 @@ async def _load(stack: Stack, recorded: dict[str, Any], bucket: str) -> None:
             MessageGroupId=schedule["group_id"],
             MessageDeduplicationId=hashlib.sha256(schedule["input"].encode()).hexdigest(),
         )
+
+
+@asynccontextmanager
+async def loaded_with_rap(recorded: dict[str, Any]) -> AsyncIterator[tuple[Stack, CorpusRapServer]]:
+    """:func:`loaded` for the RAP agent: today's code, the corpus RAP server (a new process: it knows
+    only what it held, the recorded invocations) and today's receiver behind the deployment's unchanged
+    callback URL and key."""
+    async with (
+        corpus_rap() as (rap, rap_env),
+        loaded(recorded, rap_env) as stack,
+        rap_receiver(stack.settings, rap),
+    ):
+        yield stack, rap
+
+
+async def answer_rap_calls(rap: CorpusRapServer, recorded: dict[str, Any]) -> None:
+    """The tool server answers every call it held, through each call's recorded callback URL (and so its
+    token, as the recorded release issued it): the report, the subscription's final event. A callback the
+    receiver refuses raises (the SDK's ``CallbackRefusedError``)."""
+    for invocation in recorded["rap_calls"].values():
+        await rap.answer(invocation)
 
 
 async def continue_threads(stack: Stack, threads: list[str]) -> None:

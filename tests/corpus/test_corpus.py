@@ -2,8 +2,9 @@
 
 Each directory of ``tests/corpus`` is one release's recording (``make corpus``; see
 :mod:`tests.corpus.record`): threads left waiting on a queued tool, an approval, a short timer (delay queue),
-a long timer (schedule), a child thread, a claim-checked tool result, and a compaction in progress, as
-that release stored and queued them. Today's code must drive every one of them to its end — nothing
+a long timer (schedule), a child thread, a claim-checked tool result, a compaction in progress, a RAP
+call and a pending RAP subscription, as that release stored and queued them (and, for the RAP calls, the
+invocations the tool server holds, with the callback tokens that release issued). Today's code must drive every one of them to its end — nothing
 dead-lettered, nothing stuck. The export files recorded with them must import.
 
 The safety net is shown to work: ``a format change without its migration`` replays the same corpus with a
@@ -23,16 +24,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from stepagent import formats, history_items
-from stepagent.errors import StepagentError
+from stepagent.errors import CallbackRefusedError, StepagentError
 from stepagent.lifecycle.importer import import_tree
+from stepagent.rap.tokens import verify_token
 from stepagent.senders import sqs as sqs_sender
 from stepagent.stores import dynamodb_io
-from tests.corpus import record, replay
-from tests.corpus.scenarios import COMPACTING, WAITING
+from tests.corpus import record, replay, scenarios
+from tests.corpus.scenarios import COMPACTING, WAITING, WAITING_ON_RAP
 from tests.integration.aws_helpers import Stack, aws_stack
 
 pytestmark = pytest.mark.slow
@@ -116,6 +119,33 @@ async def test_a_recorded_compaction_in_progress_completes(release: Path) -> Non
         assert await replay.dead_letters(stack) == []
 
 
+@pytest.mark.parametrize("change", CHANGES)
+@pytest.mark.parametrize("release", RELEASES, ids=[r.name for r in RELEASES])
+async def test_recorded_rap_calls_and_subscriptions_run_to_their_end(
+    release: Path, change: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorded = load(release, "rap")
+    if change:
+        format_change_without_migration(monkeypatch)
+    async with replay.loaded_with_rap(recorded) as (stack, rap):
+        await replay.answer_rap_calls(rap, recorded)
+        await replay.continue_threads(stack, [w.thread for w in WAITING_ON_RAP])
+        for waiting in WAITING_ON_RAP:
+            said = await texts(stack, waiting.thread)
+            assert waiting.ends_with in said, f"{waiting.point}: {waiting.thread} did not finish: {said[-4:]}"
+            info = await stack.runtime.conversation.get_thread(waiting.thread)
+            assert info is not None and info.turn_complete, f"{waiting.point}: {waiting.thread} still waits"
+        subscribing = WAITING_ON_RAP[1].thread
+        assert await stack.runtime.state.active_subscriptions(subscribing) == set(), "final did not end it"
+        assert await replay.dead_letters(stack) == []
+        # Each call is answered once: the tool server resending its callback is refused, nothing enqueued.
+        for invocation in recorded["rap_calls"].values():
+            if invocation["operation"] == "fetch_report":
+                with pytest.raises(CallbackRefusedError, match="409"):
+                    await rap.answer(invocation)
+        assert await stack.receive(stack.input_url) == []
+
+
 @pytest.mark.parametrize("release", RELEASES, ids=[r.name for r in RELEASES])
 async def test_recorded_exports_import_and_continue(release: Path, tmp_path: Path) -> None:
     recorded = load(release, "main")
@@ -141,6 +171,19 @@ def test_the_corpus_covers_every_waiting_point() -> None:
         assert queues["tool"] and queues["delay"] and main["schedules"] and main["blobs"]
         assert any('"stepagent_claim_check"' in m["body"] for m in queues["input"])
         assert {"corpus-tool", "corpus-parent"} <= set(main["exports"])
+        rap = load(release, "rap")
+        threads = {item["pk"]["S"] for item in rap["tables"]["conversation"]}
+        assert {w.thread for w in WAITING_ON_RAP} <= threads
+        held = {i["group_id"]: i for i in rap["rap_calls"].values()}
+        assert set(held) == {w.thread for w in WAITING_ON_RAP}, "a RAP call the tool server does not hold"
+        for thread, invocation in held.items():  # each holds a callback token its release issued
+            token = parse_qs(urlsplit(invocation["callback_url"]).query)["token"][0]
+            assert verify_token(scenarios.RAP_SECRET, thread, token) is not None, f"{thread}: bad token"
+        subscription = held[WAITING_ON_RAP[1].thread]
+        state_keys = {(i["pk"]["S"], i["sk"]["S"]) for i in rap["tables"]["state"]}
+        assert (subscription["group_id"], f"SUB#{subscription['id']}") in state_keys, (
+            "no pending subscription"
+        )
 
 
 # ---- rollback ------------------------------------------------------------------------------------------
