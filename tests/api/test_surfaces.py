@@ -15,6 +15,7 @@ import httpx
 from stepagent.api.auth import ApiAuthSettings
 from stepagent.api.server import open_api
 from stepagent.client import Client
+from stepagent.outputs.build import event_id
 from stepagent.providers.factory import make_provider
 from tests.api.helpers import ApiStack, api_stack, new_thread
 from tests.api.test_events import output_events, read_stream, settle
@@ -63,7 +64,7 @@ async def test_the_api_stream_carries_turn_complete_as_the_output_queue_does_and
             assert await remote.wait(thread, message_id, timeout=60) == {"city": "Paris", "temp_c": 14}
         streamed, ended = await read_stream(api.http, f"/v1/threads/{thread}/events")
         assert ended
-        queued = [e for e in await output_events(api) if e["root_thread_id"] == thread]
+        queued = await queued_until(api, thread, lambda got: any(e["type"] == "turn_complete" for e in got))
         [turn] = [e.data for e in streamed if e.event == "turn_complete"]
         [published] = [e for e in queued if e["type"] == "turn_complete"]
         assert turn == published
@@ -89,7 +90,12 @@ async def test_a_stream_for_a_message_shows_exactly_the_turn_it_began_even_opene
         first = await api.http.post(f"/v1/threads/{thread}/messages", json={"text": "plan the day"})
         assert first.status_code == 202
         await asyncio.wait_for(settle(api, thread), 60)  # a turn with a tool and a child, all done
-        before = [e for e in await output_events(api) if e["root_thread_id"] == thread]
+        # The store is settled; the queue gets each step's events just after its commit: drain it up to the
+        # root's last turn_complete, so none of this turn's events is left to be counted in the next.
+        head = await api.client.conversation.get_thread(thread)
+        assert head is not None
+        last = event_id(thread, f"v{head.version}", "turn_complete")
+        before = await queued_until(api, thread, lambda got: any(e["event_id"] == last for e in got))
         assert len({e["thread_id"] for e in before}) == 2
         second = await api.http.post(f"/v1/threads/{thread}/messages", json={"text": "hello"})
         message_id = second.json()["message_id"]
@@ -103,13 +109,30 @@ async def test_a_stream_for_a_message_shows_exactly_the_turn_it_began_even_opene
             (thread, "turn_complete", None),
         ]
         # The same events, with the same values, as the output queue carried for that turn.
-        await asyncio.wait_for(settle(api, thread), 60)
-        queued = [e for e in await output_events(api) if e["root_thread_id"] == thread]
-        assert events == queued
+        queued = await queued_until(api, thread, lambda got: any(e["type"] == "turn_complete" for e in got))
+        assert events == [e for e in queued if e["thread_id"] == thread]
         # A client waiting for its message over the API follows that turn only.
         async with Client(api_url=api.url, token=None) as remote:
             third = await remote.send(thread, "hello")
             assert await remote.wait(thread, third, timeout=60) is None
+
+
+async def queued_until(api: Any, thread: str, done: Any) -> list[dict[str, Any]]:
+    """The output queue's events of ``thread``'s tree, read (and removed) until ``done(events)`` holds."""
+    got: list[dict[str, Any]] = []
+    for _ in range(1200):
+        got += [e for e in await output_events(api) if e["root_thread_id"] == thread]
+        if done(got):
+            return got
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the output queue never had what was waited for: {got}")
+
+
+def published_all(streamed: list[dict[str, Any]]) -> Any:
+    """Whether the queue has carried every event of ``streamed`` (a step publishes just after its commit,
+    which the stream may already have read)."""
+    wanted = {e["event_id"] for e in streamed}
+    return lambda got: wanted <= {e["event_id"] for e in got}
 
 
 ANSWER = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
@@ -208,7 +231,7 @@ async def test_one_conversation_tells_the_same_facts_on_the_queue_the_stream_and
 
         # The output queue and the stream from the start: the same events, with the same values, in each
         # thread's order (threads of a tree interleave as they were observed).
-        queued = [e for e in await output_events(api) if e["root_thread_id"] == thread]
+        queued = await queued_until(api, thread, published_all(streamed))
         assert by_thread(streamed) == by_thread(queued)
         # The stream read while it happened, and resumed after every single event.
         assert by_thread([e.data for e in fresh if e.event != "text_delta"]) == by_thread(streamed)
@@ -273,7 +296,7 @@ async def test_a_limit_stop_is_kept_with_the_thread_the_stream_and_the_history_s
                 break
             await asyncio.sleep(0.05)
         streamed = [e.data for e in replay if e.event != "text_delta"]
-        queued = [e for e in await output_events(api) if e["root_thread_id"] == thread]
+        queued = await queued_until(api, thread, published_all(streamed))
         assert streamed == queued
         assert [e["type"] for e in streamed][-2:] == ["limit_reached", "turn_complete"]
         [limit] = [e for e in streamed if e["type"] == "limit_reached"]
