@@ -21,6 +21,7 @@ import dataclasses
 import json
 import sqlite3
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -69,6 +70,9 @@ class SqliteBackend:
 
     def __init__(self, path: str = ":memory:") -> None:
         self.db = sqlite3.connect(path, isolation_level=None)  # transactions are explicit
+        # The stores are dropped, not closed, by the runs that use them: close the database with its backend
+        # (Python 3.13 warns about a connection left to the garbage collector).
+        weakref.finalize(self, self.db.close)
         self.db.executescript(_SCHEMA)
         self._seq = 0
 
