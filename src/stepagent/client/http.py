@@ -188,13 +188,9 @@ class HttpApi:
             body["args"] = args
         if message is not None:
             body["message"] = message
-        response = await self.http.post(
-            self._path(thread, "/approvals"),
-            json=body,
-            headers={"Idempotency-Key": message_id or f"approval-{tool_call_id}-{uuid.uuid4()}"},
+        return await self._answer(
+            thread, "/approvals", body, message_id or f"approval-{tool_call_id}-{uuid.uuid4()}"
         )
-        _raise_for(response)
-        return str(response.json()["message_id"])
 
     async def answer_input(
         self,
@@ -207,10 +203,14 @@ class HttpApi:
         body: dict[str, Any] = {"tool_call_id": tool_call_id, "action": action}
         if content is not None:
             body["content"] = content
+        key = message_id or f"elicitation-{tool_call_id}-{uuid.uuid4()}"
+        return await self._answer(thread, "/elicitations", body, key)
+
+    async def _answer(self, thread: str, route: str, body: Mapping[str, Any], key: str) -> str:
+        """POST a person's answer to a waiting call (``route``: ``/approvals`` or ``/elicitations``) once
+        per idempotency ``key``; the message id the API gave it."""
         response = await self.http.post(
-            self._path(thread, "/elicitations"),
-            json=body,
-            headers={"Idempotency-Key": message_id or f"elicitation-{tool_call_id}-{uuid.uuid4()}"},
+            self._path(thread, route), json=dict(body), headers={"Idempotency-Key": key}
         )
         _raise_for(response)
         return str(response.json()["message_id"])
