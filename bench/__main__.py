@@ -13,10 +13,10 @@ Sections of the JSON (each with its own method notes):
   minutes; ``STEPAGENT_BENCH_LAYER`` reuses one);
 - ``step_overhead``: one worker step excluding the model, at 10 → 10,000 stored rows, all in context or
   compacted to 10, on the in-memory, SQLite and DynamoDB-on-moto stores, with AWS calls per step;
-- ``step_costs``: DynamoDB requests, items and bytes read and written per worker step in issue 15's peer
+- ``step_costs``: DynamoDB requests, items and bytes read and written per worker step in the peer
   workload (user text → tool call → tool result → answer, ~1 KB messages) at turn 10 and turn 500 with
-  compaction, cold and warm, each figure next to its target (:mod:`bench.step_costs`); the issue-13 state
-  before the change is kept in ``docs/step-costs-before.json``;
+  compaction, cold and warm, each figure next to its target (:mod:`bench.step_costs`); the figures from
+  before the step got cheaper are kept in ``docs/step-costs-before.json``;
 - ``live_text``: what the live partial text costs per step (requests, bytes) with it on and off, for
   streams of 0, 2 and 5 seconds, and what one client poll of an idle thread tree costs
   (:mod:`bench.live_text`);
@@ -26,7 +26,7 @@ Sections of the JSON (each with its own method notes):
 - ``large_payload``: a 500 KB tool result through the worker and tool runner on moto: S3 ``PutObject``
   calls for it, ``GetObject`` calls per step (first turn, a warm and a cold later turn) and the bytes
   stored, each next to its target (:mod:`bench.large_payload`);
-- ``peer_cpu``: framework CPU per turn of the issue's peer workload, stepagent's real handlers (cold and
+- ``peer_cpu``: framework CPU per turn of the peer workload, stepagent's real handlers (cold and
   warm) against LangGraph + ``DynamoDBSaver`` run from the bench-only ``.venv-peer`` on the same moto
   server, interleaved, at turn 10 and turn 500 with compaction, each ratio next to its target
   (:mod:`bench.peer_cpu`);
@@ -88,10 +88,10 @@ from bench.telemetry import telemetry_costs
 
 ROOT = Path(__file__).resolve().parents[1]
 IMPORT_TARGET_MS = 300
-# spec/bounded-history.md S6: step overhead excluding the model, against a local store.
+# Step overhead excluding the model, against a local store: a step's own work must stay small beside the model.
 OVERHEAD_TARGETS_MS = {1_000: 150, 10_000: 1_500}
 SIZES = (10, 100, 1_000, 10_000)
-#: Issue 15's memory target (bench.request_peak): peak <= 2x the request body + 8 MiB; the last is the trap.
+#: The request peak target (bench.request_peak): peak <= 2x the request body + 8 MiB; the last is the trap.
 REQUEST_PEAKS = (
     (10, "anthropic", "normal"),
     (1_000, "anthropic", "normal"),

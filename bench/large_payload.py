@@ -6,7 +6,7 @@ cold one (a new runtime: nothing cached). Measured from outside the product: eve
 runtime's client sends (a botocore ``before-call`` hook) and the objects left in the bucket. The worker and
 the tool runner are separate runtimes, as in Lambda.
 
-Targets (the issue "A cheaper step"): one stored object per payload (``PutObject`` calls for the text
+Targets (a large payload is stored once and read at most once per step): one stored object per payload (``PutObject`` calls for the text
 across queue + row + output = 1) and at most one ``GetObject`` per step. Runs against any version of the
 code, since it reads nothing but the clients and the bucket.
 """

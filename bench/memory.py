@@ -1,12 +1,14 @@
-"""Memory gates (``spec/bounded-history.md`` §3.1, §3.2, §5 M1/M2): retained growth over many warm worker
-steps, judged by a trend estimator, and the peak of one step at 10 versus 10,000 stored rows — each with
-deliberately leaking variants ("traps") that the *same* predicate must reject.
+"""Memory gates: a warm worker retains nothing per step, and a step holds little beyond its context.
+
+Two gates: retained growth over many warm worker steps, judged by a trend estimator, and the peak of one
+step at 10 versus 10,000 stored rows — each with deliberately leaking variants ("traps") that the *same*
+predicate must reject.
 
 Measurement (Python heap, ``tracemalloc``): a *settled reading* is ``gc.collect()`` three times, then the
 traced current size. The stores are :mod:`~bench.sqlite_store` (SQLite's pages are outside the
 traced heap, as DynamoDB would be), so the heap holds only the runtime and what a step reads back.
 
-Retained growth (M1), :func:`retained`: the :mod:`~bench.workload` runs; warm-up lasts at least
+Retained growth, :func:`retained`: the :mod:`~bench.workload` runs; warm-up lasts at least
 ``warmup_min`` steps and ends when the Theil-Sen slope of the last six readings (one every 25 steps) is
 under :data:`CONVERGED_PER_50` bytes per 50 steps. Then a baseline and :data:`CHECKPOINTS` checkpoints
 ``interval`` steps apart, each the median of the settled readings after each of the last five steps
@@ -21,7 +23,7 @@ a unique :data:`CREEP_BYTES`-byte string per step; ``unbounded-thread-cache`` ru
 cache (``core/thread_cache.py``, which every run uses at :data:`CACHE_BYTES`, full and evicting) with no
 bound, keeping every version of every thread it is given (a cache keyed by head version that never lets go).
 
-Per-step peak (M2), :func:`step_peak`: one warm step (user text → model → commit → outputs) on a thread
+Per-step peak, :func:`step_peak`: one warm step (user text → model → commit → outputs) on a thread
 with ``rows`` stored rows of ~4 KB, of which ``in_context`` follow the latest compaction summary; the peak
 is the traced peak during the step minus the traced size before it. The ``holding`` trap reads every
 stored row of the thread during the step (what a non-streaming, compaction-ignoring load would do).
@@ -57,7 +59,7 @@ from stepagent.messages import InputMessage, TextContent
 from stepagent.stores.base import Commit, StoredRow
 
 ALLOWANCE = 1 << 20
-#: Late fitted growth bound. The spec starts at 256 KiB "and tightens after calibration"; the normal run
+#: Late fitted growth bound. It started at 256 KiB, to be tightened once calibrated; the normal run
 #: measures about -5 KB here (docs/benchmarks.json), so 32 KiB leaves a wide margin and still rejects a leak
 #: of a few hundred bytes per step over the ~430 late steps.
 LATE_GROWTH = 32 << 10
@@ -186,7 +188,7 @@ def _conversation_for(variant: str, backend: SqliteBackend) -> SqliteConversatio
     return kinds.get(variant, CountingStore)(backend)
 
 
-# ---- M1: retained growth ------------------------------------------------------------------------------
+# ---- retained growth ----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -295,7 +297,7 @@ async def retained(
     return run
 
 
-# ---- M2: per-step peak ---------------------------------------------------------------------------------
+# ---- per-step peak -------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -369,11 +371,11 @@ async def step_peak(rows: int, in_context: int, variant: str = "normal") -> Peak
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    one = sub.add_parser("retained", help="M1: retained growth over many warm steps")
+    one = sub.add_parser("retained", help="retained growth over many warm steps")
     one.add_argument("--variant", choices=VARIANTS, default="normal")
     one.add_argument("--measured", type=int, default=850)
     one.add_argument("--out", required=True)
-    two = sub.add_parser("peak", help="M2: the peak of one step")
+    two = sub.add_parser("peak", help="the peak of one step")
     two.add_argument("--rows", type=int, required=True)
     two.add_argument("--in-context", type=int, required=True)
     two.add_argument("--variant", choices=PEAK_VARIANTS, default="normal")

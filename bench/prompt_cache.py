@@ -19,7 +19,8 @@ Runs (:func:`prompt_cache_costs`): no compaction (200k window); compaction in a 
 answered 7 minutes later, and the user writes 7 minutes after the answer) with ``auto``, ``5m`` and
 ``1h``; and a plain tool-using chat (fast lookup) whose person writes 7 minutes, or under a minute, after each
 answer, with ``auto``. Each run reports the billed cost over the physical limit, failed steps, answered turns, and the
-cache-read share of the compaction threads' and children's first requests, next to the issue's targets.
+cache-read share of the compaction threads' and children's first requests, next to its targets
+(:func:`prompt_cache_costs` lists them).
 """
 
 from __future__ import annotations

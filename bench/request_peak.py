@@ -1,4 +1,4 @@
-"""Memory gate M3 (issue 15): one step with N rows in context peaks at most 2x its model request body plus
+"""Request peak memory gate: one step with N rows in context peaks at most 2x its model request body plus
 8 MiB, for N = 10, 1,000 and 10,000 — the request body is the only request-sized data a step may hold
 besides the rows it was built from.
 

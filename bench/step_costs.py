@@ -1,4 +1,4 @@
-"""Store work per worker step in the issue-15 peer workload, counted (never timed).
+"""Store work per worker step in the peer workload, counted (never timed).
 
 One turn = user text (~1 KB) → the model calls a function tool → the tool result (~1 KB) comes back → the
 model answers (~1 KB): two worker invocations (the real :class:`~stepagent.aws.worker.Worker`, outputs
@@ -273,7 +273,7 @@ async def peer_costs(
     return result
 
 
-#: Issue 15's counter targets: requests per cold step of a thread whose context fits one Query page, and
+#: The counter targets: requests per cold step of a thread whose context fits one Query page, and
 #: the growth of requests and bytes read per step from turn 10 to turn 500 with compaction on.
 COLD_STEP_REQUESTS_TARGET = 4
 GROWTH_TARGET = 1.2

@@ -2,12 +2,12 @@
 Lambda runs for an SQS batch) driven with Lambda-shaped records, one record per invocation, on any store
 pair, with the scripted model and a function tool run in process.
 
-The conversation shape follows ``spec/bounded-history.md`` §5 M1: ``slots`` interleaved conversations,
-each user message ~2 KB and each tool result ~4 KB (both unique, so nothing is shared by interning), a tool
-round trip for every user message, and a context window that makes every conversation compact every few
-messages (a compaction child summarizes, closes, and the parent applies the summary). Conversations are
-retired after :attr:`Workload.messages_per_conversation` messages and replaced by new ones, as new
-conversations keep arriving at a long-lived worker — so anything kept per thread id grows.
+The conversation shape is the retained-growth gate's (:mod:`bench.memory`): ``slots`` interleaved
+conversations, each user message ~2 KB and each tool result ~4 KB (both unique, so nothing is shared by
+interning), a tool round trip for every user message, and a context window that makes every conversation
+compact every few messages (a compaction child summarizes, closes, and the parent applies the summary).
+Conversations are retired after :attr:`Workload.messages_per_conversation` messages and replaced by new
+ones, as new conversations keep arriving at a long-lived worker — so anything kept per thread id grows.
 
 Guarantees: deterministic (no clock, no randomness: same parameters, same steps); every output event is
 counted and hashed and then dropped (:class:`NullQueues`), and the input queue holds only messages not yet

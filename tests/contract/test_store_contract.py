@@ -900,7 +900,8 @@ async def test_deferred_input_message_round_trips(stores: StorePair) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# load_history_with_ancestors — the worked examples of spec §2.6
+# load_history_with_ancestors — worked examples: a child sees its ancestors' rows up to where it was spawned,
+# then its own; a summary replaces the rows it covers wherever they are seen
 
 
 @dataclass
@@ -1082,7 +1083,8 @@ def spawn_call(call_id: str) -> ToolCallItem:
 
 
 async def test_issue31_shape(stores: StorePair) -> None:
-    """spec §2.6 `compaction_inside_child_thread_does_not_panic`: root → child → compaction grandchild."""
+    """A child thread compacts through its own compaction grandchild (root → child → compaction): loading
+    each works, and the summary applies to the child's rows only."""
     conv, _ = stores
     root, child, compactor = uid("root"), uid("child"), uid("compaction")
     spawn_id = uid("tc-spawn")

@@ -1,8 +1,9 @@
-"""Conformance: the built-in thread and subscription tools (reference-core §5, Appendix A, §8.11).
+"""Conformance: the built-in thread and subscription tools (their texts live in ``texts.py``).
 
 Validation texts are checked exactly, both by calling a tool's ``execute`` directly (what it sends, to
-whom, with which dedup id) and end to end (what the model sees). Also EP39 (§8.3) and the spawned
-subscription-event child: its seeded history, the seed message, and the wording of its reports.
+whom, with which dedup id) and end to end (what the model sees). Also ``close_thread`` without its id
+(an error result for that call) and the spawned subscription-event child: its seeded history, the seed
+message, and the wording of its reports.
 """
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ async def test_a_compaction_thread_never_triggers_its_own_compaction() -> None:
 
 
 async def test_a_trigger_measured_before_the_summary_landed_starts_no_second_compaction() -> None:
-    """Reference issue #64: a step that loaded the thread before the summary landed reports the old, high
+    """A step that loaded the thread before the summary landed reports the old, high
     usage after the compaction finished. Its request names the same (old) state as the first one, so the
     thread drops it as already processed."""
     from stepagent.core.step import ThreadStep

@@ -1,7 +1,9 @@
 """Conformance: the completion round loop and dispatch, in step mode.
 
-Ports reference-core §8.2 (EP22-EP38), EP40 (§8.3), §8.4 (SB1-SB3), §8.5 (ST1, step-mode form) and the
-§8.11 gaps about rounds, thinking, reasoning and the dispatch outbox. Where we deliberately differ from
+Covers one completion's rounds (text, cancellation, unknown, sync and asynchronous tools, images,
+thinking, retries after a broken stream), failed dispatches, step mode over a batch, the round cap,
+reasoning and the dispatch outbox. The ``epNN``, ``sbN`` and ``st1`` prefixes of test names are the case
+numbers of the reference runtime's suite these tests were ported from. Where we deliberately differ from
 the reference (deterministic ids, ``Error: Tool call failed: <message>``, no retry after the round's tool
 call, a 25-round cap, the outbox) the tests pin *our* behaviour.
 """
@@ -75,7 +77,7 @@ def result_text(item: object) -> str | None:
     return item.result.first_text()
 
 
-# ---- EP22-EP38: run_completion -----------------------------------------------------------------------------
+# ---- run_completion: text, cancellation, tools, images, thinking, stream retries ---------------------------
 
 
 async def test_ep22_basic_text_completion() -> None:
@@ -359,7 +361,7 @@ async def test_ep38_sync_loop_back_request_contains_the_flushed_call_and_its_res
     assert isinstance(loop_back[-1], ToolResultItem) and loop_back[-1].result.id == "s1"
 
 
-# ---- EP40, ST1: dispatch failures ----------------------------------------------------------------------------
+# ---- dispatch failures ---------------------------------------------------------------------------------------
 
 
 async def test_ep40_failed_dispatch_enqueues_an_error_result_for_the_same_call() -> None:
@@ -408,7 +410,7 @@ async def test_tool_error_from_a_sync_tool_is_shown_as_error_message() -> None:
     assert result_text(provider.requests[1].history[-1]) == "Error: no such file"
 
 
-# ---- §8.4 SB1-SB3: step mode ---------------------------------------------------------------------------------
+# ---- step mode: one slice per thread, several threads per batch, OAuth ---------------------------------------
 
 
 async def test_sb1_step_mode_runs_a_single_slice() -> None:
@@ -451,7 +453,7 @@ async def test_sb3_oauth_is_surfaced_and_the_actionable_input_completes() -> Non
     assert [type(i) for i in await h.history("t1")] == [UserItem, AssistantText]
 
 
-# ---- §8.11: rounds, thinking, reasoning -----------------------------------------------------------------------
+# ---- rounds, thinking, reasoning ------------------------------------------------------------------------------
 
 
 async def test_round_cap_stops_a_model_that_keeps_calling_unknown_tools() -> None:
@@ -546,7 +548,7 @@ async def test_retryable_failure_discards_the_partial_turn_and_retries() -> None
     assert Info("Stream error (overloaded), retrying...") in h.observer.of("t1")
 
 
-# ---- §8.11: the dispatch outbox ---------------------------------------------------------------------------------
+# ---- the dispatch outbox ----------------------------------------------------------------------------------------
 
 
 class StoreInspectingTool(Tool):

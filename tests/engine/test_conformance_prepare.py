@@ -1,8 +1,9 @@
 """Conformance: folding inputs into a thread (prepare) and the step around it, in step mode.
 
-Ports EP41 (§8.3), SY01's step-mode half (§8.8) and the §8.11 gaps about inputs: interruption side
-effects, user-choice dismissal, metadata keyed by the root and ``user_id`` propagation, duplicate and
-dropped inputs, closed and unknown threads, and ``subscription: true`` tracking with ``final`` removal.
+Covers user choices (the prompt surfaced and kept out of history, pending choices kept per thread),
+interruption side effects, user-choice dismissal, metadata keyed by the root and ``user_id`` propagation,
+duplicate and dropped inputs, closed and unknown threads, and ``subscription: true`` tracking with
+``final`` removal.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ async def pending_call_harness(
     return h, provider
 
 
-# ---- EP41, SY01: user choices ----------------------------------------------------------------------------------
+# ---- user choices ----------------------------------------------------------------------------------------------
 
 
 async def test_ep41_user_choice_input_surfaces_the_prompt_and_stays_out_of_history() -> None:

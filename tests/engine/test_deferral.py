@@ -1,9 +1,9 @@
-"""Durable deferral (DESIGN §3.9): reports, subscription events and parent messages that arrive while a
+"""Durable deferral (events don't kill running tools): reports, subscription events and parent messages that arrive while a
 non-passive asynchronous tool call is pending wait, durably, and are delivered after its result; user
 text still interrupts. Passive tools (``sleep_until_event_or_input``) hold nothing back.
 
-Ports SY08, SY10 and SY11 (reference-core §8.8) in their step-mode form: where the reference's Lambda
-uses ``NoDeferral`` (the event interrupts the running tool), we follow its local mode.
+Where the reference runtime's Lambda uses ``NoDeferral`` (the event interrupts the running tool), we
+follow its local mode: an event never cancels a tool that is still working.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def inline_texts(history: list[object]) -> list[str | None]:
     return [i.result.first_text() for i in history if isinstance(i, EventItem)]
 
 
-# ---- SY08, SY10, SY11 -----------------------------------------------------------------------------------------------
+# ---- reports, events and parent messages during a pending call ------------------------------------------------------
 
 
 async def test_sy08_thread_report_is_deferred_during_an_async_tool_wait() -> None:

@@ -104,7 +104,7 @@ async def test_turn_complete_is_republished_identically_when_its_step_is_redeliv
         await clean.pump()
         second = await clean.outputs()
         second_model = clean.settings.model
-    # (The lost tool_result row event is docs/reliability.md weakness 1, issue 13's; turn_complete is not lost.)
+    # (The lost tool_result row event is docs/reliability.md's known weakness 1; turn_complete is not lost.)
     assert [e["type"] for e in first][-2:] == ["text", "turn_complete"]
     [done] = [e for e in first if e["type"] == "turn_complete"]
     [clean_done] = [e for e in second if e["type"] == "turn_complete"]

@@ -1,4 +1,4 @@
-"""Call ids stay unique in a compacted thread, and checking a new one costs no store read (issue 15).
+"""Call ids stay unique in a compacted thread, and checking a new one costs no store read.
 
 The real worker (``bench.workload``) on the in-memory and the DynamoDB stores, with real compactions (a
 compaction child summarises and closes, the parent applies the summary). Each summary carries the call-id

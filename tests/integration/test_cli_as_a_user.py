@@ -1,4 +1,4 @@
-"""The command line as a new user meets it (issue 16): tools from the current directory, --version,
+"""The command line as a new user meets it: tools from the current directory, --version,
 warnings for misspelled settings, a pipe that closes early, missing credentials, help for every flag."""
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def test_a_conversation_survives_restarts_with_a_state_dir(tmp_path: Path) -> No
 
 def test_run_says_when_it_gave_up_and_exits_non_zero() -> None:
     """An unreachable model: the last allowed attempt ends in a final error line that does not say
-    "retrying", and ``run --say`` exits 1 because an error was shown (issue: giving up silently)."""
+    "retrying", and ``run --say`` exits 1 because an error was shown (it never gives up silently)."""
     env = clean_env(
         STEPAGENT_MODEL="openai:gpt-4o",
         OPENAI_API_KEY="unused",

@@ -678,7 +678,7 @@ async def test_children_in_spawn_order_with_live_heads(dynamo: DynamoEnv) -> Non
     assert await conversation.children(ids[0]) == []
 
 
-# ---- the journal: state changes over the transaction limits (issue 13, item 1) --------------------------
+# ---- the journal: state changes over the transaction limits ---------------------------------------------
 
 
 class CrashBeforeCall:

@@ -1,4 +1,4 @@
-"""A 500 KB tool result through the real worker on moto (the issue "A cheaper step", large payloads): one
+"""A 500 KB tool result through the real worker on moto (a large payload is stored once): one
 stored object for the queue copy, the history row and the output event; at most one S3 read per step;
 the user still gets the full text; a redelivery and a rewind break nothing.
 

@@ -1,7 +1,7 @@
-"""Subscriptions, closing threads and synthetic inputs through the worker on moto (issue 13, items 3, 4,
-5 and 9): an event that overtakes its subscription's start result is held, ``cancel_subscription``
-answers the same after a crash, closing a thread ends its subscriptions, and a forged or unknown
-synthetic input is refused with an ``error`` event naming why."""
+"""Subscriptions, closing threads and synthetic inputs through the worker on moto: an event that overtakes
+its subscription's start result is held, ``cancel_subscription`` answers the same after a crash, closing a
+thread ends its subscriptions, and a forged or unknown synthetic input is refused with an ``error`` event
+naming why."""
 
 from __future__ import annotations
 

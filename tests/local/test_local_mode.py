@@ -1,7 +1,8 @@
 """Local mode (``LocalAgentSystem``): router, drivers, lifecycle, interruption, replay, shutdown.
 
-Ports the local-mode tests of reference-core §8.6-§8.8 (LD1, LD2, LR1-LR4, SY01 local half, SY02-SY07,
-SY09, SY10, SY12-SY16) onto our engine, plus lifecycle ordering, retries, the example and timers. Timing is
+Ports the reference runtime's local-mode tests (routing, drivers that idle and respawn, interruption,
+deferral, replay, shutdown, automatic compaction) onto our engine, plus lifecycle ordering, retries, the
+example and timers. Timing is
 controlled with gates (asyncio events the model's stream waits on), never with sleeps: a test opens a gate
 when it wants the stream to continue, and a stream whose gate is never opened shows that cancellation
 does not wait for the provider.
@@ -159,7 +160,7 @@ class RecordingScripted:
 
 
 class StubCloseThread(Tool):
-    """A ``close_thread`` that does nothing (SY07: built-ins off)."""
+    """A ``close_thread`` that does nothing (built-ins off)."""
 
     name = "close_thread"
     description = "Close."
@@ -241,10 +242,10 @@ async def subscribed(system: LocalAgentSystem, provider: GatedProvider, collecto
     await system.wait_idle(TIMEOUT)
 
 
-# ---- router: LR1-LR4 -----------------------------------------------------------------------------------------
+# ---- router ----------------------------------------------------------------------------------------------------
 
 
-async def test_stale_event_to_unknown_thread_wakes_nothing() -> None:  # LR1
+async def test_stale_event_to_unknown_thread_wakes_nothing() -> None:
     provider = GatedProvider()
     async with running(make(provider)) as system:
         await system.send(result("ghost", "tc-1", "late result"), "r1")
@@ -256,7 +257,7 @@ async def test_stale_event_to_unknown_thread_wakes_nothing() -> None:  # LR1
     assert provider.requests == []
 
 
-async def test_user_text_still_creates_new_threads() -> None:  # LR2
+async def test_user_text_still_creates_new_threads() -> None:
     provider = GatedProvider().then(*text("welcome"))
     async with running(make(provider)) as system:
         await system.send_user_text("brand-new", "hello")
@@ -266,7 +267,7 @@ async def test_user_text_still_creates_new_threads() -> None:  # LR2
         assert lifecycle(system) == [Live("brand-new"), Idle("brand-new")]
 
 
-async def test_event_respawns_idle_existing_thread() -> None:  # LR3
+async def test_event_respawns_idle_existing_thread() -> None:
     provider = GatedProvider().then(*text("hi"))
     async with running(make(provider)) as system:
         await system.send_user_text("t1", "hello")
@@ -278,7 +279,7 @@ async def test_event_respawns_idle_existing_thread() -> None:  # LR3
     assert len(provider.requests) == 1  # a stale result does not answer anything: no completion
 
 
-async def test_shutdown_flushes_in_flight_turn() -> None:  # LR4
+async def test_shutdown_flushes_in_flight_turn() -> None:
     gate = Gate()
     provider = GatedProvider().then(TextDelta("partial answer"), gate, TextDelta(" never sent"), Final())
     collector = EventCollector()
@@ -298,10 +299,10 @@ async def test_shutdown_flushes_in_flight_turn() -> None:  # LR4
         await system.send_user_text("t1", "too late")
 
 
-# ---- drivers: SY02-SY07, SY09, SY13, SY14, LD1 -------------------------------------------------------------
+# ---- drivers -----------------------------------------------------------------------------------------------------
 
 
-async def test_driver_idles_after_text_response() -> None:  # SY02
+async def test_driver_idles_after_text_response() -> None:
     provider = GatedProvider().then(*text("hello ", "there"))
     collector = EventCollector()
     async with running(make(provider, collector=collector)) as system:
@@ -314,7 +315,7 @@ async def test_driver_idles_after_text_response() -> None:  # SY02
     assert UserInput("hi") in collector.of("t1")
 
 
-async def test_driver_stays_alive_waiting_for_tool_result() -> None:  # SY03
+async def test_driver_stays_alive_waiting_for_tool_result() -> None:
     tool = RecordingTool(tool_name="async_tool")
     provider = GatedProvider().then(call("async_tool", "tc-1"), Final()).then(*text("got it"))
     collector = EventCollector()
@@ -336,7 +337,7 @@ async def test_driver_stays_alive_waiting_for_tool_result() -> None:  # SY03
         assert lifecycle(system) == [Idle("t1")]  # the same driver ran both steps
 
 
-async def test_user_text_interrupts_active_completion() -> None:  # SY04
+async def test_user_text_interrupts_active_completion() -> None:
     gate = Gate()
     provider = (
         GatedProvider()
@@ -389,7 +390,7 @@ async def test_an_interrupting_text_never_overtakes_an_input_that_arrived_before
     assert users(interrupt)[-2:] == ["<interrupt> a", "b"]
 
 
-async def test_non_user_input_during_completion_does_not_interrupt() -> None:  # SY05
+async def test_non_user_input_during_completion_does_not_interrupt() -> None:
     gate = Gate()
     provider = GatedProvider().then(TextDelta("working"), gate, TextDelta(" done"), Final())
     async with running(make(provider)) as system:
@@ -403,7 +404,7 @@ async def test_non_user_input_during_completion_does_not_interrupt() -> None:  #
     assert len(provider.requests) == 1
 
 
-async def test_subscription_event_queued_during_completion_processed_after() -> None:  # SY06
+async def test_subscription_event_queued_during_completion_processed_after() -> None:
     gate = Gate()
     provider = GatedProvider()
     collector = EventCollector()
@@ -422,7 +423,7 @@ async def test_subscription_event_queued_during_completion_processed_after() -> 
     assert "event payload xyz" in str(provider.requests[-1].history)
 
 
-async def test_event_during_async_tool_wait_is_deferred_until_its_result() -> None:  # SY10
+async def test_event_during_async_tool_wait_is_deferred_until_its_result() -> None:
     provider = GatedProvider()
     collector = EventCollector()
     tools = [RecordingTool(tool_name="subscribe"), RecordingTool(tool_name="async_tool")]
@@ -442,7 +443,7 @@ async def test_event_during_async_tool_wait_is_deferred_until_its_result() -> No
     assert "tool done" in last and "sub event data" in last and "interrupted" not in last
 
 
-async def test_driver_idles_after_close_thread_tool_call() -> None:  # SY07
+async def test_driver_idles_after_close_thread_tool_call() -> None:
     provider = GatedProvider().then(call("close_thread", "tc-close", thread_id="t1"), Final())
     async with running(
         make(provider, [StubCloseThread()], agent=AgentConfig(builtin_tools="none"))
@@ -453,7 +454,7 @@ async def test_driver_idles_after_close_thread_tool_call() -> None:  # SY07
         await system.wait_idle(TIMEOUT)
 
 
-async def test_shutdown_persists_in_flight_tool_result() -> None:  # SY09
+async def test_shutdown_persists_in_flight_tool_result() -> None:
     tool = RecordingTool(tool_name="async_tool")
     gate = Gate()
     provider = GatedProvider().then(call("async_tool", "tc-1"), Final())
@@ -473,7 +474,7 @@ async def test_shutdown_persists_in_flight_tool_result() -> None:  # SY09
     assert history[-1] == AssistantText("processing")
 
 
-async def test_routes_to_separate_threads() -> None:  # SY13
+async def test_routes_to_separate_threads() -> None:
     provider = GatedProvider().then(*text("one"), thread="t1").then(*text("two"), thread="t2")
     async with running(make(provider)) as system:
         await system.send_user_text("t1", "first")
@@ -487,7 +488,7 @@ async def test_routes_to_separate_threads() -> None:  # SY13
         assert [e for e in events if e.thread_id == thread] == [Live(thread), Idle(thread)]
 
 
-async def test_respawns_driver_after_idle_with_state_from_the_stores() -> None:  # SY14
+async def test_respawns_driver_after_idle_with_state_from_the_stores() -> None:
     provider = GatedProvider().then(*text("hi")).then(*text("hi again"))
     async with running(make(provider)) as system:
         await system.send_user_text("t1", "hello")
@@ -498,7 +499,7 @@ async def test_respawns_driver_after_idle_with_state_from_the_stores() -> None: 
     assert users(provider.requests[1].history) == ["hello", "again"]
 
 
-async def test_subscribed_thread_idles_and_event_respawns_it() -> None:  # LD1
+async def test_subscribed_thread_idles_and_event_respawns_it() -> None:
     provider = GatedProvider()
     collector = EventCollector()
     async with running(make(provider, [RecordingTool(tool_name="subscribe")], collector=collector)) as system:
@@ -626,10 +627,10 @@ async def test_function_tool_runs_in_the_background() -> None:
     assert history[-1] == AssistantText("it is known")
 
 
-# ---- replay and subscriptions: SY12, SY01, SY03 (snapshot) ---------------------------------------------------
+# ---- replay and subscriptions ---------------------------------------------------------------------------------
 
 
-async def test_replay_mid_thinking_and_mid_text() -> None:  # SY12
+async def test_replay_mid_thinking_and_mid_text() -> None:
     thinking, texting = Gate(), Gate()
     provider = GatedProvider().then(
         ReasoningDelta("deep "),
@@ -700,7 +701,7 @@ async def test_subscription_from_the_start_and_its_end_at_shutdown() -> None:
     assert [e.text for e in events if isinstance(e, TextChunk)] == ["hello"]
 
 
-async def test_pending_choices_are_thread_local_and_replayed() -> None:  # SY01 (local half)
+async def test_pending_choices_are_thread_local_and_replayed() -> None:
     provider = GatedProvider()
     step_sender = InProcessSender()
     local = make(provider)
@@ -722,7 +723,7 @@ async def test_pending_choices_are_thread_local_and_replayed() -> None:  # SY01 
         assert [c.id for c in snapshot.pending_choices] == ["choice-1"]
 
 
-# ---- compaction: LD2, SY15, SY16 ---------------------------------------------------------------------------------
+# ---- compaction ----------------------------------------------------------------------------------------------
 
 # ~3,750 tokens as the scripted model counts them: with the system prompt and tools, over half of the
 # 8,000-token window — the compaction threshold these tests set (COMPACTING) — yet within it (the request is
@@ -757,7 +758,7 @@ def compaction_requests(provider: RecordingScripted) -> list[ModelRequest]:
     return [r for r in provider.requests if "compaction thread" in str(r.history[-1])]
 
 
-async def test_auto_compaction_triggers_and_applies() -> None:  # LD2
+async def test_auto_compaction_triggers_and_applies() -> None:
     provider = RecordingScripted(ScriptedProvider(compaction_script()))
     collector = EventCollector()
     async with running(make(provider, collector=collector, agent=COMPACTING)) as system:
@@ -784,7 +785,7 @@ def tool_script() -> dict[str, Any]:
     )
 
 
-async def test_compaction_during_tool_call_leaves_no_orphan_results() -> None:  # SY15
+async def test_compaction_during_tool_call_leaves_no_orphan_results() -> None:
     @tool
     async def async_tool() -> str:
         """A tool whose result races the compaction."""
@@ -800,7 +801,7 @@ async def test_compaction_during_tool_call_leaves_no_orphan_results() -> None:  
     assert no_orphan_results(history) and history[-1] == AssistantText("processed tool result")
 
 
-async def test_compaction_does_not_retrigger_after_applied() -> None:  # SY16
+async def test_compaction_does_not_retrigger_after_applied() -> None:
     tool_ = RecordingTool(tool_name="async_tool")
     provider = RecordingScripted(ScriptedProvider(tool_script()))
     collector = EventCollector()

@@ -4,7 +4,7 @@ A conversation is generated as *logical turns* (what happened), not as history i
 Each test turns the same logical turns into (a) stored history items for our provider and (b) the vendor
 SDK's own call arguments, built directly from the API documentation by the test's oracle. Our translation
 code is never used to produce the expected bytes; only tiny wire helpers without translation rules
-(tool-id normalisation, media-type lookup) are shared, as in the bounded-history spec §3.3.
+(tool-id normalisation, media-type lookup) are shared, so a translation bug cannot hide in both sides.
 
 Every corpus of 200 seeds covers: plain text, tool call/result pairs, an unanswered trailing call,
 synthetic ``receive_event__injected`` pairs, images in user content and tool results, non-BMP emoji,

@@ -1,4 +1,4 @@
-"""The pure RAP receiver: conversion (reference rap-bridge / callback tests, §8.10), authentication,
+"""The pure RAP receiver: conversion (the cases the reference runtime's bridge and callback tests cover), authentication,
 validation and the Lambda Function URL event shape."""
 
 from __future__ import annotations

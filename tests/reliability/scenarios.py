@@ -8,9 +8,9 @@ deferred behind a pending call) and a non-associative event handled by an event 
 automatic compaction by a compaction child (``compact``) and a timer (``timer``); ``mixed`` runs all of
 them at once on different root threads so batches span several threads.
 
-The checks (:func:`check_snapshot`) are the durability invariants of DESIGN §3, stated on the final
-stored state: no lost input (each scenario's expected rows are all there), no duplicated row (no call,
-result, event or input twice), no wedged thread (no open intent, no deferred input, no
+The checks (:func:`check_snapshot`) are the durability invariants (``docs/reliability.md`` lists all
+ten), stated on the final stored state: no lost input (each scenario's expected rows are all there), no
+duplicated row (no call, result, event or input twice), no wedged thread (no open intent, no deferred input, no
 held compaction claim, no thread owing the model an answer, no trailing unanswered call except
 ``close_thread`` in a closed thread); plus, from the recorders, every dispatch of a tool call used one
 stable idempotency key and happened only after the call was durable, and every ``(thread, dedup id)``

@@ -1,5 +1,6 @@
 """The crash-injection matrix: kill a step at every I/O boundary of every scenario, let the queue redeliver,
-and require the durability invariants of DESIGN §3 on the final state.
+and require the durability invariants on the final state: nothing lost, nothing duplicated, no thread
+wedged (``docs/reliability.md`` lists all ten and the test that checks each).
 
 I/O boundaries are every store call, every queue send, every timer schedule, opening the model stream and
 every pull of its next chunk (a crash mid-stream), and just before and just after each tool dispatch. A

@@ -296,7 +296,7 @@ async def test_a_crash_anywhere_in_the_answering_step_neither_loses_the_answer_n
             assert not run.problems, f"{where}: {run.problems}"
 
 
-# ---- the checks catch what they guard (issue 13): each mechanism removed, a check fails ----------------
+# ---- the checks catch what they guard: each mechanism removed, a check fails ---------------------------
 
 
 async def test_a_crash_between_commit_and_publish_of_a_redelivered_records_rows_loses_no_event() -> None:

@@ -1,8 +1,8 @@
-"""Memory gates with traps (``spec/bounded-history.md`` §3.1, §3.2, §5 M1/M2) on warm step-mode handling:
-the real worker handler, the scripted model, a function tool, and a store outside the traced heap
-(``bench.sqlite_store``; see ``bench.memory`` for the method).
+"""Memory gates with traps: a warm worker retains nothing per step, and a step holds little beyond what is
+in context. Measured on warm step-mode handling: the real worker handler, the scripted model, a function
+tool, and a store outside the traced heap (``bench.sqlite_store``; see ``bench.memory`` for the method).
 
-- **Retained growth (M1).** ~1,100 worker invocations over 20 interleaved conversations that keep being
+- **Retained growth.** ~1,100 worker invocations over 20 interleaved conversations that keep being
   replaced by new ones (~4 KB tool results every other step, a compaction every ~7 steps): after a
   warm-up that ends by convergence, six checkpoints over 850 warm steps must each stay within 1 MiB of the
   baseline, and the late fitted growth (Theil-Sen) must stay under 32 KiB. Three traps run the same
@@ -13,7 +13,7 @@ the real worker handler, the scripted model, a function tool, and a store outsid
   A fourth trap, ``unbounded-thread-cache``, gives the worker's own thread cache (which every run uses,
   full and evicting at ``bench.memory.CACHE_BYTES``) no bound and an entry per head version: it must fail
   too.
-- **Per-step peak (M2).** The traced peak of one step on a thread with 10,000 stored rows (~4 KB each;
+- **Per-step peak.** The traced peak of one step on a thread with 10,000 stored rows (~4 KB each;
   a compaction summary leaves 10, or 100, in context) stays within 8 MiB of the same step at 10 rows; a
   trap that reads and holds every stored row during the step exceeds the bound (by more than twice; it
   measures ~45 MB).
@@ -82,7 +82,7 @@ def test_the_predicate_passes_flat_noise_and_one_outlier_and_fails_a_steady_cree
     assert verdict(0, [0, 0, 0, 0, 0, ALLOWANCE])[0][0] == f"checkpoint 6: +{ALLOWANCE} B >= {ALLOWANCE} B"
 
 
-# ---- M1: retained growth -------------------------------------------------------------------------------
+# ---- retained growth -----------------------------------------------------------------------------------
 
 
 def test_retained_growth_stays_bounded_and_every_trap_fails_the_same_gate() -> None:
@@ -112,7 +112,7 @@ def test_retained_growth_stays_bounded_and_every_trap_fails_the_same_gate() -> N
     assert creep["fitted_growth"] >= 2 * LATE_GROWTH > 2 * normal["fitted_growth"]
 
 
-# ---- M2: per-step peak ---------------------------------------------------------------------------------
+# ---- per-step peak -------------------------------------------------------------------------------------
 
 
 def test_one_step_at_ten_thousand_rows_peaks_like_one_step_at_ten() -> None:

@@ -1,9 +1,9 @@
-"""Memory gate M3 (issue 15): one step with N = 10, 1,000 and 10,000 rows of ~4 KB all in context, through
+"""Request peak memory gate: one step with N = 10, 1,000 and 10,000 rows of ~4 KB all in context, through
 the Anthropic and OpenAI providers and a transport that reads the body as a server would, peaks at most
 twice its request body plus 8 MiB (``bench.request_peak``: the real worker handler, a store outside the
 traced heap). A trap that keeps a serialised second copy of the body while it is sent must exceed the same
 bound at 10,000 rows. Readings are traced heap sizes and byte counts, never time; each measurement runs in
-a fresh process (its own file, so it runs beside the M1/M2 gates)."""
+a fresh process (its own file, so it runs beside the retained-growth and per-step peak gates)."""
 
 from __future__ import annotations
 

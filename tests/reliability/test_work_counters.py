@@ -1,6 +1,6 @@
 """Work counters: what one step costs the store must not depend on how long the thread's history is, once
-compaction bounds what is in context (``spec/bounded-history.md`` §5 S5; DESIGN §4 "writes per step are
-O(new rows), independent of history length"). Counted, never timed.
+compaction bounds what is in context: a step reads what is in context and writes its new rows, so its
+reads are flat and its writes are O(new rows), independent of history length. Counted, never timed.
 
 The step is the real worker handler (``bench.workload``: one record per invocation, outputs
 published) doing a function-tool round trip — a user-text step (load, model, commit, dispatch) and the
@@ -16,8 +16,8 @@ compaction summary leaves the same 10 rows in context.
   10,000 rows one step at a time would take minutes on moto); without a summary, the Query pages grow
   with the rows in context (100 rows a page) and nothing else does.
 - **The peer workload** (``bench.step_costs``: user text → tool call → tool result → answer, ~1 KB
-  messages) at turn 10 and turn 60 with compaction: requests per cold and warm step (issue 15's
-  targets: ≤ 4 for a cold step of a one-page context, the head read once, no query of empty state, a
+  messages) at turn 10 and turn 60 with compaction: requests per cold and warm step (the
+  targets in ``bench.step_costs``: ≤ 4 for a cold step of a one-page context, the head read once, no query of empty state, a
   warm step reading only the head) and bytes read flat from turn 10 on (at most 1.2 times).
 """
 
@@ -230,7 +230,7 @@ async def test_dynamodb_reads_without_compaction_grow_only_by_query_pages(dynamo
         }
 
 
-# ---- the issue-15 peer workload: requests and bytes per cold and warm step -------------------------------
+# ---- the peer workload: requests and bytes per cold and warm step ----------------------------------------
 
 
 async def peer_costs_on(dynamo: DynamoEnv, turn: int) -> dict[str, Any]:

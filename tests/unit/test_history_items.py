@@ -183,7 +183,7 @@ def test_user_item_text() -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Unversioned rows as the reference stores them (spec §1.5)
+# Unversioned rows as the reference runtime stores them (no version field): still read
 
 REFERENCE_ROWS: list[tuple[str, HistoryItem]] = [
     ('{"kind":"user","content":{"type":"text","text":"hello"}}', UserItem(TextContent(text="hello"))),

@@ -1,4 +1,5 @@
-"""HistoryManager behaviour, including the HistoryManager-level scenarios of spec §8.1 (EP01-EP21)."""
+"""HistoryManager behaviour: folding inputs, the turn buffer, tool results and interruption, what lands in
+the commit, compaction."""
 
 from __future__ import annotations
 
@@ -202,7 +203,7 @@ async def test_load_existing_thread(stores: Stores) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# EP01, EP11: folding user input, duplicates
+# Folding user input, duplicates
 
 
 async def test_ep01_simple_user_message_on_empty_history(stores: Stores) -> None:
@@ -248,7 +249,7 @@ async def test_record_processed_and_is_processed(stores: Stores) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# EP02-EP08: the turn buffer
+# The turn buffer
 
 
 async def test_ep02_consecutive_text_chunks_are_coalesced(stores: Stores) -> None:
@@ -425,7 +426,7 @@ async def test_sync_with_non_empty_buffer_raises(stores: Stores) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# EP12, EP13, EP15, EP21: tool results, tail matching and interruption
+# Tool results, tail matching and interruption
 
 
 async def test_ep12_user_message_interrupts_pending_tool_call(stores: Stores) -> None:
@@ -792,7 +793,7 @@ async def test_sync_after_sync_continues_orders(stores: Stores) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# EP19 and friends: metadata, subscriptions, intents, deferrals land in the commit
+# Metadata, subscriptions, intents, deferrals land in the commit
 
 
 async def test_ep19_metadata_update_lands_in_commit(stores: Stores) -> None:
@@ -1061,7 +1062,9 @@ async def test_apply_compaction_keeps_unsynced_items(stores: Stores) -> None:
 
 
 async def test_second_compaction_during_tool_call_after_prior_compaction(stores: Stores) -> None:
-    """spec §3.3 arithmetic check, with real stores and real compaction children."""
+    """The orders add up across two compactions, with real stores and real compaction children: each summary
+    sits at the order it covers, the second compaction stops before a pending call, and the call, its result
+    and what follows keep their orders after the summary."""
     conv, _ = stores
     t1 = uid("t1")
     hm = await manager(stores, t1)
@@ -1142,7 +1145,9 @@ async def test_second_compaction_during_tool_call_after_prior_compaction(stores:
 
 
 async def test_issue31_compaction_inside_child_thread(stores: Stores) -> None:
-    """spec §2.6 `compaction_inside_child_thread_does_not_panic`, driven through HistoryManager."""
+    """A child thread compacts through its own compaction grandchild (root → child → compaction): the child
+    loads its ancestors' rows, the summary applies to its own rows only, nothing fails; driven through
+    HistoryManager."""
     conv, _ = stores
     root, child, compactor = uid("root"), uid("child"), uid("compaction")
 

@@ -595,7 +595,7 @@ class ThreadStep:
         The request's id names what would be compacted (the summary the thread already has) and the lease
         period, so every trigger between two compactions sends the same request: the queue's dedup and the
         thread's processed ids keep all but the first, including a trigger from a step that measured its
-        usage before the last summary landed (reference issue #64). Preparing the request takes the
+        usage before the last summary landed (it reports the old, high usage). Preparing the request takes the
         durable claim (two compactions never overlap); once a lease period has passed without a new
         summary — a compaction child that never finished — the id changes and compaction is tried again."""
         if not self._compaction_due(history, usage, window, threshold, over=over):
