@@ -5,8 +5,9 @@ Guarantees:
 - **Off unless the standard variables say so.** :func:`enabled` is true only when
   ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (and
   ``OTEL_SDK_DISABLED`` is not ``true``, and ``OTEL_TRACES_EXPORTER`` is not ``none``). Nothing else reads
-  the variables, so with them unset :func:`tracer_from_env` returns ``None`` and no OpenTelemetry module is
-  ever imported (the cold start pays nothing).
+  the variables (:mod:`stepagent.telemetry.switches` does, for this module and the tracer alike), so with
+  them unset :func:`tracer_from_env` returns ``None`` and no OpenTelemetry module is ever imported (the
+  cold start pays nothing).
 - **One tracer per process** (:func:`process_tracer`): built at first use from ``OTEL_SERVICE_NAME``,
   ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_HEADERS`` and the endpoint, exporting OTLP over HTTP
   (:mod:`stepagent.telemetry.otel`). :func:`flush` exports what the invocation recorded, bounded by the
@@ -18,36 +19,29 @@ Guarantees:
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+from stepagent.telemetry.switches import CAPTURE_CONTENT, ENDPOINT_VARIABLES, captures_content, enabled
 
 if TYPE_CHECKING:
     from stepagent.telemetry.otel import OtelTracer
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "CAPTURE_CONTENT",
+    "ENDPOINT_VARIABLES",
+    "captures_content",
+    "enabled",
+    "flush",
+    "process_tracer",
+    "reset",
+    "tracer_from_env",
+]
 
-ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-CAPTURE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+log = logging.getLogger(__name__)
 
 _process: OtelTracer | None = None
 _built = False
-
-
-def enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the environment asks for an OTLP trace exporter (see the module docstring)."""
-    env = os.environ if environ is None else environ
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    if env.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none":
-        return False
-    return any(env.get(name, "").strip() for name in ENDPOINT_VARIABLES)
-
-
-def captures_content(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether spans may carry message content (``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT``)."""
-    env = os.environ if environ is None else environ
-    return env.get(CAPTURE_CONTENT, "").strip().lower() == "true"
 
 
 def tracer_from_env(

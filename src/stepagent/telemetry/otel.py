@@ -35,7 +35,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from stepagent.telemetry import captures_content
+from stepagent.telemetry.switches import captures_content
 from stepagent.tracing import Attributes, valid_traceparent
 
 log = logging.getLogger(__name__)
