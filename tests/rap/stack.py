@@ -89,8 +89,12 @@ def find_call(history: Sequence[HistoryItem], name: str) -> ToolCall:
 
 @asynccontextmanager
 async def rap_stack(
-    reply: Callable[[ModelRequest], list[StreamEvent]], *, tools: Sequence[Tool] = ()
+    reply: Callable[[ModelRequest], list[StreamEvent]],
+    *,
+    tools: Sequence[Tool] = (),
+    server: RapToolServer | None = None,
 ) -> AsyncIterator[RapStack]:
+    """The stack, with ``server`` as its RAP tool server (the demo one by default)."""
     model = FunctionModel(reply)
     h = Harness(model, tools)
     views: list[ViewUpdate] = []
@@ -99,7 +103,7 @@ async def rap_stack(
         views.append(view)
 
     async with AsyncExitStack() as stack:
-        server = build_server()
+        server = build_server() if server is None else server
         tools_url = await stack.enter_async_context(serve_in_background(server.app))
         receiver_url = await stack.enter_async_context(
             serve_in_background(

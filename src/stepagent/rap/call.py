@@ -118,6 +118,15 @@ class RapCall:
         await self.server.post_callback(self.invocation.callback_url, body)
 
     async def send_view_update(self, view_type: str, content: dict[str, Any] | None) -> None:
+        """Show the latest state of this call's work to the people watching the thread, never to the model.
+
+        ``view_type`` names the view (``"progress"``, say) and ``content`` is its whole new state, any JSON
+        object; ``None`` or ``{}`` clears it. The runtime's RAP receiver publishes it on the output queue
+        as a ``view_update`` event of the thread (``view_type``, ``content``; its ``event_id`` follows the
+        content, so a retried POST is one event); ``stepagent run`` only logs it. It never becomes agent
+        input, needs no answer, and may be sent at any time, before or after the result, while the thread
+        exists (for a thread the receiver does not know it answers 404, raised here as
+        :class:`~stepagent.errors.CallbackRefusedError`)."""
         body = {**self._envelope("view_update"), "view_type": view_type, "content": content}
         await self.server.post_callback(self.invocation.callback_url, body)
 
