@@ -1,5 +1,5 @@
-"""Model-facing strings. Exact texts matter: tests and downstream parsers match on them (they are
-the reference runtime's texts, word for word), so they live in one place."""
+"""Model-facing strings. Exact texts matter: tests and downstream parsers match on them, so they
+live in one place."""
 
 from __future__ import annotations
 

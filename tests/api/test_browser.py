@@ -17,13 +17,13 @@ import pytest
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
 from stepagent.api.auth import DevAuth
 from stepagent.api.server import open_api
 from stepagent.client import Client
+from tests.browser import wait_for
 from tests.client.deployment import FunctionModel, Gate, call, deployment, say
-from tests.console.test_browser import WAIT, Background, browser  # noqa: F401 - the shared browser fixture
+from tests.console.test_browser import Background, browser  # noqa: F401 - the shared browser fixture
 
 
 @dataclass
@@ -75,10 +75,6 @@ def live_api() -> Iterator[LiveApi]:
         gate.open()
         background.run(stack.aclose())
         background.stop()
-
-
-def wait_for(driver: WebDriver, check: Any, message: str) -> Any:
-    return WebDriverWait(driver, WAIT, poll_frequency=0.1).until(lambda d: check(d), message)
 
 
 def click(driver: WebDriver, selector: str, message: str) -> None:

@@ -34,7 +34,6 @@ CHROMIUM, CHROMEDRIVER = (
     shutil.which("chromedriver") or "/usr/bin/chromedriver",
 )
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-WAIT = 30
 
 if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
     if os.environ.get("CI"):
@@ -47,7 +46,8 @@ from selenium import webdriver  # noqa: E402 - only once the browser is known to
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+from tests.browser import wait_for  # noqa: E402 - it imports selenium, so after the check too
 
 
 class Background:
@@ -126,10 +126,6 @@ def browser() -> Iterator[WebDriver]:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
-
-
-def wait_for(driver: WebDriver, check: Any, message: str) -> Any:
-    return WebDriverWait(driver, WAIT, poll_frequency=0.1).until(lambda d: check(d), message)
 
 
 def text_shown(driver: WebDriver, text: str) -> bool:

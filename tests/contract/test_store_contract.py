@@ -1082,7 +1082,7 @@ def spawn_call(call_id: str) -> ToolCallItem:
     return ToolCallItem(ToolCall(id=call_id, name="spawn_thread", arguments={"instructions": "do the thing"}))
 
 
-async def test_issue31_shape(stores: StorePair) -> None:
+async def test_a_child_thread_compacted_by_its_own_grandchild(stores: StorePair) -> None:
     """A child thread compacts through its own compaction grandchild (root → child → compaction): loading
     each works, and the summary applies to the child's rows only."""
     conv, _ = stores

@@ -1,4 +1,4 @@
-"""Conformance: the built-in thread and subscription tools (their texts live in ``texts.py``).
+"""Conformance: the built-in thread and subscription tools, and the exact texts the model and other threads get.
 
 Validation texts are checked exactly, both by calling a tool's ``execute`` directly (what it sends, to
 whom, with which dedup id) and end to end (what the model sees). Also ``close_thread`` without its id

@@ -1144,7 +1144,7 @@ async def test_second_compaction_during_tool_call_after_prior_compaction(stores:
     assert fresh.own_items() == hm.own_items()
 
 
-async def test_issue31_compaction_inside_child_thread(stores: Stores) -> None:
+async def test_compaction_inside_a_child_thread(stores: Stores) -> None:
     """A child thread compacts through its own compaction grandchild (root → child → compaction): the child
     loads its ancestors' rows, the summary applies to its own rows only, nothing fails; driven through
     HistoryManager."""
