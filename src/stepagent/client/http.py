@@ -16,6 +16,7 @@ saying so.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -271,8 +272,10 @@ class HttpBackend:
     ) -> AsyncGenerator[Item, None]:
         """New items of the tree until the stream ends (see the module docstring); the stream's own resume
         token is the position, so ``after`` does not apply. ``TimeoutError`` after ``timeout`` seconds."""
-        async with asyncio.timeout(timeout):
-            async for token, event in self._events(thread, self.tokens.get(thread), follow=follow):
+        events = self._events(thread, self.tokens.get(thread), follow=follow)
+        # Closed with this iterator, so a caller that stops reading lets the connection go at once.
+        async with asyncio.timeout(timeout), contextlib.aclosing(events):
+            async for token, event in events:
                 self.tokens[thread] = token
                 item = item_of(event)
                 if item is not None and (partial or item["kind"] != "partial"):
@@ -319,7 +322,7 @@ class HttpBackend:
 
     async def _events(
         self, thread: str, after: str | None, *, follow: bool, message_id: str | None = None
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
         """``(token, event)`` of the stream; a dropped connection is resumed from the last token."""
         params = {"follow": "1"} if follow else {}
         if message_id is not None:
