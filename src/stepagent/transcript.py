@@ -20,13 +20,14 @@ One rendering of items as text lines serves every place that shows them (``stepa
 terminal chat, ``tail``, the test helper's transcript): :func:`item_glyph_text` gives an item's glyph and
 content — ``>`` model text, ``⚙`` a tool call, ``←`` its result, ``✉`` a report or event, ``?`` a
 question, ``🔑`` a link to open, ``!`` an error, ``⏹`` a limit, ``✔``/``✎``/``✗``/``↩`` a person's
-decision — and :func:`item_line` puts who said it in front.
+decision — and :func:`item_line` puts who said it in front; :func:`format_transcript` lays out the lines of
+``stepagent history``, under one header per thread.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal, NotRequired, TypedDict
 
 from stepagent.history_items import (
@@ -370,3 +371,33 @@ def item_line(item: Item, root: str) -> str | None:
         return f"{who} · user: {text}" if thread != root else f"user > {text}"
     body = item_glyph_text(item)
     return None if body is None else f"{who} {body}"
+
+
+#: How ``history`` marks a call that waited for a person (the chat's marks for the decision).
+APPROVAL_MARKS = {
+    "pending": "⏸ waiting for a decision",
+    "approved": "✔ approved",
+    "edited": "✎ edited (the arguments shown are the person's)",
+    "rejected": "✗ rejected",
+    "responded": "↩ responded",
+}
+
+
+def format_transcript(
+    items: Sequence[Item], *, root_id: str, closed: frozenset[str] | set[str] = frozenset()
+) -> list[str]:
+    """Human-readable transcript lines under one header per thread (marked root and/or closed): each item
+    by its order, with the glyphs the chat shows (:func:`item_glyph_text`), whole."""
+    lines: list[str] = []
+    current: str | None = None
+    for item in items:
+        thread = item["thread_id"]
+        if thread != current:
+            current = thread
+            marks = [m for m, on in (("root", thread == root_id), ("closed", thread in closed)) if on]
+            lines.append(f"── thread {thread}" + (f" ({', '.join(marks)})" if marks else ""))
+        body = item_glyph_text(item, limit=None) or f"{item['kind']}: {item.get('text', '')}"
+        if "approval" in item:
+            body += f"  {APPROVAL_MARKS.get(str(item['approval']), item['approval'])}"
+        lines.append(f"{item['order']:>4} {body}")
+    return lines

@@ -7,16 +7,16 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from stepagent.client.http import ApiRequestError, HttpApi, item_of
+from stepagent.client.http import ApiRequestError, HttpBackend, item_of
 
 
-def api_answering(body: object) -> tuple[HttpApi, httpx.AsyncClient]:
+def api_answering(body: object) -> tuple[HttpBackend, httpx.AsyncClient]:
     def handler(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/v1/threads/th"
         return httpx.Response(200, json=body)
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://api")
-    return HttpApi("http://api", None, http=http), http
+    return HttpBackend("http://api", None, http=http), http
 
 
 async def test_the_history_is_the_apis_list_unchanged() -> None:

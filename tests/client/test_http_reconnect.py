@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from stepagent.backoff import Backoff
-from stepagent.client.http import HttpApi
+from stepagent.client.http import HttpBackend
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +48,7 @@ async def test_a_dropped_stream_is_resumed_from_the_last_event_id() -> None:
         return httpx.Response(200, content=sse(("t2", done)))
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://api")
-    api = HttpApi("http://api", None, http=http)
+    api = HttpBackend("http://api", None, http=http)
     events = [event async for _, event in api._events("th", None, follow=True)]
     assert seen == [None, "t1", "t1", "t1"] and [e["type"] for e in events] == ["text", "turn_complete"]
     await http.aclose()
@@ -64,6 +64,6 @@ async def test_six_failed_connections_in_a_row_end_the_stream() -> None:
 
     http = httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url="http://api")
     with pytest.raises(httpx.ConnectError):
-        await HttpApi("http://api", None, http=http).wait("th", timeout=30)
+        await HttpBackend("http://api", None, http=http).wait("th", timeout=30)
     assert calls == 6
     await http.aclose()

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from stepagent.cli import format_transcript
 from stepagent.errors import ConfigurationError
 from stepagent.tools.functions import load_toolset
-from stepagent.transcript import item_line
+from stepagent.transcript import format_transcript, item_line
 from tests.conftest import moto_endpoint
 from tests.integration.test_cli import clean_env, stepagent
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from stepagent.cli import format_transcript, main
+from stepagent.cli import main
 from stepagent.client.interleave import interleave
 from stepagent.history_items import UserItem
 from stepagent.messages import TextContent
 from stepagent.stores.base import StoredRow
-from stepagent.transcript import Item, describe_row, item_line
+from stepagent.transcript import Item, describe_row, format_transcript, item_line
 from tests.integration.test_cli import clean_env, stepagent
 
 

@@ -18,7 +18,7 @@ from stepagent.backoff import Backoff
 from stepagent.errors import StoreError, TransactionConflictError
 from stepagent.ids import derived_id
 from stepagent.lifecycle import export_lines, import_tree
-from stepagent.lifecycle.commands import add_lifecycle_commands, run_lifecycle_command
+from stepagent.lifecycle.commands import register, run_lifecycle_command
 from stepagent.lifecycle.rewind import rewind_thread
 from tests.conftest import DynamoEnv
 from tests.faults import Faults
@@ -130,7 +130,7 @@ def throttle_sessions(monkeypatch: pytest.MonkeyPatch, faults: Faults) -> None:
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    add_lifecycle_commands(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(argv)
 
 

@@ -16,7 +16,7 @@ from stepagent.errors import ConcurrentWriteError
 from stepagent.history_items import ToolResultItem
 from stepagent.ids import derived_id
 from stepagent.lifecycle import import_tree, rewind_thread
-from stepagent.lifecycle.commands import add_lifecycle_commands, run_lifecycle_command
+from stepagent.lifecycle.commands import register, run_lifecycle_command
 from stepagent.stores.base import Rewind, ThreadInfo
 from stepagent.stores.dynamodb import DynamoConversationStore
 from tests.conftest import DynamoEnv
@@ -133,7 +133,7 @@ async def test_a_rewind_racing_a_step_loses_on_the_head_version(dynamo: DynamoEn
 
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="stepagent")
-    add_lifecycle_commands(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(argv)
 
 

@@ -1,30 +1,38 @@
-"""The client over a deployment's HTTP API (``Client(api_url=..., token=...)``): no AWS credentials needed.
+"""The client's backend over a deployment's HTTP API (``Client(api_url=..., token=...)``): no AWS credentials
+needed.
 
-Sends, approvals and the history are the API's JSON routes; :meth:`HttpApi.replies` reads the event stream
+Sends, approvals and the history are the API's JSON routes; :meth:`HttpBackend.replies` reads the event stream
 and turns its events into the client's items (``assistant``, ``tool_call``, ``tool_result``, ``event``,
 ``error``, and ``partial`` for live text), ending when the stream does (after the root's
 ``turn_complete``). Per thread it keeps the stream's resume token, so each :meth:`replies` starts where
 the last one (or, for a first :meth:`send`, the conversation as it was just before it) left off, and a
 dropped connection is resumed with ``Last-Event-ID`` — nothing lost, nothing repeated. An error answer
-raises :class:`ApiRequestError` with the API's message.
+raises :class:`ApiRequestError` with the API's message. The API has no routes for the tree's snapshot,
+idleness, pending approvals or choices, nor for usage totals (its stream carries each turn's ``usage``):
+:meth:`HttpBackend.usage` is ``None`` and the others raise :class:`~stepagent.client.backend.ClientError`
+saying so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, Literal, NotRequired, TypedDict, cast, get_args
 from urllib.parse import quote
 
 import httpx
 
 from stepagent.backoff import Backoff
+from stepagent.client.backend import ClientError
+from stepagent.client.watch import Cursor
 from stepagent.errors import StepagentError
 from stepagent.history_items import ApprovalState
 from stepagent.messages import ApprovalDecisionKind
 from stepagent.transcript import Item, ItemKind
+from stepagent.usage import UsageReport
 
 #: A dropped event stream is reopened (from the last event id) after a jittered wait of 0.4 s, doubling up
 #: to 5 s; six connection failures in a row end it.
@@ -145,14 +153,26 @@ class _ApprovalBody(TypedDict):
     message: NotRequired[str]
 
 
-class HttpApi:
+class HttpBackend:
     """One API base URL and bearer token (see the module docstring)."""
 
-    def __init__(self, api_url: str, token: str | None, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self,
+        api_url: str,
+        token: str | None,
+        http: httpx.AsyncClient | None = None,
+        *,
+        poll_interval: float = 0.25,
+    ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = http or httpx.AsyncClient(base_url=api_url.rstrip("/"), headers=headers, timeout=30)
         self._owns = http is None
         self.tokens: dict[str, str | None] = {}
+        #: Kept for the client's attribute; the API's stream pushes its events, nothing is polled.
+        self.poll_interval = poll_interval
+
+    async def open(self) -> None:
+        """Nothing to resolve: the HTTP client opens its connections on the first request."""
 
     async def close(self) -> None:
         if self._owns:
@@ -242,16 +262,31 @@ class HttpApi:
         return last
 
     async def replies(
-        self, thread: str, *, partial: bool = False, follow: bool = False
-    ) -> AsyncIterator[Item]:
-        """New items of the tree until the stream ends (see the module docstring)."""
-        async for token, event in self._events(thread, self.tokens.get(thread), follow=follow):
-            self.tokens[thread] = token
-            item = item_of(event)
-            if item is not None and (partial or item["kind"] != "partial"):
-                yield item
+        self,
+        thread: str,
+        after: Mapping[str, int] | None = None,
+        *,
+        partial: bool = False,
+        follow: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - the public replies() signature
+    ) -> AsyncGenerator[Item, None]:
+        """New items of the tree until the stream ends (see the module docstring); the stream's own resume
+        token is the position, so ``after`` does not apply. ``TimeoutError`` after ``timeout`` seconds."""
+        events = self._events(thread, self.tokens.get(thread), follow=follow)
+        # Closed with this iterator, so a caller that stops reading lets the connection go at once.
+        async with asyncio.timeout(timeout), contextlib.aclosing(events):
+            async for token, event in events:
+                self.tokens[thread] = token
+                item = item_of(event)
+                if item is not None and (partial or item["kind"] != "partial"):
+                    yield item
 
-    async def wait(self, thread: str, timeout: float, message_id: str | None = None) -> Any:  # noqa: ASYNC109
+    async def wait(
+        self,
+        thread: str,
+        message_id: str | None = None,
+        timeout: float = 300.0,  # noqa: ASYNC109 - the public wait() signature
+    ) -> Any:
         """Follow the stream until it ends; the structured output of the root's last ``turn_complete``
         (``None`` without an output schema). With ``message_id``: the stream of the turn that message
         began (``?message_id=``, waiting for it if the worker has not taken it yet), which ends with that
@@ -266,9 +301,28 @@ class HttpApi:
                     output = event.get("output")
         return output
 
+    async def usage(self, thread: str) -> UsageReport | None:
+        """``None``: the API has no usage route (its stream carries each turn's ``usage`` instead)."""
+        return None
+
+    async def cursor(self, thread: str) -> Cursor:
+        raise _not_over_http("cursor()", "the stream's resume token is the position")
+
+    async def idle(self, thread: str) -> bool:
+        raise _not_over_http("idle()", "wait() returns when the turn is over")
+
+    async def pending_approvals(self, thread: str) -> list[Item]:
+        raise _not_over_http("pending_approvals()", "replies() shows each call waiting for a decision")
+
+    async def pending_choices(self, thread: str) -> list[Item]:
+        raise _not_over_http("pending_choices()", "a client with the deployment's settings answers choices")
+
+    async def answer_choice(self, thread: str, choice_id: str | None, selected: int | str | None) -> int:
+        raise _not_over_http("answer_choice()", "a client with the deployment's settings answers choices")
+
     async def _events(
         self, thread: str, after: str | None, *, follow: bool, message_id: str | None = None
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    ) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
         """``(token, event)`` of the stream; a dropped connection is resumed from the last token."""
         params = {"follow": "1"} if follow else {}
         if message_id is not None:
@@ -308,3 +362,7 @@ async def _parse(response: httpx.Response) -> AsyncIterator[tuple[str, dict[str,
             event_id = line[3:].strip()
         elif line.startswith("data:"):
             data.append(line[5:].strip())
+
+
+def _not_over_http(method: str, instead: str) -> ClientError:
+    return ClientError(f"{method} is not available over the HTTP API (api_url): {instead}")

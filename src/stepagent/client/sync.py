@@ -1,20 +1,23 @@
 """The synchronous client: :class:`SyncClient`, the same methods as :class:`~stepagent.client.Client`
-for code without an event loop. It runs one private event loop in a daemon thread (the HTTP clients
-and locks belong to the loop that made them); every call blocks until its result is ready, and ``replies`` is a
-plain iterator."""
+for code without an event loop. Each client runs one private event loop in a daemon thread, behind anyio's
+blocking portal (the HTTP clients and locks belong to the loop that made them); every call blocks until its
+result is ready, and ``replies`` is a plain iterator."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Awaitable, Iterator, Mapping
-from typing import Any, TypeVar
+import contextlib
+import functools
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, TypeVar, TypeVarTuple
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from stepagent.aws.settings import Settings
 from stepagent.client.api import Client
 from stepagent.transcript import Item
 
 T = TypeVar("T")
+Args = TypeVarTuple("Args")
 
 
 class SyncClient:
@@ -33,9 +36,10 @@ class SyncClient:
         self._client = Client(
             settings, stack=stack, environ=environ, poll_interval=poll_interval, api_url=api_url, token=token
         )
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="stepagent-client", daemon=True)
-        self._thread.start()
+        self._portal_thread = contextlib.ExitStack()
+        self._portal: BlockingPortal = self._portal_thread.enter_context(
+            start_blocking_portal(name="stepagent-client")
+        )
         self._closed = False
 
     @classmethod
@@ -46,29 +50,24 @@ class SyncClient:
     def from_env(cls, environ: Mapping[str, str] | None = None, **options: Any) -> SyncClient:
         return cls(environ=environ, **options)
 
-    def _run(self, awaitable: Awaitable[T]) -> T:
+    def _run(self, call: Callable[[*Args], Awaitable[T]], *args: *Args) -> T:
+        """``await call(*args)`` on the client's loop, blocking until it is done."""
         if self._closed:
             raise RuntimeError("this SyncClient is closed")
-
-        async def run() -> T:
-            return await awaitable
-
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
+        return self._portal.call(call, *args)
 
     def open(self) -> SyncClient:
-        self._run(self._client.open())
+        self._run(self._client.open)
         return self
 
     def close(self) -> None:
         if self._closed:
             return
         try:
-            self._run(self._client.close())
+            self._run(self._client.close)
         finally:
             self._closed = True
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
+            self._portal_thread.close()  # stops the portal's loop and joins its thread
 
     def __enter__(self) -> SyncClient:
         return self.open()
@@ -82,10 +81,10 @@ class SyncClient:
         return self._client
 
     def send(self, thread: str, text: str, metadata: Any = None) -> str:
-        return self._run(self._client.send(thread, text, metadata))
+        return self._run(self._client.send, thread, text, metadata)
 
     def cursor(self, thread: str) -> dict[str, int]:
-        return self._run(self._client.cursor(thread))
+        return self._run(self._client.cursor, thread)
 
     def replies(
         self,
@@ -100,29 +99,29 @@ class SyncClient:
         try:
             while True:
                 try:
-                    yield self._run(items.__anext__())
+                    yield self._run(items.__anext__)
                 except StopAsyncIteration:
                     return
         finally:
             if not self._closed:
-                self._run(items.aclose())  # type: ignore[attr-defined]
+                self._run(items.aclose)  # type: ignore[attr-defined]
 
     def wait(self, thread: str, message_id: str, timeout: float = 300.0) -> Any:
-        return self._run(self._client.wait(thread, message_id, timeout))
+        return self._run(self._client.wait, thread, message_id, timeout)
 
     def idle(self, thread: str) -> bool:
-        return self._run(self._client.idle(thread))
+        return self._run(self._client.idle, thread)
 
     def history(self, thread: str) -> list[Item]:
-        return self._run(self._client.history(thread))
+        return self._run(self._client.history, thread)
 
     def pending_choices(self, thread: str) -> list[Item]:
-        return self._run(self._client.pending_choices(thread))
+        return self._run(self._client.pending_choices, thread)
 
     def answer_choice(
         self, thread: str, choice_id: str | None = None, selected: int | str | None = None
     ) -> int:
-        return self._run(self._client.answer_choice(thread, choice_id, selected))
+        return self._run(self._client.answer_choice, thread, choice_id, selected)
 
     def approve(
         self,
@@ -135,7 +134,12 @@ class SyncClient:
         message_id: str | None = None,
     ) -> str:
         return self._run(
-            self._client.approve(thread, tool_call_id, decision, args, message, message_id=message_id)
+            functools.partial(self._client.approve, message_id=message_id),
+            thread,
+            tool_call_id,
+            decision,
+            args,
+            message,
         )
 
     def answer_input(
@@ -148,8 +152,12 @@ class SyncClient:
         message_id: str | None = None,
     ) -> str:
         return self._run(
-            self._client.answer_input(thread, tool_call_id, action, content, message_id=message_id)
+            functools.partial(self._client.answer_input, message_id=message_id),
+            thread,
+            tool_call_id,
+            action,
+            content,
         )
 
     def pending_approvals(self, thread: str) -> list[Item]:
-        return self._run(self._client.pending_approvals(thread))
+        return self._run(self._client.pending_approvals, thread)

@@ -1,4 +1,5 @@
-"""The ``export``, ``import``, ``rewind``, ``usage`` and ``configs`` CLI commands (wired into ``stepagent.cli``).
+"""The ``export``, ``import``, ``rewind``, ``usage`` and ``configs`` CLI commands (:func:`register` adds them,
+each with its handler, to ``stepagent``'s command line).
 
 ``usage THREAD [--json] [--stack NAME]`` prints the token totals of a thread tree
 (:func:`stepagent.usage.thread_usage`). They read the same settings as the handlers (``STEPAGENT_CONVERSATION_TABLE``, ``STEPAGENT_STATE_TABLE``,
@@ -16,7 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -32,8 +33,9 @@ from stepagent.usage import thread_usage, turn_usage
 COMMANDS = ("export", "import", "rewind", "usage", "configs")
 
 
-def add_lifecycle_commands(subparsers: Any) -> None:
-    """Register ``export``, ``import``, ``rewind`` and ``usage`` on an ``argparse`` sub-parsers object."""
+def register(subparsers: Any) -> None:
+    """Add ``export``, ``import``, ``rewind``, ``usage`` and ``configs`` to an ``argparse`` sub-parsers object,
+    each with its handler (``set_defaults(run=...)``: the parsed arguments in, the exit status out)."""
     export = subparsers.add_parser(
         "export", help="write a thread and its descendants as JSON lines (stdout by default)"
     )
@@ -41,6 +43,7 @@ def add_lifecycle_commands(subparsers: Any) -> None:
     export.add_argument(
         "--output", "-o", default=None, metavar="FILE", help="write to FILE instead of stdout"
     )
+    export.set_defaults(run=_on_stores(_export))
 
     importer = subparsers.add_parser(
         "import",
@@ -80,6 +83,7 @@ def add_lifecycle_commands(subparsers: Any) -> None:
         metavar="N",
         help=f"refuse a file with more than N threads (default {limits.max_threads:,})",
     )
+    importer.set_defaults(run=_on_stores(_import))
 
     rewind = subparsers.add_parser(
         "rewind",
@@ -101,6 +105,7 @@ def add_lifecycle_commands(subparsers: Any) -> None:
         metavar="V",
         help="fail instead of retrying if the thread is no longer at head version V",
     )
+    rewind.set_defaults(run=_on_stores(_rewind))
 
     usage = subparsers.add_parser(
         "usage",
@@ -119,6 +124,7 @@ def add_lifecycle_commands(subparsers: Any) -> None:
         help="one row per turn of the conversation (what each user message cost, its threads included)",
     )
     usage.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+    usage.set_defaults(run=_on_stores(_usage))
 
     configs = subparsers.add_parser(
         "configs",
@@ -134,25 +140,31 @@ def add_lifecycle_commands(subparsers: Any) -> None:
     configs.add_argument("--all", action="store_true", help="list every open thread")
     configs.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     configs.add_argument("--stack", default=None, help="a deployed stack's name (reads its outputs)")
+    configs.set_defaults(run=_on_stores(_configs))
 
 
 async def run_lifecycle_command(args: argparse.Namespace) -> int:
-    """Run the parsed ``export``/``import``/``rewind``/``usage`` command; the exit status. ``export``,
-    ``import`` and ``rewind`` run again, after a jittered wait, while they fail transiently (throttling, a
-    5xx, a transaction another writer's cancelled: :func:`~stepagent.aws.transient.retry_transient`); each
-    is safe to run again."""
-    async with _stores(getattr(args, "stack", None)) as (conversation, state):
-        if args.command == "usage":
-            return await _usage(conversation, args)
-        if args.command == "export":
-            return await _export(conversation, state, args)
-        if args.command == "import":
-            return await _import(conversation, state, args)
-        if args.command == "rewind":
-            return await _rewind(conversation, state, args)
-        if args.command == "configs":
-            return await _configs(conversation, args)
-    raise LifecycleError(f"unknown lifecycle command {args.command!r}")
+    """Run the parsed ``export``/``import``/``rewind``/``usage``/``configs`` command (its handler, which
+    :func:`register` attached); the exit status. ``export``, ``import`` and ``rewind`` run again, after a
+    jittered wait, while they fail transiently (throttling, a 5xx, a transaction another writer's
+    cancelled: :func:`~stepagent.aws.transient.retry_transient`); each is safe to run again."""
+    run: Callable[[argparse.Namespace], Awaitable[int]] | None = getattr(args, "run", None)
+    if run is None:
+        raise LifecycleError(f"unknown lifecycle command {args.command!r}")
+    return await run(args)
+
+
+_Body = Callable[[ConversationStore, StateStore, argparse.Namespace], Awaitable[int]]
+
+
+def _on_stores(body: _Body) -> Callable[[argparse.Namespace], Coroutine[Any, Any, int]]:
+    """The handler that opens the deployment's stores (the settings, or ``--stack``) and runs ``body``."""
+
+    async def run(args: argparse.Namespace) -> int:
+        async with _stores(getattr(args, "stack", None)) as (conversation, state):
+            return await body(conversation, state, args)
+
+    return run
 
 
 @asynccontextmanager
@@ -225,7 +237,7 @@ def _deliver(spool: IO[str], output: str | None) -> None:
         raise LifecycleError(f"cannot write {output}: {exc.strerror or exc}") from None
 
 
-async def _usage(conversation: ConversationStore, args: argparse.Namespace) -> int:
+async def _usage(conversation: ConversationStore, state: StateStore, args: argparse.Namespace) -> int:
     # Steps stored their cost when they ran; older records are priced now (catalog + STEPAGENT_PRICES).
     report = await thread_usage(conversation, args.thread, parse_prices(os.environ.get(PRICES_SETTING)))
     if report is None:
@@ -249,7 +261,7 @@ async def _usage(conversation: ConversationStore, args: argparse.Namespace) -> i
     return 0
 
 
-async def _configs(conversation: ConversationStore, args: argparse.Namespace) -> int:
+async def _configs(conversation: ConversationStore, state: StateStore, args: argparse.Namespace) -> int:
     from stepagent.lifecycle.configs import as_json, configs_report, report_lines, scan_configs
     from stepagent.stores.dynamodb import DynamoConversationStore
 
