@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 from typing import Any, Literal, NotRequired, TypedDict
+from urllib.parse import urlsplit
 
 from stepagent.history_items import (
     APPROVAL_STATES,
