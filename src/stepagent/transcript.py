@@ -374,7 +374,9 @@ def sign_in_text(url: object) -> str:
     if parts is not None and parts.scheme in ("http", "https") and parts.netloc and clean:
         return f"🔑 authorise at {text}"
     quoted = json.dumps(text)  # escapes line breaks and control characters: one inert line
-    return f"🔑 a tool asks you to sign in, but its link is not a plain http(s) URL (not shown as one): {quoted}"
+    return (
+        f"🔑 a tool asks you to sign in, but its link is not a plain http(s) URL (not shown as one): {quoted}"
+    )
 
 
 def item_line(item: Item, root: str) -> str | None:

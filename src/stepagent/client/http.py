@@ -91,7 +91,11 @@ def item_of(event: Mapping[str, Any]) -> Item | None:
         return {"thread_id": thread, "kind": "partial", "delta": str(event.get("text", ""))}
     if kind == "oauth_required":
         link, call_id = event.get("auth_url"), event.get("tool_call_id")
-        signin: Item = {"thread_id": thread, "kind": "oauth", "auth_url": link if isinstance(link, str) else ""}
+        signin: Item = {
+            "thread_id": thread,
+            "kind": "oauth",
+            "auth_url": link if isinstance(link, str) else "",
+        }
         if isinstance(call_id, str):
             signin["tool_call_id"] = call_id
         return signin
