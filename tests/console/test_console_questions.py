@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from stepagent.core.elicitation import read_question
+from stepagent.messages import InputMessage, InputRequired
 from stepagent.rap.server import serve_in_background
+from stepagent.senders.sqs import SqsSender
 from stepagent.tools.mcp_config import McpServer
 from tests.console.asking import booking_model, build
 from tests.console.helpers import ConsoleStack, console_stack
@@ -120,3 +122,38 @@ async def test_decline_a_tools_question_in_the_console() -> None:
             assert declined.json()["ok"], declined.text
             done = await until(c, "/api/c/ask-2", lambda d: any("Tool says" in (t or "") for t in texts(d)))
             assert "Tool says: not booked in Lisbon: the user declined" in texts(done)
+
+
+async def test_a_question_that_asks_to_open_a_page() -> None:
+    """A question with a page to open (a URL-mode elicitation), put on the thread's queue as the tool runner
+    does while the call waits: the link (http(s) only; anything else as text with a warning), and an
+    Accept that sends no form."""
+    async with console_stack() as c:
+        await c.post("/c/ask-3/send", {"text": "nap a while"})
+        napping = await until(c, "/api/c/ask-3", lambda d: d["status"]["status"] == "timer")
+        call_id = napping["threads"][0]["pending_calls"][0]["tool_call_id"]
+        sender = SqsSender(c.sqs, str(c.deployment.settings.input_queue_url))
+        for n, url in enumerate(("javascript:alert(1)", "https://pay.example/confirm?id=<7>")):
+            asked = InputRequired(id=call_id, message=f"Confirm the payment ({n})", url=url, era="session")
+            await sender.send(InputMessage(content=asked, group_id="ask-3"), f"ask-3-url-{n}")
+            await until(
+                c, "/api/c/ask-3", lambda d, n=n: (q := question(d)) and q["message"].endswith(f"({n})")
+            )
+            html = (await c.http.get("/c/ask-3")).text
+            if n == 0:
+                assert "not http(s), not made a link: <code>javascript:alert(1)</code>" in html
+                assert 'class="question-url"' not in html
+        assert (
+            'class="question-url" href="https://pay.example/confirm?id=&lt;7&gt;" target="_blank" '
+            'rel="noopener noreferrer"' in html
+        )
+        assert 'name="field.' not in html
+        sent = await c.post(
+            "/c/ask-3/elicitation", {"thread": "ask-3", "tool_call_id": call_id, "action": "accept"}
+        )
+        assert sent.json()["ok"], sent.text
+        answered = await until(c, "/api/c/ask-3", lambda d: (q := question(d)) and q["answered"])
+        assert question(answered)["url"] == "https://pay.example/confirm?id=<7>"  # type: ignore[index]
+        kept = await read_question(c.client.state, "ask-3", call_id)
+        assert kept is not None and kept.answer == {"action": "accept", "content": {}}
+        assert "answered: the tool goes on with your answer" in (await c.http.get("/c/ask-3")).text
