@@ -205,9 +205,10 @@
 
   // A tool that needs the user to sign in first (oauth_required): a card with the link (a new tab, with no
   // way back to this page), the tool it is for, and "waiting" until the call goes on — its result arrives,
-  // on the stream or in the history — when the card says so. The stream replays only the notices recorded
-  // after it opened, so the cards are kept in the tab's session storage: a reload shows them again. Only an http(s) address becomes a link; anything
-  // else is shown as text with a warning. Everything is set as text, never as markup.
+  // on the stream or in the history — when the card says so. A new sign-in for the same call (a revoked
+  // grant asked again) makes the card wait again. The stream replays only the notices recorded after it
+  // opened, so the cards are kept in the tab's session storage: a reload shows them again. Only an http(s)
+  // address becomes a link; anything else is shown as text with a warning. Everything is set as text.
   function httpUrl(text) {
     try {
       const url = new URL(text);
@@ -290,13 +291,12 @@
     if (type === "input_required") { state.questions.set(data.tool_call_id, data); renderQuestions(); }
     if ((type === "tool_result" || type === "event") && state.questions.delete(data.tool_call_id)) renderQuestions();
     if (type === "tool_call") state.toolNames.set(data.tool_call_id, data.name);
-    if (type === "oauth_required" && !state.signins.has(data.tool_call_id)) {
+    if (type === "oauth_required") {
       state.signins.set(data.tool_call_id, { tool_call_id: data.tool_call_id, thread_id: data.thread_id, auth_url: data.auth_url, done: false });
       saveSignins();
       renderSignins();
     }
     if ((type === "tool_result" || type === "event") && signedIn(data.tool_call_id)) renderSignins();
-
     if (type === "turn_complete" && data.thread_id === state.thread) status("idle");
     scheduleRefresh();
   }
