@@ -480,7 +480,10 @@ def _held(message_id: str, message: Any) -> HeldInputView:
     return {"message_id": message_id, "synthetic": getattr(message, "synthetic", None), "text": str(text)}
 
 
-def _notice(notice: LiveNotice, pending_ids: set[str], names: dict[str, str]) -> NoticeView | None:
+def _notice(
+    notice: LiveNotice, pending_ids: set[str], names: dict[str, str] | None = None
+) -> NoticeView | None:
+    """How the page shows a notice (``None``: not as a notice); ``names``: the thread's calls' tools."""
     if isinstance(notice, UnknownNotice):
         # A kind this console does not know, or a known one with fields it cannot read: shown as an error,
         # with the message it may carry, else its type (never an empty box).
@@ -498,7 +501,7 @@ def _notice(notice: LiveNotice, pending_ids: set[str], names: dict[str, str]) ->
             "tool_call_id": notice["tool_call_id"],
             "open": notice["tool_call_id"] in pending_ids,
         }
-        if notice["tool_call_id"] in names:
+        if names and notice["tool_call_id"] in names:
             view["tool"] = names[notice["tool_call_id"]]
         return view
     if notice["type"] == "error":
