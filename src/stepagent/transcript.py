@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal, NotRequired, TypedDict
+from urllib.parse import urlsplit
 
 from stepagent.history_items import (
     APPROVAL_STATES,
@@ -351,7 +352,7 @@ def item_glyph_text(item: Item, *, limit: int | None = 300) -> str | None:
     if kind == "limit":
         return f"⏹ {text}"
     if kind == "oauth":
-        return f"🔑 authorise at {item.get('auth_url')}"
+        return sign_in_text(item.get("auth_url"))
     if kind == "choice":
         choices = ", ".join(f"{i}: {c}" for i, c in enumerate(item.get("choices", [])))
         return f"? {item.get('prompt')} [{choices}]"
@@ -359,6 +360,24 @@ def item_glyph_text(item: Item, *, limit: int | None = 300) -> str | None:
         url = item.get("url")
         return f"? {text}" + (f" (open {url})" if url else "")
     return None
+
+
+def sign_in_text(url: object) -> str:
+    """The one line of a sign-in link: ``🔑 authorise at <url>`` for an http(s) URL written in printable
+    characters; anything else (another scheme, a line break or terminal escape in it) is quoted with its
+    characters escaped and a warning, so a link can neither run as something else nor break the line."""
+    text = str(url or "")
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        parts = None
+    clean = text.isprintable() and " " not in text
+    if parts is not None and parts.scheme in ("http", "https") and parts.netloc and clean:
+        return f"🔑 authorise at {text}"
+    quoted = json.dumps(text)  # escapes line breaks and control characters: one inert line
+    return (
+        f"🔑 a tool asks you to sign in, but its link is not a plain http(s) URL (not shown as one): {quoted}"
+    )
 
 
 def item_line(item: Item, root: str) -> str | None:

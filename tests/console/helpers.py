@@ -100,11 +100,15 @@ class ConsoleStack:
 
 
 @asynccontextmanager
-async def console_stack(model: Any = None) -> AsyncIterator[ConsoleStack]:
-    """A deployment running ``model`` (default: :data:`SCRIPT`), an open client, and the console's app
-    behind an in-process HTTP client (no socket)."""
+async def console_stack(
+    model: Any = None, *, mcp_servers: tuple[Any, ...] = ()
+) -> AsyncIterator[ConsoleStack]:
+    """A deployment running ``model`` (default: :data:`SCRIPT`; ``mcp_servers``: its MCP servers), an open
+    client, and the console's app behind an in-process HTTP client (no socket)."""
     async with AsyncExitStack() as stack:
-        d = await stack.enter_async_context(deployment(model if model is not None else scripted_model()))
+        d = await stack.enter_async_context(
+            deployment(model if model is not None else scripted_model(), mcp_servers=mcp_servers)
+        )
         client = await stack.enter_async_context(Client(d.settings, poll_interval=0.05))
         sqs = await stack.enter_async_context(aws_client("sqs"))
         state = ConsoleState(client, DeadLetters(sqs, d.settings), header="test stack")

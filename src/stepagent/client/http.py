@@ -97,6 +97,16 @@ def item_of(event: Mapping[str, Any]) -> Item | None:
         return _decision_item(thread, event)
     if kind == "text_delta":
         return {"thread_id": thread, "kind": "partial", "delta": str(event.get("text", ""))}
+    if kind == "oauth_required":
+        link, call_id = event.get("auth_url"), event.get("tool_call_id")
+        signin: Item = {
+            "thread_id": thread,
+            "kind": "oauth",
+            "auth_url": link if isinstance(link, str) else "",
+        }
+        if isinstance(call_id, str):
+            signin["tool_call_id"] = call_id
+        return signin
     if kind == "input_required":
         asked: Item = {"thread_id": thread, "kind": "input", "text": str(event.get("message", ""))}
         call_id, schema, url = (event.get(key) for key in ("tool_call_id", "requested_schema", "url"))

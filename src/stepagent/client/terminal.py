@@ -355,6 +355,7 @@ class Activity:
     approval: Item | None = None  # a tool call waiting for a person's decision
     names: dict[str, str] = field(default_factory=dict)  # call id -> tool, of the calls seen
     asking: Item | None = None  # a tool's question waiting for the person's answer
+    signing_in: dict[str, Item] = field(default_factory=dict)  # call id -> its sign-in link, while it waits
     tick: int = 0
 
     def see(self, item: Item) -> None:
@@ -392,6 +393,8 @@ class Activity:
             self.choice = item
         elif kind == "input":
             self.asking = item
+        elif kind == "oauth":
+            self.signing_in[str(item.get("tool_call_id"))] = item
 
     def _answered(self, call_id: str) -> None:
         """A call got its result (or was interrupted): nothing of it waits for the person any more."""
@@ -400,6 +403,7 @@ class Activity:
         if self.asking is not None and self.asking.get("tool_call_id") == call_id:
             self.asking = None  # answered (here or elsewhere) or interrupted
         self.running.pop(call_id, None)
+        self.signing_in.pop(call_id, None)  # signed in: the call went on
         if self.choice is not None and self.choice.get("choice_id") == call_id:
             self.choice = None  # answered (here or elsewhere) or interrupted
 
@@ -410,6 +414,9 @@ class Activity:
             return f"? waiting for your answer: {self.asking.get('text')}"
         if self.approval is not None:
             return f"⏸ waiting for your decision on {self.approval.get('name')}: {APPROVAL_QUESTION}"
+        if self.signing_in:
+            call = next(reversed(self.signing_in))
+            return f"🔑 {self.names.get(call, 'a tool')} waits for you to sign in: open the link above"
         if not self.busy:
             return None
         self.tick += 1

@@ -13,6 +13,8 @@ Routes (``{root}`` is a conversation's root thread id):
 ``POST /c/{root}/choice``             answer a pending choice (``thread``, ``choice_id``, ``selected``)
 ``POST /c/{root}/approval``           decide a call waiting for approval (``thread``, ``tool_call_id``,
                                       ``decision``; ``args`` JSON for ``edit``, ``message``)
+``POST /c/{root}/elicitation``        answer a tool's question (``thread``, ``tool_call_id``, ``action``:
+                                      accept / decline / cancel; the form's ``field.<name>`` values)
 ``POST /c/{root}/rewind``             rewind ``thread`` to ``order`` (``confirm=yes``, ``expected_version``)
 ``GET /dlq``, ``POST /dlq/redrive``   the dead-lettered messages; redrive ``message_id`` (repeatable) or ``all``
 ``GET /api/conversations``            JSON of the list; ``/api/c/{root}`` of a conversation; ``/api/dlq``
@@ -51,7 +53,9 @@ from starlette.routing import Route
 from stepagent.client import Client
 from stepagent.console import pages
 from stepagent.console.dead_letters import DeadLetters
+from stepagent.console.questions import AnswerInvalid, answer_from_form, question_form
 from stepagent.console.reads import conversation_list, conversation_page, poll
+from stepagent.core.elicitation import read_question
 from stepagent.errors import StepagentError
 from stepagent.lifecycle.export import export_lines
 from stepagent.lifecycle.rewind import effective_cut, rewind_thread
@@ -255,6 +259,33 @@ class _Routes:
         message_id = await self.client.approve(thread, call_id, decision, args, message)
         return f"sent {decision} for {call_id}", {"message_id": message_id, "thread_id": thread}
 
+    async def elicitation(self, request: Request, form: dict[str, str]) -> tuple[str, dict[str, Any]]:
+        """Answer a tool's question: only one that still waits, and an ``accept`` only with a form that fits
+        the question's schema (else the reason, and nothing is sent). The runtime checks again when the
+        answer arrives: an answer that lost a race to another is refused there, and the page shows it."""
+        root = request.path_params["root"]
+        thread = form.get("thread") or root
+        await _thread_of(self.client, root, thread)
+        call_id = form.get("tool_call_id", "")
+        if not call_id:
+            raise ActionRefused("name the tool call whose question you answer (tool_call_id)")
+        action = form.get("action") or ""
+        if action not in ("accept", "decline", "cancel"):
+            raise ActionRefused(f"answer with accept, decline or cancel, not {action!r}")
+        kept = await read_question(self.client.state, thread, call_id)
+        if kept is None:
+            raise ActionRefused(f"no question waits on tool call {call_id} in thread {thread}")
+        if kept.answered_by is not None:
+            raise ActionRefused(f"the question of tool call {call_id} was already answered")
+        content = None
+        if action == "accept" and kept.notice.get("url") is None:
+            try:
+                content = answer_from_form(question_form(kept.notice.get("requested_schema")), form)
+            except AnswerInvalid as error:
+                raise ActionRefused(str(error)) from None
+        message_id = await self.client.answer_input(thread, call_id, action, content)
+        return f"sent {action} to the question of {call_id}", {"message_id": message_id, "thread_id": thread}
+
     async def rewind(self, request: Request, form: dict[str, str]) -> tuple[str, dict[str, Any]]:
         root = request.path_params["root"]
         thread = form.get("thread") or root
@@ -339,6 +370,7 @@ def build_app(console: ConsoleState) -> Starlette:
         Route("/c/{root:path}/send", r.action(r.send, r.to_conversation), methods=["POST"]),
         Route("/c/{root:path}/choice", r.action(r.choice, r.to_conversation), methods=["POST"]),
         Route("/c/{root:path}/approval", r.action(r.approval, r.to_conversation), methods=["POST"]),
+        Route("/c/{root:path}/elicitation", r.action(r.elicitation, r.to_conversation), methods=["POST"]),
         Route("/c/{root:path}", r.conversation),
         Route("/api/c/{root:path}/poll", r.poll_route),
         Route("/api/c/{root:path}", r.conversation),

@@ -4,8 +4,9 @@ The pages are Jinja2 templates (``console/templates/``) rendered with autoescapi
 template prints is escaped (quotes included) unless this module wrapped it in :class:`~markupsafe.Markup`
 — which it does only for fragments it rendered itself and for fixed tags — so nothing stored in a
 conversation (a user's, a model's or a tool's text, an id, metadata) can inject markup or script, and a
-new template is safe by default. Links from notices are kept only when they are ``http(s)`` URLs. Forms
-that change something carry the process's CSRF token.
+new template is safe by default. Links from notices and tools' questions are kept only when they are
+``http(s)`` URLs (anything else is shown as text, with a warning). Forms that change something carry the
+process's CSRF token.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from stepagent.aws.dlq import DeadLetter
+from stepagent.console.questions import question_form
 from stepagent.console.reads import ConversationList, ConversationPage, PartialView, ThreadPage
 from stepagent.transcript import Item
 
@@ -68,7 +70,7 @@ def _templates() -> Environment:
     )
     env.filters["json"] = _json
     env.filters["short"] = _short
-    env.globals.update(path=path, safe_url=safe_url, phase=_phase)
+    env.globals.update(path=path, safe_url=safe_url, phase=_phase, form_of=question_form)
     return env
 
 

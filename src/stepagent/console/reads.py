@@ -6,7 +6,8 @@ All reads go through an open :class:`~stepagent.client.Client` (its stores, and 
 
 - a conversation page: the tree walk (one Query + one BatchGetItem per thread with children), every
   thread's rows (a paginated Query each) and summaries, its state items (open intents, pending choices,
-  subscriptions, held inputs: a Query each), the usage records (a Query per thread) and the root's metadata;
+  subscriptions, held inputs: a Query each; a tool's question to the user: one GetItem for a thread whose
+  last call is still open), the usage records (a Query per thread) and the root's metadata;
 - its poll (every second while the page is open): one ``BatchGetItem`` for the tree's heads and ``LIVE``
   items, threads as of the last page render (a new child moves its parent's head, which re-renders);
 - the conversation list: one full Scan of the conversation table
@@ -21,7 +22,7 @@ import hashlib
 import json
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict, TypeVar
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 from stepagent.client import Client
 from stepagent.console.status import (
@@ -32,6 +33,7 @@ from stepagent.console.status import (
     thread_status,
     tree_status,
 )
+from stepagent.core.elicitation import read_question
 from stepagent.notices import LiveNotice, UnknownNotice, limit_text
 from stepagent.stores.base import ThreadInfo
 from stepagent.stores.dynamodb_io import DynamoItem
@@ -71,13 +73,29 @@ class HeldInputView(TypedDict):
     text: str
 
 
+class QuestionView(TypedDict):
+    """A tool's question to the user during its call (an MCP elicitation), as the state store keeps it:
+    ``message`` and a form (``requested_schema``, a JSON Schema) or a page to open (``url``); ``answered``
+    once an answer was taken (the call then goes on with it)."""
+
+    thread_id: str
+    tool_call_id: str
+    tool: str
+    message: str
+    requested_schema: dict[str, Any] | None
+    url: str | None
+    answered: bool
+
+
 class OAuthNoticeView(TypedDict):
-    """A link a tool asks the user to open (``open`` while its call still waits)."""
+    """A link a tool asks the user to open (``open`` while its call still waits); ``tool``: the tool's
+    name when its call is in the thread."""
 
     kind: Literal["oauth"]
     auth_url: str | None
     tool_call_id: str | None
     open: bool
+    tool: NotRequired[str]
 
 
 class ErrorNoticeView(TypedDict):
@@ -118,6 +136,7 @@ class ThreadJson(TypedDict):
     status: StatusJson
     items: list[Item]
     choices: list[ChoiceView]
+    questions: list[QuestionView]
     pending_calls: list[Item]
     held_inputs: list[HeldInputView]
     subscriptions: list[SubscriptionView]
@@ -184,6 +203,7 @@ class ThreadPage:
     status: StatusReport
     items: list[Item] = field(default_factory=list)
     choices: list[ChoiceView] = field(default_factory=list)
+    questions: list[QuestionView] = field(default_factory=list)
     pending_calls: list[Item] = field(default_factory=list)
     held_inputs: list[HeldInputView] = field(default_factory=list)
     subscriptions: list[SubscriptionView] = field(default_factory=list)
@@ -230,6 +250,7 @@ class ConversationPage:
                     "status": t.status.as_dict(),
                     "items": t.items,
                     "choices": t.choices,
+                    "questions": t.questions,
                     "pending_calls": t.pending_calls,
                     "held_inputs": t.held_inputs,
                     "subscriptions": t.subscriptions,
@@ -345,16 +366,18 @@ async def conversation_page(
             state.deferred_inputs(info.thread_id),
         )
         committed = [i for i in items if i.get("kind") != "summary"]
+        last_open = pending_call(committed)
+        questions = await _questions(client, info.thread_id, None if info.closed else last_open)
         facts = ThreadFacts(
             thread_id=info.thread_id,
             info=info,
             inbox=head_inbox(head) if head else frozenset(),
             live=live,
             open_intents=len(intents),
-            choices=len(choices),
+            choices=len(choices) + sum(1 for q in questions if not q["answered"]),
             subscriptions=len(subscriptions),
             held_inputs=len(held),
-            pending_call=pending_call(committed),
+            pending_call=last_open,
             last_row_kind=committed[-1]["kind"] if committed else None,
             dead_letters=letters.get(info.thread_id, 0),
             approval=waiting_approval(committed),
@@ -377,10 +400,13 @@ async def conversation_page(
             }
             for c in choices
         ]
+        page.questions = questions
         page.subscriptions = [_subscription(sub, calls.get(sub)) for sub in sorted(subscriptions)]
         page.held_inputs = [_held(d.message_id, d.message) for d in held]
         pending_ids = {str(c["tool_call_id"]) for c in page.pending_calls}
-        page.notices = [_notice(n, pending_ids) for n in live.notices[-5:]]
+        names = {cid: str(c.get("name")) for cid, c in calls.items()}
+        shown = (_notice(n, pending_ids, names) for n in live.notices[-5:])
+        page.notices = [n for n in shown if n is not None]
         page.partial = partial_of(info, live)
         return page
 
@@ -410,6 +436,30 @@ def waiting_approval(committed: list[Item]) -> str | None:
     return None
 
 
+async def _questions(client: Client, thread_id: str, open_call: tuple[str, str] | None) -> list[QuestionView]:
+    """The question a tool asks during the thread's open call, if it asks one (one GetItem)."""
+    if open_call is None:
+        return []
+    name, call_id = open_call
+    kept = await read_question(client.state, thread_id, call_id)
+    if kept is None:
+        return []
+    notice = kept.notice
+    schema = notice.get("requested_schema")
+    url = notice.get("url")
+    return [
+        {
+            "thread_id": thread_id,
+            "tool_call_id": call_id,
+            "tool": name,
+            "message": str(notice.get("message", "")),
+            "requested_schema": schema if isinstance(schema, dict) else None,
+            "url": url if isinstance(url, str) else None,
+            "answered": kept.answered_by is not None,
+        }
+    ]
+
+
 def _subscription(call_id: str, call: Item | None) -> SubscriptionView:
     return {
         "tool_call_id": call_id,
@@ -430,7 +480,10 @@ def _held(message_id: str, message: Any) -> HeldInputView:
     return {"message_id": message_id, "synthetic": getattr(message, "synthetic", None), "text": str(text)}
 
 
-def _notice(notice: LiveNotice, pending_ids: set[str]) -> NoticeView:
+def _notice(
+    notice: LiveNotice, pending_ids: set[str], names: dict[str, str] | None = None
+) -> NoticeView | None:
+    """How the page shows a notice (``None``: not as a notice); ``names``: the thread's calls' tools."""
     if isinstance(notice, UnknownNotice):
         # A kind this console does not know, or a known one with fields it cannot read: shown as an error,
         # with the message it may carry, else its type (never an empty box).
@@ -442,21 +495,19 @@ def _notice(notice: LiveNotice, pending_ids: set[str]) -> NoticeView:
             "retrying": fields.get("retrying") is True,
         }
     if notice["type"] == "oauth_required":
-        return {
+        view: OAuthNoticeView = {
             "kind": "oauth",
             "auth_url": notice["auth_url"],
             "tool_call_id": notice["tool_call_id"],
             "open": notice["tool_call_id"] in pending_ids,
         }
+        if names and notice["tool_call_id"] in names:
+            view["tool"] = names[notice["tool_call_id"]]
+        return view
     if notice["type"] == "error":
         return {"kind": "error", "text": notice["message"], "retrying": notice["retrying"]}
     if notice["type"] == "input_required":
-        # The console cannot answer a tool's question inline yet: it shows it and says where to answer.
-        text = (
-            f"a tool asks you: {notice['message']} — the console cannot answer it yet: answer in "
-            f"`stepagent chat` or with POST .../elicitations (tool call {notice['tool_call_id']})"
-        )
-        return {"kind": "error", "text": text, "retrying": False}
+        return None  # asked inline from the state store's copy (the thread's ``questions``)
     return {"kind": "error", "text": limit_text(notice), "retrying": False}
 
 

@@ -7,7 +7,7 @@
   const $ = (id) => document.getElementById(id);
   const state = {
     token: "", thread: "", abort: null, lastId: null, refresh: null, live: new Map(), unfolded: new Set(),
-    questions: new Map(),
+    questions: new Map(), signins: new Map(), toolNames: new Map(),
   };
 
   function headers(extra) {
@@ -74,6 +74,11 @@
       list.push(li);
     }
     $("transcript").replaceChildren(...list);
+    for (const item of items) {
+      if (item.kind === "tool_call") state.toolNames.set(item.tool_call_id, item.name);
+      if (item.kind === "tool_result") signedIn(item.tool_call_id);
+    }
+    renderSignins();
     renderApprovals(items.filter((item) => item.kind === "tool_call" && item.approval === "pending"));
     return items;
   }
@@ -198,6 +203,73 @@
     $("questions").replaceChildren(...boxes);
   }
 
+  // A tool that needs the user to sign in first (oauth_required): a card with the link (a new tab, with no
+  // way back to this page), the tool it is for, and "waiting" until the call goes on — its result arrives,
+  // on the stream or in the history — when the card says so. A new sign-in for the same call (a revoked
+  // grant asked again) makes the card wait again. The stream replays only the notices recorded after it
+  // opened, so the cards are kept in the tab's session storage: a reload shows them again. Only an http(s)
+  // address becomes a link; anything else is shown as text with a warning. Everything is set as text.
+  function httpUrl(text) {
+    try {
+      const url = new URL(text);
+      return url.protocol === "http:" || url.protocol === "https:" ? url.href : null;
+    } catch (error) { return null; }
+  }
+
+  function signinKey() { return "stepagent.signins." + state.thread; }
+  function loadSignins() {
+    state.signins.clear();
+    for (const card of JSON.parse(sessionStorage.getItem(signinKey()) || "[]")) state.signins.set(card.tool_call_id, card);
+  }
+  function saveSignins() { sessionStorage.setItem(signinKey(), JSON.stringify(Array.from(state.signins.values()))); }
+
+  function signedIn(callId) {
+    const card = state.signins.get(callId);
+    if (!card || card.done) return false;
+    card.done = true;
+    saveSignins();
+    return true;
+  }
+
+  function renderSignins() {
+    const cards = Array.from(state.signins.values()).map((asked) => {
+      const div = document.createElement("div");
+      div.className = "signin" + (asked.done ? " done" : "");
+      div.dataset.toolCallId = asked.tool_call_id;
+      const title = document.createElement("p");
+      title.className = "title";
+      title.textContent = asked.done ? "✔ Signed in" : "🔑 Sign in to continue";
+      const what = document.createElement("p");
+      const tool = document.createElement("code");
+      tool.textContent = state.toolNames.get(asked.tool_call_id) || "a tool";
+      what.append(tool, asked.done ? " went on after your sign-in." : " needs you to sign in to your account before it can go on.");
+      div.append(title, what);
+      if (!asked.done) {
+        const href = httpUrl(asked.auth_url);
+        if (href) {
+          const link = document.createElement("a");
+          link.className = "signin-link";
+          link.href = href; link.target = "_blank"; link.rel = "noopener noreferrer";
+          link.textContent = "Sign in";
+          div.append(link);
+        } else {
+          const warning = document.createElement("p");
+          warning.className = "warning";
+          const shown = document.createElement("code");
+          shown.textContent = String(asked.auth_url);
+          warning.append("This sign-in address is not an http(s) link, so it is not opened from here: ", shown);
+          div.append(warning);
+        }
+        const waiting = document.createElement("p");
+        waiting.className = "state";
+        waiting.textContent = "Waiting for you to sign in… the conversation goes on by itself once you have.";
+        div.append(waiting);
+      }
+      return div;
+    });
+    $("signins").replaceChildren(...cards);
+  }
+
   function renderLive() {
     $("live").textContent = Array.from(state.live.values()).join("\n");
   }
@@ -218,6 +290,13 @@
     if (type === "error") status("error: " + data.message);
     if (type === "input_required") { state.questions.set(data.tool_call_id, data); renderQuestions(); }
     if ((type === "tool_result" || type === "event") && state.questions.delete(data.tool_call_id)) renderQuestions();
+    if (type === "tool_call") state.toolNames.set(data.tool_call_id, data.name);
+    if (type === "oauth_required") {
+      state.signins.set(data.tool_call_id, { tool_call_id: data.tool_call_id, thread_id: data.thread_id, auth_url: data.auth_url, done: false });
+      saveSignins();
+      renderSignins();
+    }
+    if ((type === "tool_result" || type === "event") && signedIn(data.tool_call_id)) renderSignins();
     if (type === "turn_complete" && data.thread_id === state.thread) status("idle");
     scheduleRefresh();
   }
@@ -284,8 +363,11 @@
     state.live.clear();
     state.unfolded.clear();
     state.questions.clear();
+    loadSignins();
+    state.toolNames.clear();
     renderLive();
     renderQuestions();
+    renderSignins();
     loadHistory().then(() => connect()).catch((e) => status(e.message));
   }
 

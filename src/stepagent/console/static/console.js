@@ -40,6 +40,24 @@
     if (options.some(function (o) { return o.value === chosen; })) select.value = chosen;
   }
 
+  // What a person is typing into a tool's question survives the page's redraws (another thread's progress
+  // re-renders the whole live part): the values are carried over to the same question's new form.
+  function typedAnswers() {
+    var kept = {};
+    live.querySelectorAll("form.question [name^='field.']").forEach(function (input) {
+      var form = input.closest("form");
+      kept[form.getAttribute("data-tool-call-id") + "\n" + input.name] = input.value;
+    });
+    return kept;
+  }
+
+  function restoreAnswers(kept) {
+    live.querySelectorAll("form.question [name^='field.']").forEach(function (input) {
+      var key = input.closest("form").getAttribute("data-tool-call-id") + "\n" + input.name;
+      if (Object.prototype.hasOwnProperty.call(kept, key)) input.value = kept[key];
+    });
+  }
+
   function rerender() {
     var root = live.getAttribute("data-root");
     return fetch("/c/" + encodeURIComponent(root) + "/fragment", { headers: { "X-Requested-With": "fetch" } })
@@ -47,7 +65,9 @@
         if (!response.ok) return;
         var signature = response.headers.get("X-Signature");
         return response.text().then(function (body) {
+          var kept = typedAnswers();
           live.innerHTML = body;
+          restoreAnswers(kept);
           if (signature) live.setAttribute("data-signature", signature);
           refreshThreads();
         });
