@@ -185,7 +185,7 @@ async def test_mutation_not_absorbing_answers_to_answered_calls_is_caught(
                 return False
         else:
             self._interrupt_pending_tool_call()
-        self._append(item, message_id)
+        self.append_generated(item, message_id)
         self.record_processed(message_id)
         return True
 
