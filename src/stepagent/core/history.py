@@ -68,6 +68,27 @@ from stepagent.stores.base import (
 INTERRUPTED_TEXT = "Tool call interrupted by user"
 
 
+def _own_history(
+    snapshot: ThreadSnapshot, cached: CachedThread | None, *, counting: bool
+) -> tuple[list[HistoryItem], list[int | None], int]:
+    """A thread's own history from its snapshot: the cached items when the snapshot read only rows after
+    them, else its summary (if any), then the rows read; with their orders and (``counting``) encoded size."""
+    items: list[HistoryItem] = []
+    orders: list[int | None] = []
+    size = 0
+    if snapshot.incremental and cached is not None:
+        items, orders, size = list(cached.items), list(cached.orders), cached.size
+    elif snapshot.summary is not None:
+        items, orders = [snapshot.summary], [snapshot.summary.up_to_order]
+        size = item_bytes(snapshot.summary)
+    for row in snapshot.rows:
+        items.append(row.item)
+        orders.append(row.order)
+        if counting:
+            size += row.encoded_bytes if row.encoded_bytes is not None else item_bytes(row.item)
+    return items, orders, size
+
+
 class HistoryManager:
     """The history of one thread for one step (step mode) or one driver lifetime (local mode)."""
 
@@ -160,19 +181,7 @@ class HistoryManager:
         chain = await ancestor_chain(conversation, thread_id) if info and info.parent_id else []
         own = not chain or snapshot.summary_order is not None or snapshot.incremental
         if own:
-            items: list[HistoryItem] = []
-            orders: list[int | None] = []
-            size = 0
-            if snapshot.incremental and cached is not None:
-                items, orders, size = list(cached.items), list(cached.orders), cached.size
-            elif snapshot.summary is not None:
-                items, orders = [snapshot.summary], [snapshot.summary.up_to_order]
-                size = item_bytes(snapshot.summary)
-            for row in snapshot.rows:
-                items.append(row.item)
-                orders.append(row.order)
-                if cache is not None:
-                    size += row.encoded_bytes if row.encoded_bytes is not None else item_bytes(row.item)
+            items, orders, size = _own_history(snapshot, cached, counting=cache is not None)
             compacted = snapshot.summary_order
             prefix, rows_read = 0, len(snapshot.rows)
         else:

@@ -50,20 +50,11 @@ writes. What it relies on here:
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 
-from stepagent.agent_config import AgentConfig
-from stepagent.core.agents import ThreadAgent, check_agents, resolve_agent
-from stepagent.core.cache_ttl import (
-    choose_ttl,
-    input_wait_kinds,
-    is_slow_person,
-    is_slow_wait,
-    latest_call_kind,
-)
-from stepagent.core.completion import CompletionOutcome, CompletionRunner, RetryPolicy, sync_result_id
+from stepagent.core.agents import ThreadAgent, resolve_agent
+from stepagent.core.cache_ttl import choose_ttl, resumes_slowly
+from stepagent.core.completion import CompletionOutcome, CompletionRunner
 from stepagent.core.context_window import (
     CompactionRequest,
     awaits_model,
@@ -78,86 +69,23 @@ from stepagent.core.context_window import (
 from stepagent.core.effects import StepEffects, StepEnd, ToolServices
 from stepagent.core.fold_order import PendingCall, fold_order
 from stepagent.core.history import HistoryManager
+from stepagent.core.outbox import Outbox
 from stepagent.core.prepare import Preparer
-from stepagent.core.thread_cache import ThreadCache
+from stepagent.core.step_config import StepConfig, StepInput, StepOutcome
 from stepagent.core.turn import turn_is_complete
 from stepagent.core.turn_end import end_of_turn, stop_kept
 from stepagent.events import AgentEvent, CompletionStarted, Info, Observer
-from stepagent.history_items import ToolResultItem
 from stepagent.messages import (
     ApprovalDecision,
     Compaction,
     CompactionComplete,
-    InputMessage,
-    ToolCall,
     ToolResult,
     UserChoiceRequired,
 )
-from stepagent.providers.base import ModelProvider, Usage
-from stepagent.providers.prices import CATALOG_PRICES, PriceTable
-from stepagent.senders.base import InputSender
+from stepagent.providers.base import Usage
 from stepagent.stores.base import ConversationStore, DeferredInput, DispatchIntent, StateStore
-from stepagent.tools.base import FunctionRunner, LifecycleNotifier, TimerBackend, Toolset
-from stepagent.tracing import Tracer
 
-
-@dataclass(slots=True)
-class StepConfig:
-    """Everything a step needs besides the stores.
-
-    ``provider`` is the default agent's model and ``toolset`` every tool the deployment has (what a thread
-    is offered is chosen per thread from ``agent``: :mod:`stepagent.core.agents`). ``providers`` holds the
-    models of profiles that name one (``<provider>:<model id>`` → provider). ``tracer`` receives the
-    spans of steps, model calls and tool runs (none: no tracing). Building a config checks that every
-    profile can be served (``ConfigurationError`` otherwise)."""
-
-    provider: ModelProvider
-    toolset: Toolset
-    sender: InputSender
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    providers: Mapping[str, ModelProvider] = field(default_factory=dict)
-    callback_url: str | None = None
-    timers: TimerBackend | None = None
-    runner: FunctionRunner | None = None
-    notifier: LifecycleNotifier | None = None
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    tracer: Tracer | None = None
-    compaction_lease_seconds: float = 3600.0
-    clock: Callable[[], float] = time.time
-    #: A warm worker's cache of loaded threads (``core/thread_cache.py``); ``None``: every step reads all.
-    thread_cache: ThreadCache | None = None
-    #: Model prices, for ``cost_usd`` in usage records and events and for the conversation cost limit.
-    prices: PriceTable = CATALOG_PRICES
-
-    def __post_init__(self) -> None:
-        check_agents(
-            self.agent,
-            self.toolset,
-            self.providers,
-            default_model=self.provider.info.name,
-            prices=self.prices,
-        )
-
-
-@dataclass(slots=True)
-class StepOutcome:
-    """What one step of one thread did: whether it ran to its commit, the model usage, the error if any."""
-
-    thread_id: str
-    completed: bool = False
-    usage: Usage | None = None
-    context_window: int = 0
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StepInput:
-    """One input of a step: the message, its logical id (the dedup id every redelivery carries) and the
-    W3C trace context it arrived with (``None``: it starts a trace of its own)."""
-
-    message: InputMessage
-    message_id: str
-    traceparent: str | None = None
+__all__ = ["StepConfig", "StepInput", "StepOutcome", "ThreadStep"]
 
 
 class ThreadStep:
@@ -199,7 +127,7 @@ class ThreadStep:
                 metadata = item.message.metadata
         self._agent(history, metadata)
 
-        owes_completion = await self._redrive_outbox(history)
+        owes_completion = await self._outbox.redrive()
         if history.info is not None and history.info.closed:
             history.turn_complete = True
             await self._effects.commit()
@@ -209,7 +137,8 @@ class ThreadStep:
         # compaction (see ``owes_after_compaction``).
         info = history.info
         unfinished = info is not None and info.turn_complete is False and history.pending_tool_call() is None
-        self._slow_wait = self._resumes_slow_wait(history, inputs)
+        messages = [i.message for i in inputs]
+        self._slow_wait = resumes_slowly(history, messages, self.config.toolset, self.config.clock)
         batch = await self._apply_deferral(history, list(inputs))
         preparer = self._preparer(history, metadata)
         preparer.pending_choices.extend(await self._choices_if_needed(batch))
@@ -224,7 +153,7 @@ class ThreadStep:
                 ready = ready or owes_after_compaction(history)
         await self._effects.cancel_interrupted(history.take_interrupted_tool_calls())
         if preparer.approved:
-            owes_completion = await self._run_approved(history, preparer.approved) or owes_completion
+            owes_completion = await self._outbox.run_approved(preparer.approved) or owes_completion
 
         if not ready and not owes_completion and not (saw_duplicate and awaits_model(history)):
             await self._end_without_model(history, batch, redelivered=saw_duplicate)
@@ -266,6 +195,7 @@ class ThreadStep:
             emit=self.emit,
             tracer=config.tracer,
         )
+        self._outbox = Outbox(history, self.state, config.toolset, self.effects, self.emit)
         return history
 
     def _preparer(self, history: HistoryManager, metadata: object) -> Preparer:
@@ -306,19 +236,7 @@ class ThreadStep:
         error), commit, dispatch, report."""
         agent, config = self._agent(history, history.metadata), self.config
         self.emit(CompletionStarted())
-        runner = CompletionRunner(
-            agent,
-            history,
-            self._effects,
-            self.emit,
-            message_id,
-            retry=config.retry,
-            cancel=self.cancel,
-            tracer=config.tracer,
-            prices=config.prices,
-            cache_ttl=choose_ttl(agent.prompt_cache_ttl, slow=self._slow_wait),
-            estimate_scale=await estimate_scale(self.conversation, history),
-        )
+        runner = await self._runner(history, agent, message_id)
         outcome = CompletionOutcome(refusal=refusal) if refusal is not None else await runner.run()
         intent = None
         if outcome.action is not None:
@@ -365,6 +283,23 @@ class ThreadStep:
             self.emit(done)
         return StepOutcome(self.thread_id, True, outcome.usage, window, end.error)
 
+    async def _runner(self, history: HistoryManager, agent: ThreadAgent, message_id: str) -> CompletionRunner:
+        """The model rounds of this step, as ``agent``, answering ``message_id``."""
+        config = self.config
+        return CompletionRunner(
+            agent,
+            history,
+            self._effects,
+            self.emit,
+            message_id,
+            retry=config.retry,
+            cancel=self.cancel,
+            tracer=config.tracer,
+            prices=config.prices,
+            cache_ttl=choose_ttl(agent.prompt_cache_ttl, slow=self._slow_wait),
+            estimate_scale=await estimate_scale(self.conversation, history),
+        )
+
     def _compaction_request(self, history: HistoryManager) -> CompactionRequest:
         """The request that asks this thread to compact itself (``core/context_window.py``)."""
         config = self.config
@@ -384,61 +319,6 @@ class ThreadStep:
     def _effects(self) -> StepEffects:
         assert self.effects is not None  # built by run() right after the load
         return self.effects
-
-    # ---- outbox -----------------------------------------------------------------------------------------------
-
-    async def _redrive_outbox(self, history: HistoryManager) -> bool:
-        """Dispatch intents a previous run committed but did not finish. Returns whether a re-run
-        synchronous tool left a result the model has not seen yet."""
-        if history.snapshot.open_intents is False:
-            return False  # the store knows there are none
-        intents = await self.state.open_intents(self.thread_id)
-        if not intents:
-            return False
-        await history.prefetch(tool_call_ids=[i.tool_call_id for i in intents])
-        owes_completion = False
-        for intent in intents:
-            owes_completion = await self._drive_intent(history, intent, redrive=True) or owes_completion
-        return owes_completion
-
-    async def _run_approved(self, history: HistoryManager, approved: Sequence[DispatchIntent]) -> bool:
-        """Run the calls people approved in this step: first commit the decisions and the calls' intents
-        (so the call never runs before its decision is durable, and a crash from here on re-drives the
-        intent instead of losing the decision), then drive each intent like a re-driven one."""
-        await self._effects.commit()
-        owes_completion = False
-        for intent in approved:
-            owes_completion = await self._drive_intent(history, intent, redrive=False) or owes_completion
-        return owes_completion
-
-    async def _drive_intent(self, history: HistoryManager, intent: DispatchIntent, *, redrive: bool) -> bool:
-        """Run or dispatch one committed intent (a re-driven one, or a call a person just approved).
-        Returns whether a synchronous tool left a result the model has not seen yet."""
-        effects = self._effects
-        if history.is_answered(intent.tool_call_id):
-            await effects.intent_done(intent.tool_call_id)
-            return False
-        tool = self.config.toolset.get(intent.tool_name)
-        if tool is not None and tool.inline:
-            pending = history.pending_tool_call()
-            if pending is None or pending.call.id != intent.tool_call_id:
-                await effects.intent_done(intent.tool_call_id)
-                return False
-            call = ToolCall(
-                id=intent.tool_call_id,
-                name=intent.tool_name,
-                arguments=intent.arguments,
-                call_id=intent.call_id,
-            )
-            result = await effects.rerun_inline(tool, call)
-            history.append_generated(ToolResultItem(result=result), sync_result_id(call.id))
-            await effects.commit()
-            await effects.intent_done(intent.tool_call_id)
-            return True
-        if redrive:
-            self.emit(Info(f"Re-dispatching tool call {intent.tool_call_id} ({intent.tool_name})"))
-        await effects.dispatch(intent)
-        return False
 
     # ---- deferral -----------------------------------------------------------------------------------------------
 
@@ -478,29 +358,6 @@ class ThreadStep:
         )
 
     # ---- helpers --------------------------------------------------------------------------------------------------
-
-    def _resumes_slow_wait(self, history: HistoryManager, inputs: Sequence[StepInput]) -> bool:
-        """Whether the step resumes the thread from a slow wait, or its person is a slow one (cache TTL)."""
-        pending = history.pending_tool_call()
-        open_calls = {} if pending is None else {pending.call.id: pending.call.name}
-        kinds = input_wait_kinds((i.message for i in inputs), open_calls, self.config.toolset)
-        latest = latest_call_kind(history.history, self.config.toolset)
-        slow = is_slow_wait(kinds if latest is None else {*kinds, latest})
-        return slow or is_slow_person(self._person_gap(history, inputs))
-
-    def _person_gap(self, history: HistoryManager, inputs: Sequence[StepInput]) -> float | None:
-        """How long the thread's person took to write after its last turn: measured now when a message of
-        theirs ends a finished turn (and recorded on the head with this step's commit), else the
-        thread's last measure. The end of every turn then records its time (``HistoryManager.clock``)."""
-        history.clock = self.config.clock
-        info = history.info
-        if info is None:
-            return None
-        person = any(i.message.is_user_text and i.message.synthetic is None for i in inputs)
-        if person and info.turn_complete and info.turn_ended_at is not None:
-            history.person_gap = max(0.0, self.config.clock() - info.turn_ended_at)
-            return history.person_gap
-        return info.person_gap
 
     async def _choices_if_needed(self, batch: Sequence[StepInput]) -> list[UserChoiceRequired]:
         """Pending choices matter only when a tool result may answer one; skip the read otherwise."""
