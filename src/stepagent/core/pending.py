@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stepagent.history_items import HistoryItem
+from stepagent.history_items import HistoryItem, ToolCallItem
 from stepagent.messages import ToolCall
 from stepagent.stores.base import Commit, DeferredInput, DispatchIntent, UsageRecord
 
@@ -48,11 +48,11 @@ class PendingCommit:
         """Dispatch ``intent`` after the commit (the outbox: it stays open until it was dispatched)."""
         self.intents.append(intent)
 
-    def subscribe(self, tool_call_id: str, call: ToolCall | None = None) -> None:
-        """Record the subscription ``tool_call_id`` started; its ``call`` (if known) stays findable."""
+    def subscribe(self, tool_call_id: str, found: ToolCallItem | None = None) -> None:
+        """Record the subscription ``tool_call_id`` started; its call (``found`` in history) stays findable."""
         self.subscriptions_added.append(tool_call_id)
-        if call is not None:
-            self.index_call(call)
+        if found is not None:
+            self.index_call(found.call)
 
     def unsubscribe(self, tool_call_id: str) -> None:
         """Record that the subscription ``tool_call_id`` ended."""

@@ -212,8 +212,7 @@ class Preparer:
             self.history.turn_model_calls = 0  # user input starts a new turn: the per-turn count restarts
         if isinstance(content, ToolResult):
             if message.subscription:
-                found = self.history.find_tool_call(content.id)
-                self.history.pending.subscribe(content.id, found.call if found is not None else None)
+                self.history.pending.subscribe(content.id, self.history.find_tool_call(content.id))
                 (await self._active_subscriptions()).add(content.id)  # later inputs of this batch see it
             text = content.first_text()
             if text is not None:

@@ -8,8 +8,9 @@ writes. What it relies on here:
 
 - Sync before dispatch: the asynchronous call and its dispatch intent are committed, atomically with the
   step's inputs and rows, before the tool is dispatched (:class:`~stepagent.core.effects.StepEnd`).
-- Outbox: an intent is marked done only after its dispatch; every step first re-drives open intents with
-  the same idempotency key (the tool call id), so no crash point leaves an unanswered, undispatched call.
+- Outbox (``core/outbox.py``): an intent is marked done only after its dispatch; every step first
+  re-drives open intents with the same idempotency key (the tool call id), so no crash point leaves an
+  unanswered, undispatched call.
 - Resume: a redelivered input that is already processed, on a thread whose history still ends with
   something the model has not answered, makes the step run the completion it owes.
 - Deferral: while a non-passive tool call is pending, reports/events/parent messages are stored durably
@@ -127,7 +128,8 @@ class ThreadStep:
                 metadata = item.message.metadata
         self._agent(history, metadata)
 
-        owes_completion = await self._outbox.redrive()
+        outbox = Outbox(history, self.state, self.config.toolset, self._effects, self.emit)
+        owes_completion = await outbox.redrive()
         if history.info is not None and history.info.closed:
             history.turn_complete = True
             await self._effects.commit()
@@ -153,7 +155,7 @@ class ThreadStep:
                 ready = ready or owes_after_compaction(history)
         await self._effects.cancel_interrupted(history.take_interrupted_tool_calls())
         if preparer.approved:
-            owes_completion = await self._outbox.run_approved(preparer.approved) or owes_completion
+            owes_completion = await outbox.run_approved(preparer.approved) or owes_completion
 
         if not ready and not owes_completion and not (saw_duplicate and awaits_model(history)):
             await self._end_without_model(history, batch, redelivered=saw_duplicate)
@@ -195,7 +197,6 @@ class ThreadStep:
             emit=self.emit,
             tracer=config.tracer,
         )
-        self._outbox = Outbox(history, self.state, config.toolset, self.effects, self.emit)
         return history
 
     def _preparer(self, history: HistoryManager, metadata: object) -> Preparer:
