@@ -216,7 +216,6 @@ async def test_a_trigger_measured_before_the_summary_landed_starts_no_second_com
     """Reference issue #64: a step that loaded the thread before the summary landed reports the old, high
     usage after the compaction finished. Its request names the same (old) state as the first one, so the
     thread drops it as already processed."""
-    from stepagent.core.context_window import compaction_due
     from stepagent.core.step import ThreadStep
     from stepagent.providers.base import Usage
 
@@ -227,8 +226,8 @@ async def test_a_trigger_measured_before_the_summary_landed_starts_no_second_com
 
     async def trigger(history: HistoryManager) -> None:
         """What a step's end does with the request it decided on: send it (``StepEffects.finish``)."""
-        assert compaction_due(history, Usage(input_tokens=1900), 2000, 0.75)
-        request = step._compaction_request(history)
+        request = step._compaction_request(history, Usage(input_tokens=1900), 2000)
+        assert request is not None
         await h.config.sender.send(*request)
 
     await trigger(stale)

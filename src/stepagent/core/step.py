@@ -53,6 +53,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from stepagent.agent_config import DEFAULT_COMPACTION_THRESHOLD
 from stepagent.core.agents import ThreadAgent, resolve_agent
 from stepagent.core.cache_ttl import choose_ttl, resumes_slowly
 from stepagent.core.completion import CompletionOutcome, CompletionRunner
@@ -250,7 +251,8 @@ class ThreadStep:
             outcome.needs_compaction
             or over_limit(history, agent, runner.system_prompt, scale=runner.estimate_scale)
         )
-        due = compaction_due(history, outcome.usage, window, agent.compaction_threshold, over=over)
+        threshold = agent.compaction_threshold
+        due = compaction_due(history, outcome.usage, window, threshold, over=over)
         history.turn_complete = turn_is_complete(history, config.toolset, compaction_due=due)
         end = end_of_turn(
             outcome,
@@ -276,7 +278,9 @@ class ThreadStep:
                 sync_calls=outcome.executed_sync_calls,
                 observe=end.observe,
                 dispatch=intent,
-                compaction_request=self._compaction_request(history) if due else None,
+                compaction_request=self._compaction_request(
+                    history, outcome.usage, window, threshold, over=over
+                ),
                 compaction_notice=notice,
             )
         )
@@ -301,8 +305,19 @@ class ThreadStep:
             estimate_scale=await estimate_scale(self.conversation, history),
         )
 
-    def _compaction_request(self, history: HistoryManager) -> CompactionRequest:
-        """The request that asks this thread to compact itself (``core/context_window.py``)."""
+    def _compaction_request(
+        self,
+        history: HistoryManager,
+        usage: Usage | None,
+        window: int,
+        threshold: float = DEFAULT_COMPACTION_THRESHOLD,
+        *,
+        over: bool = False,
+    ) -> CompactionRequest | None:
+        """The request that asks this thread to compact itself, if compaction is due (both decided by
+        ``core/context_window.py``)."""
+        if not compaction_due(history, usage, window, threshold, over=over):
+            return None
         config = self.config
         return compaction_request(history, now=config.clock(), lease_seconds=config.compaction_lease_seconds)
 
@@ -310,11 +325,9 @@ class ThreadStep:
         agent = self._agent(history, history.metadata)
         scale = await estimate_scale(self.conversation, history)
         over = over_limit(history, agent, thread_system_prompt(history, agent), scale=scale)
-        if not compaction_due(
+        return self._compaction_request(
             history, None, agent.info.context_window, agent.compaction_threshold, over=over
-        ):
-            return None
-        return self._compaction_request(history)
+        )
 
     @property
     def _effects(self) -> StepEffects:
