@@ -19,7 +19,8 @@ from stepagent.api.server import open_api
 from stepagent.client import Client
 from stepagent.messages import InputMessage, OAuthRequired, ToolResult
 from stepagent.tools.base import Tool, ToolContext
-from tests.api.test_browser import LiveApi, open_conversation, send, transcript, wait_for
+from tests.api.test_browser import LiveApi, open_conversation, send, transcript
+from tests.browser import wait_for
 from tests.client.deployment import FunctionModel, Gate, call, deployment, say
 from tests.console.test_browser import Background, browser  # noqa: F401 - the shared browser fixture
 

@@ -27,8 +27,8 @@ from tests.console.test_browser import (
     browser,  # noqa: F401 - the shared browser fixture
     screenshot,
     text_shown,
-    wait_for,
 )
+from tests.browser import wait_for
 
 
 def on_the_form(driver: WebDriver, act: Callable[[WebElement], None], message: str) -> None:

@@ -186,7 +186,7 @@ async def test_mutation_not_absorbing_answers_to_answered_calls_is_caught(
                 return False
         else:
             self._interrupt_pending_tool_call()
-        self._append(item, message_id)
+        self.append_generated(item, message_id)
         self.record_processed(message_id)
         return True
 
@@ -205,17 +205,17 @@ async def test_mutation_running_an_approved_call_before_committing_the_decision_
     """Without the commit that makes the decision (and the call's intent) durable before the call runs,
     the approval scenario's dispatch check fails even without a crash: the tool ran while the decision
     existed only in memory."""
-    from stepagent.core.step import ThreadStep
+    from stepagent.core.outbox import Outbox
 
-    async def run_before_commit(self: ThreadStep, history: Any, approved: Any) -> bool:
+    async def run_before_commit(self: Outbox, approved: Any) -> bool:
         owes = False
         for intent in approved:
-            owes = await self._drive_intent(history, intent, redrive=False) or owes
+            owes = await self.drive(intent, redrive=False) or owes
         return owes
 
     clean = await run_memory(SCENARIOS["approval"])
     assert not (await check_memory_world(clean))[1]
-    monkeypatch.setattr(ThreadStep, "_run_approved", run_before_commit)
+    monkeypatch.setattr(Outbox, "run_approved", run_before_commit)
     world = await run_memory(SCENARIOS["approval"])
     _, problems = await check_memory_world(world)
     assert any("dispatched before it (and a decision it waits for) was committed" in p for p in problems), (
@@ -242,17 +242,17 @@ async def test_mutation_resuming_an_answered_call_before_committing_the_answer_i
 ) -> None:
     """Without the commit that makes the answer (and the resumed call's intent) durable before the call is
     re-sent, the elicitation scenario's dispatch check fails even without a crash."""
-    from stepagent.core.step import ThreadStep
+    from stepagent.core.outbox import Outbox
 
-    async def run_before_commit(self: ThreadStep, history: Any, approved: Any) -> bool:
+    async def run_before_commit(self: Outbox, approved: Any) -> bool:
         owes = False
         for intent in approved:
-            owes = await self._drive_intent(history, intent, redrive=False) or owes
+            owes = await self.drive(intent, redrive=False) or owes
         return owes
 
     clean = await run_memory(SCENARIOS["elicit"])
     assert not (await check_memory_world(clean))[1]
-    monkeypatch.setattr(ThreadStep, "_run_approved", run_before_commit)
+    monkeypatch.setattr(Outbox, "run_approved", run_before_commit)
     world = await run_memory(SCENARIOS["elicit"])
     _, problems = await check_memory_world(world)
     assert any("dispatched before it (and a decision it waits for) was committed" in p for p in problems), (

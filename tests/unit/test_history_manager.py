@@ -182,8 +182,8 @@ async def test_load_unknown_thread_is_empty_and_creates_nothing(stores: Stores) 
     assert hm.ancestors == []
     assert hm.metadata is None
     assert (hm.compacted_up_to, hm.ancestor_prefix_len) == (None, 0)
-    assert hm.turn_buffer_is_empty
-    assert not hm.has_uncommitted_changes
+    assert hm.turn.is_empty
+    assert hm.pending.is_empty()
     assert await conv.get_thread(thread) is None
     assert await hm.sync() is False
     assert await conv.get_thread(thread) is None
@@ -210,7 +210,7 @@ async def test_ep01_simple_user_message_on_empty_history(stores: Stores) -> None
     hm = await manager(stores, uid("t"))
     assert await hm.handle_content(user("hello"), "m-1") is True
     assert hm.history == [user("hello")]
-    assert hm.has_uncommitted_changes
+    assert not hm.pending.is_empty()
 
 
 async def test_ep11_duplicate_message_id_in_one_step(stores: Stores) -> None:
@@ -256,14 +256,14 @@ async def test_ep02_consecutive_text_chunks_are_coalesced(stores: Stores) -> Non
     conv, _ = stores
     thread = uid("t")
     hm = await manager(stores, thread)
-    hm.handle_completion(AssistantText("Hello"), "c-1")
-    hm.handle_completion(AssistantText(", "), "c-2")
-    hm.handle_completion(AssistantText("world"), "c-3")
+    hm.turn.add(AssistantText("Hello"), "c-1")
+    hm.turn.add(AssistantText(", "), "c-2")
+    hm.turn.add(AssistantText("world"), "c-3")
     assert hm.history == []
     assert hm.current_turn_view() == [AssistantText("Hello, world")]
-    assert not hm.turn_buffer_is_empty
+    assert not hm.turn.is_empty
     hm.flush_turn()
-    assert hm.turn_buffer_is_empty
+    assert hm.turn.is_empty
     assert hm.history == [AssistantText("Hello, world")]
     await hm.sync()
     stored = await rows(conv, thread)
@@ -276,9 +276,9 @@ async def test_ep03_text_chunks_not_coalesced_across_non_text_item(stores: Store
     conv, _ = stores
     thread = uid("t")
     hm = await manager(stores, thread)
-    hm.handle_completion(AssistantText("before"), "c-1")
-    hm.handle_completion(ToolCallItem(ToolCall(id="tc-1", name="t")), "c-2")
-    hm.handle_completion(AssistantText("after"), "c-3")
+    hm.turn.add(AssistantText("before"), "c-1")
+    hm.turn.add(ToolCallItem(ToolCall(id="tc-1", name="t")), "c-2")
+    hm.turn.add(AssistantText("after"), "c-3")
     hm.flush_turn()
     assert texts(hm.history) == ["assistant:before", "call:tc-1", "assistant:after"]
     await hm.sync()
@@ -287,12 +287,12 @@ async def test_ep03_text_chunks_not_coalesced_across_non_text_item(stores: Store
 
 async def test_reasoning_is_never_coalesced(stores: Stores) -> None:
     hm = await manager(stores, uid("t"))
-    hm.handle_completion(Reasoning("a", signature="s1"), "c-1")
-    hm.handle_completion(Reasoning("b", signature="s2"), "c-2")
-    hm.handle_completion(AssistantText("x"), "c-3")
-    hm.handle_completion(Reasoning("c", signature="s3"), "c-4")
-    hm.handle_completion(AssistantText("y"), "c-5")
-    hm.handle_completion(AssistantText("z"), "c-6")
+    hm.turn.add(Reasoning("a", signature="s1"), "c-1")
+    hm.turn.add(Reasoning("b", signature="s2"), "c-2")
+    hm.turn.add(AssistantText("x"), "c-3")
+    hm.turn.add(Reasoning("c", signature="s3"), "c-4")
+    hm.turn.add(AssistantText("y"), "c-5")
+    hm.turn.add(AssistantText("z"), "c-6")
     assert texts(hm.current_turn_view()) == [
         "reasoning:a",
         "reasoning:b",
@@ -306,8 +306,8 @@ async def test_handle_completion_rejects_non_assistant_items(stores: Stores) -> 
     hm = await manager(stores, uid("t"))
     for item in (user("x"), result("tc"), Summary("s", 1)):
         with pytest.raises(InvariantViolation):
-            hm.handle_completion(item, "c-1")
-    assert hm.turn_buffer_is_empty
+            hm.turn.add(item, "c-1")
+    assert hm.turn.is_empty
 
 
 async def test_ep04_buffered_turn_is_not_committed_until_flush(stores: Stores) -> None:
@@ -316,15 +316,15 @@ async def test_ep04_buffered_turn_is_not_committed_until_flush(stores: Stores) -
     hm = await manager(stores, thread)
     await hm.handle_content(user("question"), "m-1")
     await hm.sync()
-    hm.handle_completion(Reasoning("thinking", signature="sig"), "c-1")
-    hm.handle_completion(AssistantText("answer"), "c-2")
+    hm.turn.add(Reasoning("thinking", signature="sig"), "c-1")
+    hm.turn.add(AssistantText("answer"), "c-2")
     assert len(hm.history) == 1
-    assert not hm.has_uncommitted_changes
+    assert hm.pending.is_empty()
     assert len(hm.current_turn_view()) == 3
     hm.flush_turn()
     assert len(hm.history) == 3
-    assert hm.has_uncommitted_changes
-    assert hm.turn_buffer_is_empty
+    assert not hm.pending.is_empty()
+    assert hm.turn.is_empty
     await hm.sync()
     assert [row.item for row in await rows(conv, thread)] == [
         user("question"),
@@ -338,9 +338,9 @@ async def test_ep05_discard_turn_leaves_history_clean(stores: Stores) -> None:
     thread = uid("t")
     hm = await manager(stores, thread)
     await hm.handle_content(user("question"), "m-1")
-    hm.handle_completion(AssistantText("partial ans"), "c-1")
-    hm.discard_turn()
-    assert hm.turn_buffer_is_empty
+    hm.turn.add(AssistantText("partial ans"), "c-1")
+    hm.turn.discard()
+    assert hm.turn.is_empty
     assert hm.history == [user("question")]
     assert hm.current_turn_view() == [user("question")]
     await hm.sync()
@@ -350,38 +350,38 @@ async def test_ep05_discard_turn_leaves_history_clean(stores: Stores) -> None:
 async def test_ep06_trimming_flush_keeps_text_drops_trailing_reasoning(stores: Stores) -> None:
     hm = await manager(stores, uid("t"))
     await hm.handle_content(user("q"), "m-1")
-    hm.handle_completion(AssistantText("here is the answer"), "c-1")
-    hm.handle_completion(Reasoning("more thoughts", signature="sig"), "c-2")
-    hm.flush_turn_trimming_reasoning()
+    hm.turn.add(AssistantText("here is the answer"), "c-1")
+    hm.turn.add(Reasoning("more thoughts", signature="sig"), "c-2")
+    hm.flush_turn(trim_reasoning=True)
     assert hm.history == [user("q"), AssistantText("here is the answer")]
-    assert hm.turn_buffer_is_empty
+    assert hm.turn.is_empty
 
 
 async def test_ep07_trimming_flush_trims_interleaved_blank_text(stores: Stores) -> None:
     hm = await manager(stores, uid("t"))
     await hm.handle_content(user("q"), "m-1")
-    hm.handle_completion(Reasoning("r1", signature="s"), "c-1")
-    hm.handle_completion(AssistantText("  "), "c-2")
-    hm.handle_completion(Reasoning("r2", signature="s"), "c-3")
-    hm.flush_turn_trimming_reasoning()
+    hm.turn.add(Reasoning("r1", signature="s"), "c-1")
+    hm.turn.add(AssistantText("  "), "c-2")
+    hm.turn.add(Reasoning("r2", signature="s"), "c-3")
+    hm.flush_turn(trim_reasoning=True)
     assert hm.history == [user("q")]
-    assert hm.turn_buffer_is_empty
+    assert hm.turn.is_empty
     assert hm.own_items() == [(1, user("q"))]  # nothing from the trimmed turn got an order
 
 
 async def test_trimming_flush_stops_at_a_tool_call_or_text(stores: Stores) -> None:
     hm = await manager(stores, uid("t"))
-    hm.handle_completion(Reasoning("r1", signature="s"), "c-1")
-    hm.handle_completion(AssistantText("visible"), "c-2")
-    hm.handle_completion(Reasoning("r2", signature="s"), "c-3")
-    hm.handle_completion(AssistantText("\n\t "), "c-4")
-    hm.flush_turn_trimming_reasoning()
+    hm.turn.add(Reasoning("r1", signature="s"), "c-1")
+    hm.turn.add(AssistantText("visible"), "c-2")
+    hm.turn.add(Reasoning("r2", signature="s"), "c-3")
+    hm.turn.add(AssistantText("\n\t "), "c-4")
+    hm.flush_turn(trim_reasoning=True)
     assert texts(hm.history) == ["reasoning:r1", "assistant:visible"]
 
     other = await manager(stores, uid("t"))
-    other.handle_completion(Reasoning("r1", signature="s"), "c-1")
-    other.handle_completion(ToolCallItem(ToolCall(id="tc-1", name="t")), "c-2")
-    other.flush_turn_trimming_reasoning()
+    other.turn.add(Reasoning("r1", signature="s"), "c-1")
+    other.turn.add(ToolCallItem(ToolCall(id="tc-1", name="t")), "c-2")
+    other.flush_turn(trim_reasoning=True)
     assert texts(other.history) == ["reasoning:r1", "call:tc-1"]
 
 
@@ -389,7 +389,7 @@ async def test_ep08_current_turn_view_appends_buffer_to_history(stores: Stores) 
     hm = await manager(stores, uid("t"))
     await hm.handle_content(user("q"), "m-1")
     assert hm.current_turn_view() == [user("q")]
-    hm.handle_completion(AssistantText("partial"), "c-1")
+    hm.turn.add(AssistantText("partial"), "c-1")
     view = hm.current_turn_view()
     assert view == [user("q"), AssistantText("partial")]
     assert hm.history == [user("q")]
@@ -403,7 +403,7 @@ async def test_ep08_current_turn_view_appends_buffer_to_history(stores: Stores) 
 
 async def test_append_with_non_empty_buffer_raises(stores: Stores) -> None:
     hm = await manager(stores, uid("t"))
-    hm.handle_completion(AssistantText("streaming"), "c-1")
+    hm.turn.add(AssistantText("streaming"), "c-1")
     with pytest.raises(InvariantViolation):
         await hm.handle_content(user("interrupting"), "m-1")
     with pytest.raises(InvariantViolation):
@@ -416,7 +416,7 @@ async def test_sync_with_non_empty_buffer_raises(stores: Stores) -> None:
     thread = uid("t")
     hm = await manager(stores, thread)
     await hm.handle_content(user("q"), "m-1")
-    hm.handle_completion(AssistantText("streaming"), "c-1")
+    hm.turn.add(AssistantText("streaming"), "c-1")
     with pytest.raises(InvariantViolation):
         await hm.sync()
     assert await conv.get_thread(thread) is None
@@ -515,7 +515,7 @@ async def test_tool_result_for_non_tail_call_is_ignored_and_not_recorded(stores:
     assert await hm.handle_content(result("tc-1"), "m-late") is False
     assert await hm.handle_content(result("tc-other"), "m-other") is False
     assert len(hm.history) == 3
-    assert not hm.has_uncommitted_changes
+    assert hm.pending.is_empty()
     assert await hm.sync() is False
     assert await state.filter_processed(thread, ["m-late", "m-other"]) == set()
     # A later redelivery is evaluated afresh (not absorbed as processed).
@@ -541,7 +541,7 @@ async def test_tool_result_on_empty_history_is_ignored(stores: Stores) -> None:
     hm = await manager(stores, uid("t"))
     assert await hm.handle_content(result("nonexistent-tc"), "m-1") is False
     assert hm.history == []
-    assert not hm.has_uncommitted_changes
+    assert hm.pending.is_empty()
 
 
 async def test_legacy_event_without_invocation_is_matched_like_a_result(stores: Stores) -> None:
@@ -565,7 +565,7 @@ async def test_answered_call_absorption(stores: Stores) -> None:
     assert await hm.handle_content(result("tc-1", "again"), "m-dup") is False
     assert len(hm.history) == 3
     assert await hm.is_processed("m-dup")
-    assert hm.has_uncommitted_changes
+    assert not hm.pending.is_empty()
     # Not persisted until the next sync, then persisted with it.
     assert await state.filter_processed(thread, ["m-dup"]) == set()
     assert await hm.sync() is True
@@ -612,7 +612,7 @@ async def test_append_generated(stores: Stores) -> None:
     thread = uid("t")
     hm = await manager(stores, thread)
     await hm.handle_content(user("spawn"), "m-1")
-    hm.handle_completion(call("tc-s", name="spawn_thread"), "c-1")
+    hm.turn.add(call("tc-s", name="spawn_thread"), "c-1")
     hm.flush_turn()
     hm.append_generated(result("tc-s", "Child thread is successfully spawned"), "tc-s-sync-result-1")
     assert hm.is_answered("tc-s")
@@ -708,14 +708,14 @@ async def test_sync_commits_everything_in_one_commit(stores: Stores) -> None:
     thread = uid("t")
     hm = await HistoryManager.load(conv, state, thread)  # type: ignore[arg-type]
     await hm.handle_content(user("hello"), "m-1")
-    hm.handle_completion(AssistantText("calling"), "c-1")
-    hm.handle_completion(call("tc-1", name="remote"), "c-2")
+    hm.turn.add(AssistantText("calling"), "c-1")
+    hm.turn.add(call("tc-1", name="remote"), "c-2")
     hm.flush_turn()
-    hm.add_intent(DispatchIntent("tc-1", "remote", {}))
-    hm.track_subscription("sub-1")
+    hm.pending.add_intent(DispatchIntent("tc-1", "remote", {}))
+    hm.pending.subscribe("sub-1")
     hm.update_metadata({"user": "u"})
     message = InputMessage.tool_result(thread, ToolResult.text("sub-1", "evt"), synthetic="sub-1")
-    hm.defer(DeferredInput("d-1", message))
+    hm.pending.defer(DeferredInput("d-1", message))
     assert await hm.sync() is True
     assert len(conv.commits) == 1
     [commit] = conv.commits
@@ -727,7 +727,7 @@ async def test_sync_commits_everything_in_one_commit(stores: Stores) -> None:
     assert list(commit.deferred_added) == [DeferredInput("d-1", message)]
     assert commit.metadata == (thread, {"user": "u"})
     assert hm.version == 1
-    assert not hm.has_uncommitted_changes
+    assert hm.pending.is_empty()
     # Nothing left: a second sync is a no-op and writes nothing.
     assert await hm.sync() is False
     assert len(conv.commits) == 1
@@ -738,13 +738,13 @@ async def test_second_manager_sees_exactly_the_same_history(stores: Stores) -> N
     thread = uid("t")
     hm = await manager(stores, thread)
     await hm.handle_content(user("hello"), "m-1")
-    hm.handle_completion(Reasoning("hmm", signature="sig"), "c-1")
-    hm.handle_completion(AssistantText("let me check"), "c-2")
-    hm.handle_completion(call("tc-1", q="x"), "c-3")
+    hm.turn.add(Reasoning("hmm", signature="sig"), "c-1")
+    hm.turn.add(AssistantText("let me check"), "c-2")
+    hm.turn.add(call("tc-1", q="x"), "c-3")
     hm.flush_turn()
     await hm.sync()
     await hm.handle_content(result("tc-1", "found"), "m-2")
-    hm.handle_completion(AssistantText("answer"), "c-4")
+    hm.turn.add(AssistantText("answer"), "c-4")
     hm.flush_turn()
     await hm.handle_content(event("tc-1", "late event"), "m-3")
     await hm.sync()
@@ -766,7 +766,7 @@ async def test_sync_loses_to_a_concurrent_writer(stores: Stores) -> None:
     second = await manager(stores, thread)
     await first.handle_content(user("from first"), "m-a")
     await second.handle_content(user("from second"), "m-b")
-    second.track_subscription("sub-b")
+    second.pending.subscribe("sub-b")
     assert await first.sync() is True
     with pytest.raises(ConcurrentWriteError):
         await second.sync()
@@ -802,7 +802,7 @@ async def test_ep19_metadata_update_lands_in_commit(stores: Stores) -> None:
     hm = await manager(stores, thread)
     hm.update_metadata({"user_id": "u-123"})
     assert hm.metadata == {"user_id": "u-123"}
-    assert hm.has_uncommitted_changes
+    assert not hm.pending.is_empty()
     assert await state.get_metadata(thread) is None
     await hm.sync()
     assert await state.get_metadata(thread) == {"user_id": "u-123"}
@@ -827,12 +827,12 @@ async def test_track_and_remove_subscription_land_in_commit(stores: Stores) -> N
     _, state = stores
     thread = uid("t")
     hm = await manager(stores, thread)
-    hm.track_subscription("sub-1")
-    hm.track_subscription("sub-2")
+    hm.pending.subscribe("sub-1")
+    hm.pending.subscribe("sub-2")
     assert await state.active_subscriptions(thread) == set()
     assert await hm.sync() is True
     assert await state.active_subscriptions(thread) == {"sub-1", "sub-2"}
-    hm.remove_subscription("sub-1")
+    hm.pending.unsubscribe("sub-1")
     await hm.sync()
     assert await state.active_subscriptions(thread) == {"sub-2"}
     assert hm.version == 2
@@ -843,12 +843,12 @@ async def test_intents_and_deferrals_land_in_commit(stores: Stores) -> None:
     thread = uid("t")
     message = InputMessage.tool_result(thread, ToolResult.text("sub", "evt"), synthetic="sub")
     hm = await manager(stores, thread)
-    hm.add_intent(DispatchIntent("tc-1", "remote", {"a": 1}))
-    hm.defer(DeferredInput("d-1", message))
+    hm.pending.add_intent(DispatchIntent("tc-1", "remote", {"a": 1}))
+    hm.pending.defer(DeferredInput("d-1", message))
     await hm.sync()
     assert await state.open_intents(thread) == [DispatchIntent("tc-1", "remote", {"a": 1})]
     assert await state.deferred_inputs(thread) == [DeferredInput("d-1", message)]
-    hm.undefer("d-1")
+    hm.pending.undefer("d-1")
     await hm.sync()
     assert await state.deferred_inputs(thread) == []
 
@@ -899,7 +899,7 @@ async def test_find_tool_call(stores: Stores) -> None:
     assert hm.find_tool_call("tc-g") == call("tc-g", name="spawn_thread")
     assert hm.find_tool_call("tc-missing") is None
     await hm.handle_content(user("go"), "m-1")
-    hm.handle_completion(call("tc-own", name="own_tool"), "c-1")
+    hm.turn.add(call("tc-own", name="own_tool"), "c-1")
     assert hm.find_tool_call("tc-own") is None  # still in the turn buffer
     hm.flush_turn()
     assert hm.find_tool_call("tc-own") == call("tc-own", name="own_tool")
@@ -929,11 +929,11 @@ async def test_safe_spawn_point_simple_cases(stores: Stores) -> None:
     assert hm.safe_spawn_point() == 0
     await hm.handle_content(user("u1"), "m-1")
     assert hm.safe_spawn_point() == 1
-    hm.handle_completion(AssistantText("a2"), "c-1")
+    hm.turn.add(AssistantText("a2"), "c-1")
     assert hm.safe_spawn_point() == 1  # buffered content does not count
     hm.flush_turn()
     assert hm.safe_spawn_point() == 2
-    hm.handle_completion(call("tc-1"), "c-2")
+    hm.turn.add(call("tc-1"), "c-2")
     hm.flush_turn()
     assert hm.safe_spawn_point() == 2  # trailing unanswered call excluded
     await hm.handle_content(result("tc-1"), "m-2")
@@ -983,8 +983,8 @@ async def test_safe_spawn_point_in_a_child_with_inherited_prefix(stores: Stores)
     assert hm.safe_spawn_point() == 0
     await hm.handle_content(result("tc-spawn", "seed"), "tc-spawn")
     assert hm.safe_spawn_point() == 1
-    hm.handle_completion(AssistantText("child work"), "c-1")
-    hm.handle_completion(call("tc-async"), "c-2")
+    hm.turn.add(AssistantText("child work"), "c-1")
+    hm.turn.add(call("tc-async"), "c-2")
     hm.flush_turn()
     assert hm.safe_spawn_point() == 2
 
@@ -1069,7 +1069,7 @@ async def test_second_compaction_during_tool_call_after_prior_compaction(stores:
     t1 = uid("t1")
     hm = await manager(stores, t1)
     await hm.handle_content(user("first message"), "m-1")
-    hm.handle_completion(AssistantText("first response"), "c-1")
+    hm.turn.add(AssistantText("first response"), "c-1")
     hm.flush_turn()
     await hm.sync()
 
@@ -1095,10 +1095,10 @@ async def test_second_compaction_during_tool_call_after_prior_compaction(stores:
         if n % 2:
             await hm.handle_content(user(text), f"m-{n}")
         else:
-            hm.handle_completion(AssistantText(text), f"c-{n}")
+            hm.turn.add(AssistantText(text), f"c-{n}")
             hm.flush_turn()
     await hm.handle_content(user("fourth message"), "m-7")
-    hm.handle_completion(call("tc-2", name="slow_tool"), "c-8")
+    hm.turn.add(call("tc-2", name="slow_tool"), "c-8")
     hm.flush_turn()
     await hm.sync()
     assert [order for order, _ in hm.own_items()] == [2, 3, 4, 5, 6, 7, 8]
@@ -1123,7 +1123,7 @@ async def test_second_compaction_during_tool_call_after_prior_compaction(stores:
 
     # Meanwhile the tool result arrives in t1.
     await hm.handle_content(result("tc-2", "slow result"), "m-9")
-    hm.handle_completion(AssistantText("processed tool result"), "c-10")
+    hm.turn.add(AssistantText("processed tool result"), "c-10")
     hm.flush_turn()
     await hm.sync()
 
@@ -1156,10 +1156,10 @@ async def test_compaction_inside_a_child_thread(stores: Stores) -> None:
         if n % 2:
             await r.handle_content(user(text), f"m-{n}")
         else:
-            r.handle_completion(AssistantText(text), f"c-{n}")
+            r.turn.add(AssistantText(text), f"c-{n}")
             r.flush_turn()
     await r.handle_content(user("spawn a child"), "m-5")
-    r.handle_completion(call("tc-spawn", name="spawn_thread", instructions="do it"), "c-6")
+    r.turn.add(call("tc-spawn", name="spawn_thread", instructions="do it"), "c-6")
     r.flush_turn()
     await r.sync()  # synced before the sync tool runs
     spawned = await conv.spawn_thread(
@@ -1167,7 +1167,7 @@ async def test_compaction_inside_a_child_thread(stores: Stores) -> None:
     )
     assert spawned.spawn_order == 6
     r.append_generated(result("tc-spawn", f"Child thread is successfully spawned and has ID: {child}"), "r-7")
-    r.handle_completion(AssistantText("ok, child spawned"), "c-8")
+    r.turn.add(AssistantText("ok, child spawned"), "c-8")
     r.flush_turn()
     await r.sync()
 
@@ -1175,10 +1175,10 @@ async def test_compaction_inside_a_child_thread(stores: Stores) -> None:
     assert c.ancestor_prefix_len == 6
     assert c.thread_stack == [root, child]
     await c.handle_content(result("tc-spawn", "You are now INSIDE the thread"), "tc-spawn")
-    c.handle_completion(AssistantText("child first response"), "c-c2")
+    c.turn.add(AssistantText("child first response"), "c-c2")
     c.flush_turn()
     await c.handle_content(user("child follow-up"), "m-c3")
-    c.handle_completion(call("tc-async", name="async_tool"), "c-c4")
+    c.turn.add(call("tc-async", name="async_tool"), "c-c4")
     c.flush_turn()
     await c.sync()
     assert [order for order, _ in c.own_items()] == [None] * 6 + [1, 2, 3, 4]
@@ -1224,7 +1224,7 @@ async def test_compaction_inside_a_child_thread(stores: Stores) -> None:
     assert c.thread_stack == [root, child]
 
     await c.handle_content(result("tc-async", "async result"), "m-c5")
-    c.handle_completion(AssistantText("processed tool result"), "c-c6")
+    c.turn.add(AssistantText("processed tool result"), "c-c6")
     c.flush_turn()
     await c.handle_content(user("message after compaction"), "m-c7")
     await c.sync()
@@ -1264,13 +1264,13 @@ async def test_take_interrupted_tool_calls_accumulates_until_drained(stores: Sto
     hm = await manager(stores, thread)
     assert hm.take_interrupted_tool_calls() == []
     await hm.handle_content(user("stop"), "m-1")
-    hm.handle_completion(call("tc-2"), "c-1")
+    hm.turn.add(call("tc-2"), "c-1")
     hm.flush_turn()
     await hm.handle_content(user("stop again"), "m-2")
     assert hm.take_interrupted_tool_calls() == ["tc-1", "tc-2"]
     assert hm.take_interrupted_tool_calls() == []
     # An answered trailing call is never interrupted.
-    hm.handle_completion(call("tc-3"), "c-2")
+    hm.turn.add(call("tc-3"), "c-2")
     hm.flush_turn()
     await hm.handle_content(result("tc-3"), "m-3")
     await hm.handle_content(user("next"), "m-4")

@@ -75,7 +75,7 @@ def fold_decision(
     history.record_processed(message_id)
     if decision.decision in ("approve", "edit"):
         intent = DispatchIntent(call.id, call.name, arguments, call.call_id)
-        history.add_intent(intent)
+        history.pending.add_intent(intent)
         return Folded(intent=intent)
     if decision.decision == "reject":
         note = (decision.message or "").strip()

@@ -28,8 +28,9 @@ of wait plugs in by producing its kind there (or through ``Tool.wait``) and, if 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
+from stepagent.core.history import HistoryManager
 from stepagent.history_items import HistoryItem, ToolCallItem
 from stepagent.messages import (
     ApprovalDecision,
@@ -106,3 +107,36 @@ def latest_call_kind(history: Sequence[HistoryItem], toolset: Toolset) -> str | 
             tool = toolset.get(item.call.name)
             return tool.wait if tool is not None else "tool"
     return None
+
+
+def resumes_slowly(
+    history: HistoryManager,
+    messages: Sequence[InputMessage],
+    toolset: Toolset,
+    clock: Callable[[], float],
+) -> bool:
+    """Whether a step with ``messages`` resumes the thread from a slow wait (what they end, or the kind of
+    the thread's latest call), or its person is a slow one (:func:`person_gap`)."""
+    pending = history.pending_tool_call()
+    open_calls = {} if pending is None else {pending.call.id: pending.call.name}
+    kinds = input_wait_kinds(messages, open_calls, toolset)
+    latest = latest_call_kind(history.history, toolset)
+    slow = is_slow_wait(kinds if latest is None else {*kinds, latest})
+    return slow or is_slow_person(person_gap(history, messages, clock))
+
+
+def person_gap(
+    history: HistoryManager, messages: Sequence[InputMessage], clock: Callable[[], float]
+) -> float | None:
+    """How long the thread's person took to write after its last turn: measured now when a message of
+    theirs ends a finished turn (and recorded on the head with the step's commit), else the thread's last
+    measure. The end of every turn then records its time (``HistoryManager.clock``)."""
+    history.clock = clock
+    info = history.info
+    if info is None:
+        return None
+    person = any(m.is_user_text and m.synthetic is None for m in messages)
+    if person and info.turn_complete and info.turn_ended_at is not None:
+        history.person_gap = max(0.0, clock() - info.turn_ended_at)
+        return history.person_gap
+    return info.person_gap

@@ -47,6 +47,7 @@ from typing import Any
 
 from stepagent import texts
 from stepagent.backoff import Backoff
+from stepagent.core.agents import ThreadAgent, system_prompt
 from stepagent.core.effects import StepEffects
 from stepagent.core.history import HistoryManager
 from stepagent.core.limits import Limits
@@ -80,7 +81,6 @@ from stepagent.providers.base import (
     CacheTtl,
     Final,
     ModelInfo,
-    ModelProvider,
     ModelRequest,
     ReasoningComplete,
     ReasoningDelta,
@@ -90,6 +90,7 @@ from stepagent.providers.base import (
     ToolCallDelta,
     Usage,
 )
+from stepagent.providers.prices import CATALOG_PRICES, PriceTable
 from stepagent.providers.window import (
     compaction_first,
     estimate_fixed,
@@ -100,9 +101,8 @@ from stepagent.providers.window import (
     request_estimate,
     too_large_to_compact,
 )
-from stepagent.stores.base import DispatchIntent, Spend
+from stepagent.stores.base import DispatchIntent, Spend, ThreadKind
 from stepagent.telemetry import content
-from stepagent.tools.base import Tool, Toolset
 from stepagent.tracing import (
     AttributeValue,
     Span,
@@ -169,45 +169,50 @@ class CompletionOutcome:
 class CompletionRunner:
     """Runs the model rounds of one step against one thread's history (inline tools, retries, streaming)."""
 
+    #: The agent the thread runs as (``core/agents.py``): its model, tools, options, limits, output schema
+    #: and approval policy.
+    agent: ThreadAgent
     history: HistoryManager
-    provider: ModelProvider
-    toolset: Toolset
-    system_prompt: str
     #: Performs the rounds' writes: the commit before a synchronous tool runs, and the run itself.
     effects: StepEffects
     emit: Callable[[AgentEvent], None]
     message_id: str
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     cancel: asyncio.Event | None = None
-    #: The model as requests describe it (default: the provider's own info).
-    model_info: ModelInfo | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
     tracer: Tracer | None = None
-    #: Checked before every model call against the thread's count and the conversation's spend.
-    limits: Limits | None = None
-    #: What a step's usage costs (for the cost limit; ``None``: prices unknown, the cost limit never binds).
-    cost: Callable[[Usage], float | None] | None = None
-    #: The root thread's output schema: final answers are validated, and sent back at most
-    #: ``output_retries`` times with the errors.
-    output_schema: OutputSchema | None = None
-    output_retries: int = 0
-    #: Which tools' calls wait for a person's decision (committed, not run: the step ends there).
-    needs_approval: Callable[[Tool], bool] | None = None
+    #: Model prices, for the cost limit (a model without prices: the cost limit never binds).
+    prices: PriceTable = CATALOG_PRICES
     #: How long the provider's prompt cache should keep what this step's requests write.
     cache_ttl: CacheTtl = "5m"
-    #: Whether a request that cannot fit is held back for compaction (``False`` in a compaction thread,
-    #: which cannot compact itself: its request goes out truncated as far as it can be).
-    compact_on_overflow: bool = True
     #: The provider's tokens per estimated token on the thread's last request (``1.0``: not measured);
     #: each finished call measures it again.
     estimate_scale: float = 1.0
+    #: The request's system prompt (from the agent's instructions and tools and the thread's root).
+    system_prompt: str = field(init=False)
+    #: Whether a request that cannot fit is held back for compaction (``False`` in a compaction thread,
+    #: which cannot compact itself: its request goes out truncated as far as it can be).
+    compact_on_overflow: bool = field(init=False)
+    limits: Limits = field(init=False)
     _counter: int = 0
     _thinking: bool = False
 
+    def __post_init__(self) -> None:
+        agent, info = self.agent, self.history.info
+        self.system_prompt = system_prompt(
+            agent.instructions, agent.toolset, root_thread_id=self.history.root_thread_id
+        )
+        self.compact_on_overflow = info is None or info.kind != ThreadKind.COMPACTION
+        self.limits = Limits(
+            agent.max_model_calls_per_turn, agent.max_conversation_tokens, agent.max_conversation_cost_usd
+        )
+
     @property
     def model(self) -> ModelInfo:
-        return self.model_info if self.model_info is not None else self.provider.info
+        return self.agent.info
+
+    @property
+    def output_schema(self) -> OutputSchema | None:
+        return self.agent.output_schema
 
     def _request(self) -> ModelRequest:
         request = self._plain_request()
@@ -223,11 +228,11 @@ class CompletionRunner:
         return ModelRequest(
             system=self.system_prompt,
             history=model_view(self.history.history, model.supports_image_input),
-            tools=self.toolset.specs(),
+            tools=self.agent.toolset.specs(),
             model=model,
             thread_stack=self.history.thread_stack,
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
+            max_tokens=self.agent.max_tokens,
+            temperature=self.agent.temperature,
             output_schema=self.output_schema.schema if self.output_schema is not None else None,
             output_schema_class=self.output_schema.class_name if self.output_schema is not None else None,
             cache_ttl=self.cache_ttl,
@@ -269,7 +274,7 @@ class CompletionRunner:
             if verdict.ok:
                 outcome.output, outcome.has_output = verdict.value, True
                 return outcome
-            if retries >= self.output_retries:
+            if retries >= self.agent.output_retries:
                 outcome.output_errors = verdict.errors
                 return outcome
             retries += 1
@@ -281,11 +286,9 @@ class CompletionRunner:
         return outcome
 
     def _limit_hit(self, outcome: CompletionOutcome) -> LimitReached | None:
-        if self.limits is None:
-            return None
         spent = self.history.snapshot.spend
         if outcome.step_usage is not None:
-            cost = self.cost(outcome.step_usage) if self.cost is not None else None
+            cost = self.prices.cost(self.agent.model, outcome.step_usage)
             spent = Spend(spent.tokens + outcome.step_usage.total_tokens, spent.cost_usd + (cost or 0.0))
         return self.limits.reached(model_calls=self.history.turn_model_calls, spend=spent)
 
@@ -323,19 +326,19 @@ class CompletionRunner:
                 if state.emitted_call:
                     return state.loop_back  # the call is committed as the tail: finish, never retry
                 if not error.retryable:
-                    self.history.flush_turn_trimming_reasoning()
+                    self.history.flush_turn(trim_reasoning=True)
                     outcome.error = error
                     return False
                 if await self._backoff(attempt, error, f"Stream error ({error}), retrying..."):
                     continue
-                self.history.discard_turn()
+                self.history.turn.discard()
                 raise
             if finished or state.emitted_call or outcome.cancelled:
                 return state.loop_back
             # The stream ended without Final and before any tool call: the turn is incomplete.
             if await self._backoff(attempt, None, "Stream error (unexpected end), retrying..."):
                 continue
-            self.history.discard_turn()
+            self.history.turn.discard()
             raise ProviderError("the model stream kept ending before it finished", retryable=True)
 
     def _chat_span(self) -> AbstractAsyncContextManager[Span]:
@@ -350,7 +353,7 @@ class CompletionRunner:
         delay = self.retry.delay(attempt, error)
         if not self.retry.allows(attempt, delay):
             return False
-        self.history.discard_turn()
+        self.history.turn.discard()
         self.emit(Info(message))
         await self._pause(delay)
         return True
@@ -396,14 +399,14 @@ class CompletionRunner:
     async def _stream(self, state: _RoundState, outcome: CompletionOutcome) -> bool:
         """Consume one stream. Returns ``True`` when it ended with ``Final``."""
         history = self.history
-        if not history.turn_buffer_is_empty:
+        if not history.turn.is_empty:
             raise InvariantViolation("bug: a round started with a non-empty turn buffer")
         request = self._request()
         state.asked(request)
-        async for event in self._until_cancelled(self.provider.stream(request)):
+        async for event in self._until_cancelled(self.agent.provider.stream(request)):
             if self.cancel is not None and self.cancel.is_set():
                 self._end_thinking()
-                history.flush_turn_trimming_reasoning()
+                history.flush_turn(trim_reasoning=True)
                 outcome.cancelled = True
                 return False
             if isinstance(event, ReasoningComplete) and event.signature is None and event.redacted is None:
@@ -415,7 +418,7 @@ class CompletionRunner:
                 case TextDelta(text=text):
                     self._end_thinking()
                     state.saw_text(text)
-                    history.handle_completion(AssistantText(text), chunk_id)
+                    history.turn.add(AssistantText(text), chunk_id)
                     self.emit(TextChunk(text))
                 case ReasoningDelta(text=text):
                     if not self._thinking:
@@ -424,7 +427,7 @@ class CompletionRunner:
                     self.emit(ThinkingChunk(text))
                 case ReasoningComplete(text=text, signature=signature, redacted=redacted):
                     self._end_thinking()
-                    history.handle_completion(Reasoning(text, signature, redacted), chunk_id)
+                    history.turn.add(Reasoning(text, signature, redacted), chunk_id)
                 case ToolCallDelta(name=name, arguments_delta=delta):
                     self.emit(ThinkingChunk(f"Invoking tool: {name}" if name else delta))
                 case ToolCallComplete(call=call):
@@ -449,7 +452,7 @@ class CompletionRunner:
         if self.cancel is not None and self.cancel.is_set():
             # Cancelled while waiting for the next chunk: keep the visible partial turn, never retry.
             self._end_thinking()
-            history.flush_turn_trimming_reasoning()
+            history.flush_turn(trim_reasoning=True)
             outcome.cancelled = True
         return False
 
@@ -487,10 +490,10 @@ class CompletionRunner:
         self, call: ToolCall, chunk_id: str, state: _RoundState, outcome: CompletionOutcome
     ) -> None:
         history = self.history
-        tool = self.toolset.get(call.name)
+        tool = self.agent.toolset.get(call.name)
         display = tool.display(call.arguments) if tool is not None else None
-        waits = tool is not None and self.needs_approval is not None and self.needs_approval(tool)
-        history.handle_completion(ToolCallItem(call=call, display_as=display, needs_approval=waits), chunk_id)
+        waits = tool is not None and self.agent.needs_approval(tool)
+        history.turn.add(ToolCallItem(call=call, display_as=display, needs_approval=waits), chunk_id)
         history.flush_turn()
         if call.name == INJECTED_TOOL_NAME or tool is None:
             forbidden = call.name == INJECTED_TOOL_NAME
@@ -507,18 +510,18 @@ class CompletionRunner:
         if waits:
             # Committed without an intent: nothing runs until a person's decision (core/approval.py).
             if tool.referenced_later:
-                history.index_call(call)
+                history.pending.index_call(call)
             return
         if not tool.inline:
             outcome.action = ToolCallItem(call=call, display_as=display)
             if tool.referenced_later:
-                history.index_call(call)
+                history.pending.index_call(call)
             return
         # An intent to run it: the seam commits it with the call before the tool runs, so a crash from
         # there on is re-driven.
-        history.add_intent(DispatchIntent(call.id, call.name, call.arguments, call.call_id))
+        history.pending.add_intent(DispatchIntent(call.id, call.name, call.arguments, call.call_id))
         if tool.referenced_later:
-            history.index_call(call)
+            history.pending.index_call(call)
         result = await self.effects.run_inline(tool, call)
         first = result.first_text()
         if first is not None:

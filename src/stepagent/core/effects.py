@@ -234,7 +234,7 @@ def apply_tool_effects(history: HistoryManager, context: ToolContext) -> None:
     """Queue a synchronous tool's state changes for the commit that holds its result."""
     if context.effects is not None:
         for subscription in context.effects.subscriptions_removed:
-            history.remove_subscription(subscription)
+            history.pending.unsubscribe(subscription)
 
 
 # ---- the performer -------------------------------------------------------------------------------------------
@@ -273,7 +273,7 @@ class StepEffects:
     async def commit(self) -> None:
         """Commit everything pending and report every row committed since the last report."""
         history = self.history
-        if history.info is None and not history.has_pending_rows:
+        if history.info is None and not history.pending.rows:
             return  # never create a thread record just to remember dropped inputs
         await history.sync()
         # Report from the last reported row, not from before this sync: rows committed mid-step (before

@@ -138,5 +138,5 @@ async def fold_answer(
         "round": notice.round,
     }
     intent = DispatchIntent(call.id, call.name, call.arguments, call.call_id, resume=resume)
-    history.add_intent(intent)
+    history.pending.add_intent(intent)
     return intent

@@ -2,9 +2,9 @@
 
 What it guarantees:
 
-- **Buffer discipline.** Streamed assistant content lives in a turn buffer and reaches history only
-  through :meth:`flush_turn` / :meth:`flush_turn_trimming_reasoning`; appending to history or syncing while
-  the buffer holds content raises :class:`~stepagent.errors.InvariantViolation`.
+- **Buffer discipline.** Streamed assistant content lives in :attr:`turn` (``core/turn_buffer.py``) and
+  reaches history only through :meth:`flush_turn`; appending to history or syncing while the buffer
+  holds content raises :class:`~stepagent.errors.InvariantViolation`.
 - **Tail matching.** A tool result is accepted only as the answer to the trailing, unanswered tool call.
   Anything else appended after an unanswered call first injects ``Tool call interrupted by user``.
 - **Dedup.** An input whose logical message id was already folded in is ignored; a result for an
@@ -13,8 +13,9 @@ What it guarantees:
   model's call whose id is empty or reused — without a store read unless a summary hides calls and its
   call-id filter cannot rule the id out (:meth:`inherited_call_ids` is what a compaction child's
   summary carries).
-- **Atomic sync.** :meth:`sync` persists new rows, processed ids, answered calls, dispatch intents,
-  subscription, deferral and metadata changes and the step's usage record as one :class:`~stepagent.stores.base.Commit`,
+- **Atomic sync.** :meth:`sync` persists new rows and what the phases added to :attr:`pending`
+  (``core/pending.py``: processed ids, answered calls, dispatch intents, subscription, deferral and
+  metadata changes, the step's usage record) as one :class:`~stepagent.stores.base.Commit`,
   conditioned on the head version the manager loaded (a concurrent writer makes it fail, never
   interleave). The commit carries :attr:`turn_complete` as set by the step, then it is reset to ``False``.
   Within a step only the seam (``core/effects.py``) calls it; every other method writes nothing.
@@ -30,22 +31,20 @@ What it guarantees:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepagent.call_id_filter import CallIdFilter
 from stepagent.core.ancestors import ancestor_chain, load_history_with_ancestors
+from stepagent.core.pending import PendingCommit
 from stepagent.core.thread_cache import CachedThread, ThreadCache, item_bytes
+from stepagent.core.turn_buffer import TurnBuffer
 from stepagent.errors import InvariantViolation
 from stepagent.events import InputRejected, kept_notice
 from stepagent.history_items import (
     ApprovalItem,
-    AssistantText,
     EventItem,
     HistoryItem,
-    Reasoning,
     Summary,
     ToolCallItem,
     ToolResultItem,
@@ -53,67 +52,41 @@ from stepagent.history_items import (
     hidden_call_ids,
     waiting_for_approval,
 )
-from stepagent.messages import ToolCall, ToolResult
+from stepagent.messages import ToolResult
 from stepagent.providers.window import unanswered_start
 from stepagent.stores.base import (
-    Commit,
     ConversationStore,
-    DeferredInput,
-    DispatchIntent,
     KnownRows,
     Spend,
     StateStore,
     StoredRow,
     ThreadInfo,
     ThreadSnapshot,
-    UsageRecord,
     load_snapshot,
 )
 
 INTERRUPTED_TEXT = "Tool call interrupted by user"
 
 
-@dataclass(slots=True)
-class _PendingCommit:
-    rows: list[tuple[HistoryItem, str]] = field(default_factory=list)
-    processed: list[str] = field(default_factory=list)
-    answered: list[str] = field(default_factory=list)
-    intents: list[DispatchIntent] = field(default_factory=list)
-    subscriptions_added: list[str] = field(default_factory=list)
-    subscriptions_removed: list[str] = field(default_factory=list)
-    deferred_added: list[DeferredInput] = field(default_factory=list)
-    deferred_removed: list[str] = field(default_factory=list)
-    metadata: tuple[str, Any] | None = None
-    indexed_calls: list[ToolCall] = field(default_factory=list)
-    usage: UsageRecord | None = None
-    notices: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_commit(self, expected_version: int, turn_complete: bool = False) -> Commit:
-        return Commit(
-            expected_version=expected_version,
-            turn_complete=turn_complete,
-            rows=list(self.rows),
-            processed_message_ids=list(dict.fromkeys(self.processed)),
-            answered_tool_calls=list(dict.fromkeys(self.answered)),
-            intents_added=list(self.intents),
-            subscriptions_added=list(self.subscriptions_added),
-            subscriptions_removed=list(self.subscriptions_removed),
-            deferred_added=list(self.deferred_added),
-            deferred_removed=list(self.deferred_removed),
-            metadata=self.metadata,
-            indexed_calls=list(self.indexed_calls),
-            usage=self._usage_with_notices(),
-        )
-
-    def _usage_with_notices(self) -> UsageRecord | None:
-        """The step's usage record carrying its notices; a step that ran no model but refused an input
-        stores a record with no model just for them."""
-        if not self.notices:
-            return self.usage
-        notices = json.dumps(self.notices, ensure_ascii=False, separators=(",", ":"))
-        if self.usage is None:
-            return UsageRecord(step_id=str(self.notices[-1]["source_id"]), model="", notices=notices)
-        return replace(self.usage, notices=notices)
+def _own_history(
+    snapshot: ThreadSnapshot, cached: CachedThread | None, *, counting: bool
+) -> tuple[list[HistoryItem], list[int | None], int]:
+    """A thread's own history from its snapshot: the cached items when the snapshot read only rows after
+    them, else its summary (if any), then the rows read; with their orders and (``counting``) encoded size."""
+    items: list[HistoryItem] = []
+    orders: list[int | None] = []
+    size = 0
+    if snapshot.incremental and cached is not None:
+        items, orders, size = list(cached.items), list(cached.orders), cached.size
+    elif snapshot.summary is not None:
+        items, orders = [snapshot.summary], [snapshot.summary.up_to_order]
+        size = item_bytes(snapshot.summary)
+    for row in snapshot.rows:
+        items.append(row.item)
+        orders.append(row.order)
+        if counting:
+            size += row.encoded_bytes if row.encoded_bytes is not None else item_bytes(row.item)
+    return items, orders, size
 
 
 class HistoryManager:
@@ -139,15 +112,20 @@ class HistoryManager:
         self.info = info
         self.ancestors = ancestors
         self.root_thread_id = ancestors[0] if ancestors else thread_id
+        #: Root first, ending with this thread.
+        self.thread_stack = [*ancestors, thread_id]
         self.history = items
         self._orders = orders
         self.compacted_up_to = compacted_up_to
         self.ancestor_prefix_len = ancestor_prefix_len
-        self._metadata = metadata
+        #: The root thread's metadata (what the agent profile is chosen from).
+        self.metadata: Any = metadata
         self.version = info.version if info else 0
         self._next_order = (info.tail if info else 0) + 1
-        self._pending = _PendingCommit()
-        self._turn: list[tuple[HistoryItem, str]] = []
+        #: What the next sync persists besides the rows (``core/pending.py``): the phases add to it.
+        self.pending = PendingCommit()
+        #: The streamed assistant output of the current model call (``core/turn_buffer.py``).
+        self.turn = TurnBuffer()
         self._interrupted: list[str] = []
         self._processed: dict[str, bool] = {}
         self._answered: set[str] = {cid for item in items if (cid := answered_call_id(item)) is not None}
@@ -203,19 +181,7 @@ class HistoryManager:
         chain = await ancestor_chain(conversation, thread_id) if info and info.parent_id else []
         own = not chain or snapshot.summary_order is not None or snapshot.incremental
         if own:
-            items: list[HistoryItem] = []
-            orders: list[int | None] = []
-            size = 0
-            if snapshot.incremental and cached is not None:
-                items, orders, size = list(cached.items), list(cached.orders), cached.size
-            elif snapshot.summary is not None:
-                items, orders = [snapshot.summary], [snapshot.summary.up_to_order]
-                size = item_bytes(snapshot.summary)
-            for row in snapshot.rows:
-                items.append(row.item)
-                orders.append(row.order)
-                if cache is not None:
-                    size += row.encoded_bytes if row.encoded_bytes is not None else item_bytes(row.item)
+            items, orders, size = _own_history(snapshot, cached, counting=cache is not None)
             compacted = snapshot.summary_order
             prefix, rows_read = 0, len(snapshot.rows)
         else:
@@ -249,7 +215,7 @@ class HistoryManager:
         cache, info = self._cache, self.info
         if cache is None or info is None:
             return
-        if self._turn or not self._pending.to_commit(self.version).is_empty():
+        if not self.turn.is_empty or not self.pending.is_empty():
             return  # not the committed history: keep what the cache has
         known = KnownRows(info.version, info.epoch, info.tail, self.compacted_up_to)
         orders = tuple(order or 0 for order in self._orders)
@@ -332,7 +298,7 @@ class HistoryManager:
                 return False
         else:
             self._interrupt_pending_tool_call()
-        self._append(item, message_id)
+        self.append_generated(item, message_id)
         self.record_processed(message_id)
         return True
 
@@ -340,11 +306,7 @@ class HistoryManager:
         """Mark an input as folded in: it will be committed with the next sync."""
         if not self._processed.get(message_id):
             self._processed[message_id] = True
-            self._pending.processed.append(message_id)
-
-    def append_generated(self, item: HistoryItem, message_id: str) -> None:
-        """Append a runtime-generated item (sync-tool or unknown-tool result, interruption)."""
-        self._append(item, message_id)
+            self.pending.processed.append(message_id)
 
     def pending_tool_call(self) -> ToolCallItem | None:
         """The trailing tool call if it is still unanswered (a person's decision on it, which follows it
@@ -369,122 +331,55 @@ class HistoryManager:
         call = pending.call
         self._interrupted.append(call.id)
         result = ToolResult.text(call.id, INTERRUPTED_TEXT, call_id=call.call_id)
-        self._append(ToolResultItem(result=result), f"{call.id}-interrupted")
+        self.append_generated(ToolResultItem(result=result), f"{call.id}-interrupted")
 
-    def _append(self, item: HistoryItem, message_id: str) -> None:
-        if self._turn:
+    def append_generated(self, item: HistoryItem, message_id: str) -> None:
+        """Append an item the runtime made (an input's, a flushed turn's, a sync-tool or unknown-tool
+        result, an interruption); refused while the turn buffer holds content."""
+        if not self.turn.is_empty:
             raise InvariantViolation("bug: history append while the turn buffer holds un-flushed content")
         self.history.append(item)
         self._orders.append(self._next_order)
         self._next_order += 1
-        self._pending.rows.append((item, message_id))
+        self.pending.rows.append((item, message_id))
         if self._cache is not None:
             self._cache_size += item_bytes(item)
         answered = answered_call_id(item)
         if answered is not None:
             self._answered.add(answered)
-            self._pending.answered.append(answered)
+            self.pending.answered.append(answered)
 
     # ---- the turn buffer --------------------------------------------------------------------------------
 
-    def handle_completion(self, item: HistoryItem, completion_id: str) -> None:
-        """Buffer one streamed assistant item. Consecutive text coalesces into the first chunk's item."""
-        if not isinstance(item, AssistantText | Reasoning | ToolCallItem):
-            raise InvariantViolation(f"bug: {type(item).__name__} is not assistant output")
-        if isinstance(item, AssistantText) and self._turn and isinstance(self._turn[-1][0], AssistantText):
-            previous, first_id = self._turn[-1]
-            assert isinstance(previous, AssistantText)
-            self._turn[-1] = (AssistantText(previous.text + item.text), first_id)
-            return
-        self._turn.append((item, completion_id))
-
-    def flush_turn(self) -> None:
-        turn, self._turn = self._turn, []
-        for item, message_id in turn:
-            self._append(item, message_id)
-
-    def flush_turn_trimming_reasoning(self) -> None:
-        """Flush, minus trailing reasoning and blank text: a committed turn never ends on reasoning."""
-        while self._turn and (
-            isinstance(self._turn[-1][0], Reasoning)
-            or (isinstance(last := self._turn[-1][0], AssistantText) and not last.text.strip())
-        ):
-            self._turn.pop()
-        self.flush_turn()
-
-    def discard_turn(self) -> None:
-        self._turn.clear()
-
-    @property
-    def turn_buffer_is_empty(self) -> bool:
-        return not self._turn
+    def flush_turn(self, *, trim_reasoning: bool = False) -> None:
+        """Append the buffered turn to history (minus trailing reasoning and blank text if asked: a
+        committed turn never ends on them)."""
+        for item, message_id in self.turn.take(trim_reasoning=trim_reasoning):
+            self.append_generated(item, message_id)
 
     def current_turn_view(self) -> list[HistoryItem]:
         """Committed history followed by the buffered partial turn (for replay to a client mid-stream)."""
-        return [*self.history, *(item for item, _ in self._turn)]
+        return [*self.history, *self.turn.items()]
 
     # ---- other pending changes ---------------------------------------------------------------------------
-
-    def add_intent(self, intent: DispatchIntent) -> None:
-        self._pending.intents.append(intent)
-
-    def track_subscription(self, tool_call_id: str) -> None:
-        self._pending.subscriptions_added.append(tool_call_id)
-        found = self.find_tool_call(tool_call_id)
-        if found is not None:
-            self.index_call(found.call)
-
-    def index_call(self, call: ToolCall) -> None:
-        """Keep ``call`` findable by id after compaction hides it (events and reports refer to it)."""
-        self._pending.indexed_calls.append(call)
-
-    def remove_subscription(self, tool_call_id: str) -> None:
-        self._pending.subscriptions_removed.append(tool_call_id)
-
-    def defer(self, deferred: DeferredInput) -> None:
-        self._pending.deferred_added.append(deferred)
-
-    def undefer(self, message_id: str) -> None:
-        self._pending.deferred_removed.append(message_id)
 
     def refuse(self, refusal: InputRejected) -> None:
         """Record a refused input: processed (a redelivery is refused again cheaply) and its ``error``
         kept with the thread by the step's commit (``UsageRecord.notices``), so every surface tells it."""
         self.record_processed(refusal.message_id)
-        self.keep_notice(kept_notice(refusal, refusal.message_id))
-
-    def keep_notice(self, notice: dict[str, Any]) -> None:
-        """Keep an output notice (:func:`~stepagent.events.kept_notice`) with the next sync's commit."""
-        self._pending.notices.append(notice)
-
-    def record_usage(self, usage: UsageRecord) -> None:
-        """Store the step's model usage with the next sync (one record per commit; a later one replaces
-        an earlier one not yet synced)."""
-        self._pending.usage = usage
+        self.pending.keep_notice(kept_notice(refusal, refusal.message_id))
 
     def update_metadata(self, metadata: Any) -> None:
-        self._metadata = metadata
-        self._pending.metadata = (self.root_thread_id, metadata)
-
-    @property
-    def metadata(self) -> Any:
-        return self._metadata
-
-    @property
-    def has_pending_rows(self) -> bool:
-        return bool(self._pending.rows)
-
-    @property
-    def has_uncommitted_changes(self) -> bool:
-        return not self._pending.to_commit(self.version).is_empty()
+        self.metadata = metadata
+        self.pending.metadata = (self.root_thread_id, metadata)
 
     # ---- commit -----------------------------------------------------------------------------------------
 
     async def sync(self) -> bool:
         """Commit everything pending in one atomic, version-checked write. ``False`` if nothing was pending."""
-        if self._turn:
+        if not self.turn.is_empty:
             raise InvariantViolation("bug: sync() called with un-flushed turn buffer content")
-        commit = self._pending.to_commit(self.version, self.turn_complete)
+        commit = self.pending.to_commit(self.version, self.turn_complete)
         if commit.is_empty():
             return False
         if self.turn_model_calls != self._recorded_model_calls:
@@ -512,16 +407,11 @@ class HistoryManager:
             StoredRow(order=first_order + index, message_id=message_id, item=item, epoch=self.info.epoch)
             for index, (item, message_id) in enumerate(commit.rows)
         )
-        self._pending = _PendingCommit()
+        self.pending = PendingCommit()
         self._cache_put()
         return True
 
     # ---- thread tree and compaction -------------------------------------------------------------------------
-
-    @property
-    def thread_stack(self) -> list[str]:
-        """Root first, ending with this thread."""
-        return [*self.ancestors, self.thread_id]
 
     def take_interrupted_tool_calls(self) -> list[str]:
         interrupted, self._interrupted = self._interrupted, []

@@ -212,7 +212,7 @@ class Preparer:
             self.history.turn_model_calls = 0  # user input starts a new turn: the per-turn count restarts
         if isinstance(content, ToolResult):
             if message.subscription:
-                self.history.track_subscription(content.id)
+                self.history.pending.subscribe(content.id, self.history.find_tool_call(content.id))
                 (await self._active_subscriptions()).add(content.id)  # later inputs of this batch see it
             text = content.first_text()
             if text is not None:
@@ -259,7 +259,7 @@ class Preparer:
         if isinstance(synthetic, SubscriptionEvent) and not synthetic.associative:
             await self._route_to_event_child(original, content, message_id)
             if synthetic.final:
-                history.remove_subscription(original_id)
+                history.pending.unsubscribe(original_id)
                 (await self._active_subscriptions()).discard(original_id)
             history.record_processed(message_id)
             return False
@@ -270,7 +270,7 @@ class Preparer:
         if isinstance(synthetic, ParentMessage):
             history.turn_model_calls = 0  # a child's user is its parent: a new message starts a new count
         if isinstance(synthetic, SubscriptionEvent) and synthetic.final:
-            history.remove_subscription(original_id)
+            history.pending.unsubscribe(original_id)
             (await self._active_subscriptions()).discard(original_id)
         return True
 
