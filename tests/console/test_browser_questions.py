@@ -19,6 +19,7 @@ from stepagent.client import Client
 from stepagent.console.server import open_console
 from stepagent.rap.server import serve_in_background
 from stepagent.tools.mcp_config import McpServer
+from tests.browser import wait_for
 from tests.client.deployment import deployment
 from tests.console.asking import booking_model, build
 from tests.console.test_browser import (
@@ -28,7 +29,6 @@ from tests.console.test_browser import (
     screenshot,
     text_shown,
 )
-from tests.browser import wait_for
 
 
 def on_the_form(driver: WebDriver, act: Callable[[WebElement], None], message: str) -> None:
