@@ -230,9 +230,9 @@ async def arun_conversation(
     user_tools = list(tools)
     config_agent = agent if agent is not None else AgentConfig()
     if system_prompt is not None:
-        config_agent = dataclasses.replace(config_agent, system_prompt=system_prompt)
+        config_agent = AgentConfig(**{**dict(config_agent), "system_prompt": system_prompt})
     if output_schema is not None:
-        config_agent = dataclasses.replace(config_agent, output_schema=output_schema)
+        config_agent = AgentConfig(**{**dict(config_agent), "output_schema": output_schema})
     config = StepConfig(
         provider=_provider(model),
         toolset=Toolset.of([*user_tools, *builtin_tools()]),
