@@ -53,7 +53,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, InstanceOf, PlainValidator, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
@@ -198,7 +198,9 @@ _TOKENS = "a positive whole number of tokens"
 SystemPrompt = Annotated[str, Setting("STEPAGENT_SYSTEM_PROMPT", "text (or @path to a UTF-8 file)", _prompt)]
 MaxTokens = Annotated[int, Field(ge=1), Setting("STEPAGENT_MAX_TOKENS", _TOKENS, _whole)]
 Temperature = Annotated[
-    float, Field(ge=0, le=2, allow_inf_nan=False), Setting("STEPAGENT_TEMPERATURE", "a number from 0 to 2", _number)
+    float,
+    Field(ge=0, le=2, allow_inf_nan=False),
+    Setting("STEPAGENT_TEMPERATURE", "a number from 0 to 2", _number),
 ]
 ContextWindow = Annotated[int, Field(ge=1), Setting("STEPAGENT_CONTEXT_WINDOW", _TOKENS, _whole)]
 CompactionThreshold = Annotated[
@@ -216,7 +218,9 @@ MaxModelCallsPerTurn = Annotated[
     Field(ge=1),
     Setting("STEPAGENT_MAX_MODEL_CALLS_PER_TURN", "a positive whole number of model calls", _whole),
 ]
-MaxConversationTokens = Annotated[int, Field(ge=1), Setting("STEPAGENT_MAX_CONVERSATION_TOKENS", _TOKENS, _whole)]
+MaxConversationTokens = Annotated[
+    int, Field(ge=1), Setting("STEPAGENT_MAX_CONVERSATION_TOKENS", _TOKENS, _whole)
+]
 MaxConversationCostUsd = Annotated[
     float,
     Field(gt=0, allow_inf_nan=False),
@@ -225,12 +229,18 @@ MaxConversationCostUsd = Annotated[
 
 
 def _output_schema(value: Any) -> Any:
-    return value if value is None else labelled(lambda spec, setting: OutputSchema.of(spec, setting=setting), value)
+    return (
+        value
+        if value is None
+        else labelled(lambda spec, setting: OutputSchema.of(spec, setting=setting), value)
+    )
 
 
 #: A JSON Schema dict, a pydantic model class or an :class:`OutputSchema` (normalised to the latter).
 Schema = Annotated[
-    InstanceOf[OutputSchema], BeforeValidator(_output_schema), Setting("STEPAGENT_OUTPUT_SCHEMA", read=_schema)
+    InstanceOf[OutputSchema],
+    BeforeValidator(_output_schema),
+    Setting("STEPAGENT_OUTPUT_SCHEMA", read=_schema),
 ]
 OutputRetries = Annotated[
     int, Field(ge=0), Setting("STEPAGENT_OUTPUT_RETRIES", "a whole number >= 0 (e.g. 2)", _whole)
@@ -238,7 +248,8 @@ OutputRetries = Annotated[
 #: Tools whose calls wait for a person's decision (names or patterns; :func:`parse_approval`).
 Approval = Annotated[tuple[str, ...], parsed_text_or_list(parse_approval), Setting(APPROVAL)]
 PromptCacheTtl = Annotated[
-    Literal["5m", "1h", "auto"],
+    str,
+    Field(pattern="^(5m|1h|auto)$"),
     Setting(
         "STEPAGENT_PROMPT_CACHE_TTL",
         "use 5m, 1h or auto (the default: one hour when the thread waits on something slow, else five minutes)",
@@ -318,7 +329,9 @@ class AgentConfig(ConfigModel):
     def _named_by_their_keys(cls, profiles: Any) -> Any:
         for name, profile in dict(profiles).items():
             if not isinstance(profile, AgentProfile) or profile.name != name:
-                raise PydanticCustomError(LABELLED, f": entry {name!r} must be an AgentProfile named {name!r}")
+                raise PydanticCustomError(
+                    LABELLED, f": entry {name!r} must be an AgentProfile named {name!r}"
+                )
         return dict(profiles)
 
     def profile(self, name: str | None) -> AgentProfile | None:

@@ -249,7 +249,11 @@ def _keys_at(model: Any, loc: Location) -> list[str]:
     target = _model_in(_annotation_at(model, loc))
     if target is None:
         return []
-    return [key for key, field in target.model_fields.items() if not any(isinstance(m, Given) for m in field.metadata)]
+    return [
+        key
+        for key, field in target.model_fields.items()
+        if not any(isinstance(m, Given) for m in field.metadata)
+    ]
 
 
 def _annotation_at(model: Any, loc: Location) -> Any:

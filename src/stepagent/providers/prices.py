@@ -29,7 +29,6 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, model_validator
 
 from stepagent.config_errors import ConfigModel, Setting, error_lines
-
 from stepagent.errors import ConfigurationError
 from stepagent.providers.base import Usage
 from stepagent.providers.catalog import ModelFamilies, lookup_model
@@ -77,7 +76,9 @@ class ModelPrice(ConfigModel):
 def _p(input: float, output: float, cache_read: float, cache_write: float | None = None) -> ModelPrice:
     # The catalog's own figures need no check: constructed without validation, at import.
     cache_write = input if cache_write is None else cache_write
-    return ModelPrice.model_construct(input=input, output=output, cache_read=cache_read, cache_write=cache_write)
+    return ModelPrice.model_construct(
+        input=input, output=output, cache_read=cache_read, cache_write=cache_write
+    )
 
 
 # Anthropic list prices (base input, output, cache hits, 5-minute cache writes), from

@@ -18,7 +18,6 @@ inside an event loop.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
