@@ -4,31 +4,11 @@ typed object, :class:`AgentConfig`.
 
 It is the only place these options are named. ``Settings.agent_config()`` builds one from the environment
 (:func:`agent_config_from_env`), ``StepConfig(agent=...)`` (step mode, the worker) and
-``LocalAgentSystem.create(agent=...)`` (local mode) take one. Each field has one setting:
-
-=========================  ===================================  ===========================================
-field                      setting                              value
-=========================  ===================================  ===========================================
-``system_prompt``          ``STEPAGENT_SYSTEM_PROMPT``          text, or ``@path`` to a UTF-8 file
-``max_tokens``             ``STEPAGENT_MAX_TOKENS``             positive integer (default: the model's max)
-``temperature``            ``STEPAGENT_TEMPERATURE``            0 to 2 (default: the provider's)
-``context_window``         ``STEPAGENT_CONTEXT_WINDOW``         tokens, overrides the model catalog
-``compaction_threshold``   ``STEPAGENT_COMPACTION_THRESHOLD``   share of the window, 0 < x <= 1 (0.75)
-``builtin_tools``          ``STEPAGENT_BUILTIN_TOOLS``          :func:`parse_builtin_tools` (``all``)
-``prompt_cache_ttl``       ``STEPAGENT_PROMPT_CACHE_TTL``       ``5m``, ``1h`` or ``auto`` (``auto``)
-``profiles``               ``STEPAGENT_PROFILES``               JSON object, or ``@path`` to a JSON file
-``max_model_calls_per_turn``  ``STEPAGENT_MAX_MODEL_CALLS_PER_TURN``  positive integer (50)
-``max_conversation_tokens``   ``STEPAGENT_MAX_CONVERSATION_TOKENS``   positive integer (default: none)
-``max_conversation_cost_usd`` ``STEPAGENT_MAX_CONVERSATION_COST_USD`` dollars, > 0 (default: none)
-``output_schema``          ``STEPAGENT_OUTPUT_SCHEMA``          JSON Schema text, or ``@path`` (in Python:
-                                                                a dict or a pydantic model class)
-``output_retries``         ``STEPAGENT_OUTPUT_RETRIES``         whole number >= 0 (2)
-``approval``               ``STEPAGENT_APPROVAL``               :func:`parse_approval` (none)
-=========================  ===================================  ===========================================
-
-Each setting's name, what users read when its value is wrong, and how its text is read are declared once,
-as the :class:`~stepagent.config_errors.Setting` of its field's type below; the environment reader, the
-error lines and :data:`AGENT_SETTING_NAMES` are derived from them.
+``LocalAgentSystem.create(agent=...)`` (local mode) take one. Each field has one setting (``max_tokens``:
+``STEPAGENT_MAX_TOKENS``; the README's Configuration section lists them): its name, what users read when
+its value is wrong and how its text is read are declared once, by the
+:class:`~stepagent.config_errors.Setting` of the field's type below (:data:`MaxTokens`, ...); the
+environment reader, the error lines and :data:`AGENT_SETTING_NAMES` are derived from them.
 
 Guarantees:
 
@@ -37,19 +17,16 @@ Guarantees:
 - ``builtin_tools`` is always a frozenset of built-in tool names after construction (a string is parsed).
 - A profile (:class:`AgentProfile`) overrides only what it sets; a root thread selects one through its
   metadata (``{"profile": "<name>"}``, :data:`PROFILE_METADATA_KEY`) and its descendants use the root's.
-- ``@path`` files are read once, here, at start: an absolute path as is, else the first existing
-  ``root/path`` among the search roots (:func:`search_roots`: the current directory, ``LAMBDA_TASK_ROOT``,
-  then the import roots of the user's tools), so a file shipped inside a tools package is found in a
-  deployment. A missing file names every place it was looked for.
+- ``@path`` files are read once, here, at start (:mod:`stepagent.at_path`: the current directory,
+  ``LAMBDA_TASK_ROOT``, then the import roots of the user's tools), a profile's next to the profiles file
+  first.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -58,6 +35,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, InstanceOf, PlainValidator, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from stepagent.at_path import read_at_file, search_roots
 from stepagent.config_errors import (
     LABELLED,
     WHOLE_LINE,
@@ -72,14 +50,20 @@ from stepagent.config_errors import (
 from stepagent.errors import ConfigurationError
 from stepagent.output_schema import OutputSchema, parse_output_schema
 from stepagent.providers.base import ModelProvider
-from stepagent.tools.builtins import BUILTIN_GROUPS, BUILTIN_TOOL_NAMES, CHILD_TOOLS
+from stepagent.tools.builtins import (
+    ALL_BUILTINS,
+    BUILTIN_GROUPS,
+    BUILTIN_TOOL_NAMES,
+    BUILTIN_TOOLS_SETTING,
+    CHILD_TOOLS,
+    parse_builtin_tools,
+)
 
 #: The root-thread metadata key that selects a profile: ``{"profile": "support"}``.
 PROFILE_METADATA_KEY = "profile"
 DEFAULT_COMPACTION_THRESHOLD = 0.75
 DEFAULT_MAX_MODEL_CALLS_PER_TURN = 50
 DEFAULT_OUTPUT_RETRIES = 2
-ALL_BUILTINS: frozenset[str] = frozenset(BUILTIN_TOOL_NAMES)
 _PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -112,23 +96,14 @@ def _number(raw: str, setting: Setting, roots: Sequence[Path]) -> float:
     return value
 
 
-def _dollars(raw: str, setting: Setting, roots: Sequence[Path]) -> float:
-    return _number(raw.removeprefix("$"), setting, roots)
-
-
 def _schema(raw: str, setting: Setting, roots: Sequence[Path]) -> OutputSchema:
     text = read_at_file(raw, str(setting.name), roots)[0] if raw.startswith("@") else raw
     return parse_output_schema(text, str(setting.name))
 
 
-def _profiles(raw: str, setting: Setting, roots: Sequence[Path]) -> dict[str, AgentProfile]:
-    return load_profiles(raw, roots)
-
-
-# ---- approval and built-in tool selection -----------------------------------------------------------------
+# ---- approval ---------------------------------------------------------------------------------------------
 
 APPROVAL = "STEPAGENT_APPROVAL"
-BUILTIN_TOOLS = "STEPAGENT_BUILTIN_TOOLS"
 
 
 def parse_approval(spec: str | Iterable[str], *, setting: str = APPROVAL) -> tuple[str, ...]:
@@ -144,52 +119,6 @@ def parse_approval(spec: str | Iterable[str], *, setting: str = APPROVAL) -> tup
         if name and name not in names:
             names.append(name)
     return tuple(names)
-
-
-def parse_builtin_tools(spec: str | Iterable[str], *, setting: str = BUILTIN_TOOLS) -> frozenset[str]:
-    """The built-in tools selected by ``spec``: a comma-separated list (or an iterable) of ``all``,
-    ``none``, group names (``threads``, ``subscriptions``, ``timers``) and tool names, applied left to
-    right; ``-name`` removes a tool or group (a list that starts with a removal starts from ``all``).
-
-    ``all`` · ``none`` · ``threads,timers`` · ``all,-timers`` · ``-send_message_to_child`` ·
-    ``spawn_thread,report_to_parent,close_thread``. An empty string is an error; an empty collection
-    selects none."""
-    tokens = [t.strip().lower() for t in (spec.split(",") if isinstance(spec, str) else spec)]
-    tokens = [t for t in tokens if t]
-    if not tokens:
-        if not isinstance(spec, str):
-            return frozenset()  # an empty collection selects none
-        raise ConfigurationError(f"{setting} is empty: use 'all', 'none' or a comma-separated list")
-    selected: set[str] = set(ALL_BUILTINS) if tokens[0].startswith("-") else set()
-    unknown: list[str] = []
-    for token in tokens:
-        remove = token.startswith("-")
-        names = _builtin_names(token.removeprefix("-").strip())
-        if names is None:
-            unknown.append(token)
-        elif remove:
-            selected.difference_update(names)
-        else:
-            selected.update(names)
-    if unknown:
-        valid = ", ".join(["all", "none", *BUILTIN_GROUPS, *BUILTIN_TOOL_NAMES])
-        raise ConfigurationError(
-            f"{setting} has unknown {'entry' if len(unknown) == 1 else 'entries'} "
-            f"{', '.join(map(repr, unknown))}; valid: {valid} (prefix '-' to remove)"
-        )
-    return frozenset(selected)
-
-
-def _builtin_names(token: str) -> Iterable[str] | None:
-    if token == "all":
-        return BUILTIN_TOOL_NAMES
-    if token == "none":
-        return ()
-    if token in BUILTIN_GROUPS:
-        return BUILTIN_GROUPS[token]
-    if token in BUILTIN_TOOL_NAMES:
-        return (token,)
-    return None
 
 
 # ---- the values, each with its setting ---------------------------------------------------------------------
@@ -212,7 +141,9 @@ CompactionThreshold = Annotated[
         _number,
     ),
 ]
-BuiltinTools = Annotated[frozenset[str], parsed_text_or_list(parse_builtin_tools), Setting(BUILTIN_TOOLS)]
+BuiltinTools = Annotated[
+    frozenset[str], parsed_text_or_list(parse_builtin_tools), Setting(BUILTIN_TOOLS_SETTING)
+]
 MaxModelCallsPerTurn = Annotated[
     int,
     Field(ge=1),
@@ -224,16 +155,16 @@ MaxConversationTokens = Annotated[
 MaxConversationCostUsd = Annotated[
     float,
     Field(gt=0, allow_inf_nan=False),
-    Setting("STEPAGENT_MAX_CONVERSATION_COST_USD", "dollars, a number greater than 0 (e.g. 2.50)", _dollars),
+    Setting(
+        "STEPAGENT_MAX_CONVERSATION_COST_USD",
+        "dollars, a number greater than 0 (e.g. 2.50)",
+        lambda raw, setting, roots: _number(raw.removeprefix("$"), setting, roots),
+    ),
 ]
 
 
 def _output_schema(value: Any) -> Any:
-    return (
-        value
-        if value is None
-        else labelled(lambda spec, setting: OutputSchema.of(spec, setting=setting), value)
-    )
+    return None if value is None else labelled(OutputSchema.of, value)
 
 
 #: A JSON Schema dict, a pydantic model class or an :class:`OutputSchema` (normalised to the latter).
@@ -321,7 +252,10 @@ class AgentConfig(ConfigModel):
     compaction_threshold: CompactionThreshold = DEFAULT_COMPACTION_THRESHOLD
     output_schema: Schema | None = None
     builtin_tools: BuiltinTools = ALL_BUILTINS
-    profiles: Annotated[dict[str, AgentProfile], Setting("STEPAGENT_PROFILES", read=_profiles)] = {}
+    profiles: Annotated[
+        dict[str, AgentProfile],
+        Setting("STEPAGENT_PROFILES", read=lambda raw, _, roots: load_profiles(raw, roots)),
+    ] = {}
     approval: Approval = ()
 
     @field_validator("profiles", mode="before")
@@ -346,20 +280,9 @@ _PROFILES = _SETTINGS["profiles"].name
 AGENT_SETTING_NAMES = tuple(
     str(_SETTINGS[key].name)
     for key in (
-        "system_prompt",
-        "max_tokens",
-        "temperature",
-        "context_window",
-        "compaction_threshold",
-        "builtin_tools",
-        "profiles",
-        "max_model_calls_per_turn",
-        "max_conversation_tokens",
-        "max_conversation_cost_usd",
-        "output_schema",
-        "output_retries",
-        "approval",
-        "prompt_cache_ttl",
+        *("system_prompt", "max_tokens", "temperature", "context_window", "compaction_threshold"),
+        *("builtin_tools", "profiles", "max_model_calls_per_turn", "max_conversation_tokens"),
+        *("max_conversation_cost_usd", "output_schema", "output_retries", "approval", "prompt_cache_ttl"),
     )
 )
 
@@ -379,53 +302,6 @@ def profile_name(metadata: Any) -> str | None:
 
 
 # ---- from the environment ---------------------------------------------------------------------------------
-
-
-def search_roots(tools: str | None = None, environ: Mapping[str, str] | None = None) -> list[Path]:
-    """Where a relative ``@path`` is looked for, in order: the current directory, ``LAMBDA_TASK_ROOT``,
-    then for the user's toolset (``STEPAGENT_TOOLS=package.module:name``) the directory holding its
-    top-level package (its import root) and the package directory itself. Nothing is imported."""
-    env = os.environ if environ is None else environ
-    roots = [Path.cwd()]
-    if env.get("LAMBDA_TASK_ROOT"):
-        roots.append(Path(env["LAMBDA_TASK_ROOT"]))
-    if tools:
-        top = tools.split(":", 1)[0].split(".", 1)[0].strip()
-        spec = None
-        if top:
-            try:
-                spec = importlib.util.find_spec(top)
-            except (ImportError, ValueError):
-                spec = None
-        if spec is not None:
-            locations = list(spec.submodule_search_locations or [])
-            if spec.origin and not locations:
-                locations = [str(Path(spec.origin).parent)]
-            for location in locations:
-                package = Path(location)
-                roots += [package.parent, package] if spec.submodule_search_locations else [package]
-    unique: list[Path] = []
-    for root in roots:
-        if root not in unique:
-            unique.append(root)
-    return unique
-
-
-def read_at_file(value: str, setting: str, roots: Sequence[Path]) -> tuple[str, Path]:
-    """The text of the file named by ``value`` (``@path``) and where it was found."""
-    raw = value[1:].strip()
-    if not raw:
-        raise ConfigurationError(f"{setting}={value!r} names no file after '@'")
-    path = Path(raw).expanduser()
-    candidates = [path] if path.is_absolute() else [root / path for root in roots]
-    for candidate in candidates:
-        if candidate.is_file():
-            try:
-                return candidate.read_text(encoding="utf-8"), candidate
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConfigurationError(f"{setting}: cannot read {candidate}: {exc}") from None
-    looked = ", ".join(str(c) for c in candidates)
-    raise ConfigurationError(f"{setting}={value!r}: no such file (looked for {looked})")
 
 
 def agent_config_from_env(environ: Mapping[str, str], *, roots: Sequence[Path] | None = None) -> AgentConfig:
