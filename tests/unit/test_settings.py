@@ -96,3 +96,12 @@ def test_every_bad_setting_is_reported_at_once_one_line_each() -> None:
         Settings.from_env({"STEPAGENT_MODEL": "openai:gpt-4o", "STEPAGENT_LIVE_TEXT": "off"}).live_text
         is False
     )
+
+
+def test_an_mcp_server_built_in_python_is_checked_as_one_read_from_the_setting() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        McpServer(name="both", command="x", url="https://mcp.example")
+    assert str(caught.value) == "needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)"
+    with pytest.raises(ConfigurationError, match=r"^args\[0\]: must be a string, got a number$"):
+        McpServer(name="files", command="mcp-files", args=[1])
+    assert McpServer(name="files", command="mcp-files", args=["-v"]).args == ("-v",)
