@@ -355,26 +355,29 @@ def load_profiles(raw: str, roots: Sequence[Path]) -> dict[str, AgentProfile]:
 
 
 def _profile(name: str, entry: Any, roots: Sequence[Path]) -> AgentProfile:
-    """The profile ``entry`` (its JSON) describes, with every problem of the entry reported together."""
+    """The profile ``entry`` (its JSON) describes; every problem of the entry is reported together."""
     prefix = _where(name)
     problems: list[str] = []
     if isinstance(entry, dict):
         if "name" in entry:
             problems.append(f"{prefix}unknown key 'name' (a profile is named by its key)")
         entry = {**entry, "name": name}
-        for key in ("system_prompt", "output_schema"):
+        for key, read in (("system_prompt", _prompt), ("output_schema", _schema)):
             if isinstance(entry.get(key), str):
-                setting = dataclasses.replace(_SETTINGS[key], name=f"{prefix}{key}")
                 try:
-                    entry[key] = setting.read(entry[key], setting, roots)  # type: ignore[misc]
+                    entry[key] = read(
+                        entry[key], dataclasses.replace(_SETTINGS[key], name=prefix + key), roots
+                    )
                 except ConfigurationError as error:
                     problems.append(str(error))
                     del entry[key]
     try:
-        return AgentProfile.model_validate(entry)
+        profile = AgentProfile.model_validate(entry)
     except ValidationError as error:
         problems += error_lines(error, AgentProfile, prefix=prefix)
-    raise ConfigurationError("\n".join(problems))
+    if problems:
+        raise ConfigurationError("\n".join(problems))
+    return profile
 
 
 __all__ = [

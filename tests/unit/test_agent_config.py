@@ -346,3 +346,15 @@ def test_a_profile_built_in_python_is_checked_as_one_read_from_json() -> None:
     with pytest.raises(ConfigurationError) as caught:
         AgentConfig(profiles={"p": AgentProfile(name="q")})
     assert str(caught.value) == "STEPAGENT_PROFILES: entry 'p' must be an AgentProfile named 'p'"
+
+
+def test_a_profile_whose_files_cannot_be_read_is_an_error_not_a_profile_without_them(tmp_path: Path) -> None:
+    profiles = {"support": {"system_prompt": "@missing.md"}, "strict": {"output_schema": "{not json"}}
+    with pytest.raises(ConfigurationError) as caught:
+        agent_config_from_env({"STEPAGENT_PROFILES": json.dumps(profiles)}, roots=[tmp_path])
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(
+        "STEPAGENT_PROFILES: profile 'support': system_prompt='@missing.md': no such file"
+    )
+    assert lines[1].startswith("STEPAGENT_PROFILES: profile 'strict': output_schema is not valid JSON")
