@@ -148,7 +148,7 @@ def where(loc: Sequence[int | str]) -> str:
 def error_lines(error: ValidationError, model: Any = None, *, prefix: str = "") -> list[str]:
     """One line per error of ``error``, each starting with ``prefix``. ``model`` (the validated model or
     type) lets an unknown key's line list the keys allowed there, and a value whose field carries a
-    :class:`Setting` be named by its setting (its key when ``prefix`` places it inside a setting)."""
+    :class:`Setting` be named by its setting (by its key when ``prefix`` places it inside a setting)."""
     lines = []
     for detail in error.errors(include_url=False):
         kind = detail["type"]
@@ -158,16 +158,17 @@ def error_lines(error: ValidationError, model: Any = None, *, prefix: str = "") 
         if kind == "default_factory_not_called":
             continue  # a default computed from another value that is wrong: that value has its line
         loc, problem = describe(detail, model)
+        # A value of the model itself is named by its setting; inside a setting's JSON, by its key.
+        head = _setting_at(model, loc[:1]) if loc and not prefix else None
+        label = where((head.name, *loc[1:]) if head is not None and head.name else loc)
         setting = _setting_at(model, loc) if kind not in ("missing", "extra_forbidden") else None
-        label = setting.name if setting is not None and setting.name and not prefix else where(loc)
         if kind == LABELLED:
             lines.append(f"{prefix}{label}{detail['msg']}")
-            continue
-        if setting is not None and setting.expected is not None:
+        elif setting is not None and setting.expected is not None:
             lines.append(f"{prefix}{label}={detail['input']!r} is invalid: {setting.expected}")
-            continue
-        place = prefix + where(loc) if loc else prefix.rstrip(": ")
-        lines.append(f"{place}: {problem}" if place else problem)
+        else:
+            place = prefix + label if label else prefix.rstrip(": ")
+            lines.append(f"{place}: {problem}" if place else problem)
     return lines
 
 

@@ -358,3 +358,13 @@ def test_a_profile_whose_files_cannot_be_read_is_an_error_not_a_profile_without_
         "STEPAGENT_PROFILES: profile 'support': system_prompt='@missing.md': no such file"
     )
     assert lines[1].startswith("STEPAGENT_PROFILES: profile 'strict': output_schema is not valid JSON")
+
+
+def test_a_misshapen_value_given_in_python_still_names_its_setting() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        AgentConfig(approval=["send_email", 1], builtin_tools=3, max_tokens=True)
+    assert str(caught.value).splitlines() == [
+        "STEPAGENT_MAX_TOKENS=True is invalid: a positive whole number of tokens",
+        "STEPAGENT_BUILTIN_TOOLS: must be a string or a list, got a number",
+        "STEPAGENT_APPROVAL[1]: must be a string, got a number",
+    ]
