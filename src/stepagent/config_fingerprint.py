@@ -16,6 +16,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pydantic import BaseModel
+
 __all__ = ["config_fingerprint"]
 
 #: Hex characters kept of the SHA-256 (48 bits: distinct for any realistic number of deployments).
@@ -27,6 +29,8 @@ def _plain(value: Any) -> Any:
         return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, BaseModel):  # the configuration models: their fields, as a dataclass's
+        return {name: _plain(getattr(value, name)) for name in type(value).model_fields}
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, set | frozenset):

@@ -300,3 +300,71 @@ def test_an_unknown_setting_is_warned_about_with_the_closest_name(caplog: pytest
     messages = [r.getMessage() for r in caplog.records]
     assert any("STEPAGENT_MAX_TOKEN " in m and "did you mean STEPAGENT_MAX_TOKENS?" in m for m in messages)
     assert any("did you mean STEPAGENT_SYSTEM_PROMPT?" in m for m in messages)
+
+
+# ---- one model per input ----------------------------------------------------------------------------------
+
+
+def test_the_configuration_fingerprint_is_what_it_was_before_the_models() -> None:
+    """Threads record the fingerprint they last stepped under: the models must give the same one."""
+    from stepagent.config_fingerprint import config_fingerprint
+
+    profile = AgentProfile(
+        name="p",
+        temperature=0.5,
+        model="openai:gpt-4o",
+        tools=("a", "b*"),
+        max_tokens=100,
+        builtin_tools="none",
+        approval=("x",),
+    )
+    agent = AgentConfig(
+        system_prompt="Be brief.",
+        builtin_tools="threads, sleep",
+        approval="send_*",
+        max_conversation_cost_usd=2.5,
+        output_schema={"type": "object"},
+        prompt_cache_ttl="1h",
+        profiles={"p": profile},
+    )
+    # Computed with the dataclasses this configuration used to be.
+    assert config_fingerprint(agent, ["lookup", "transfer"], "scripted:x") == "b5d05afaffdc"
+    assert config_fingerprint(AgentConfig(), [], None) == "17a1ef983d8e"
+
+
+def test_a_profile_built_in_python_is_checked_as_one_read_from_json() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        AgentProfile(name="p", tools="crm", model=5, max_tokens=0, approval=3)
+    assert str(caught.value).splitlines() == [
+        "STEPAGENT_PROFILES: profile 'p': max_tokens=0 is invalid: a positive whole number of tokens",
+        "STEPAGENT_PROFILES: profile 'p': model: must be a string, got a number",
+        "STEPAGENT_PROFILES: profile 'p': tools: must be a list, got a string",
+        "STEPAGENT_PROFILES: profile 'p': approval: must be a string or a list, got a number",
+    ]
+    with pytest.raises(ConfigurationError, match=r"^STEPAGENT_PROFILES: profile name 'a b' is invalid"):
+        AgentProfile(name="a b")
+    with pytest.raises(ConfigurationError) as caught:
+        AgentConfig(profiles={"p": AgentProfile(name="q")})
+    assert str(caught.value) == "STEPAGENT_PROFILES: entry 'p' must be an AgentProfile named 'p'"
+
+
+def test_a_profile_whose_files_cannot_be_read_is_an_error_not_a_profile_without_them(tmp_path: Path) -> None:
+    profiles = {"support": {"system_prompt": "@missing.md"}, "strict": {"output_schema": "{not json"}}
+    with pytest.raises(ConfigurationError) as caught:
+        agent_config_from_env({"STEPAGENT_PROFILES": json.dumps(profiles)}, roots=[tmp_path])
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(
+        "STEPAGENT_PROFILES: profile 'support': system_prompt='@missing.md': no such file"
+    )
+    assert lines[1].startswith("STEPAGENT_PROFILES: profile 'strict': output_schema is not valid JSON")
+
+
+def test_a_misshapen_value_given_in_python_still_names_its_setting() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        AgentConfig(approval=["send_email", 1], builtin_tools=3, max_tokens=True)
+    assert str(caught.value).splitlines() == [
+        "STEPAGENT_MAX_TOKENS=True is invalid: a positive whole number of tokens",
+        "STEPAGENT_BUILTIN_TOOLS: must be a string or a list, got a number",
+        "STEPAGENT_APPROVAL[1]: must be a string, got a number",
+    ]

@@ -44,7 +44,7 @@ def test_approval_entries_must_each_select_a_tool() -> None:
 
 
 def test_a_profile_approval_entry_is_checked_as_the_setting_is() -> None:
-    agent = AgentConfig(profiles={"ops": AgentProfile("ops", approval=("searhc",))})
+    agent = AgentConfig(profiles={"ops": AgentProfile(name="ops", approval=("searhc",))})
     with pytest.raises(ConfigurationError, match=r"profile 'ops': approval: 'searhc' matches no tool"):
         check_agents(agent, TOOLS, {})
 
@@ -61,7 +61,7 @@ def test_a_dollar_limit_needs_the_model_priced() -> None:
 
 
 def test_a_profile_on_an_unpriced_model_cannot_inherit_a_dollar_limit() -> None:
-    profile = AgentProfile("cheap", model="openai:my-local-llama")
+    profile = AgentProfile(name="cheap", model="openai:my-local-llama")
     agent = AgentConfig(max_conversation_cost_usd=2.0, profiles={"cheap": profile})
     with pytest.raises(ConfigurationError, match=r"for profile 'cheap', model openai:my-local-llama"):
         check_agents(agent, TOOLS, {"openai:my-local-llama": object()}, default_model="openai:gpt-4o")  # type: ignore[dict-item]

@@ -13,7 +13,7 @@ from stepagent.usage import summarize
 
 def test_catalogued_models_resolve_through_snapshots_and_bedrock_prefixes() -> None:
     sonnet = catalog_price("anthropic:claude-sonnet-4-5")
-    assert sonnet == ModelPrice(3.0, 15.0, 0.30, 3.75)
+    assert sonnet == ModelPrice(input=3.0, output=15.0, cache_read=0.30, cache_write=3.75)
     assert catalog_price("anthropic:claude-sonnet-4-5-20250929") == sonnet
     assert catalog_price("bedrock:us.anthropic.claude-sonnet-4-5-20250929-v1:0") == sonnet
     assert catalog_price("openai:gpt-4o-2024-11-20") == catalog_price("openai:gpt-4o")
@@ -36,7 +36,9 @@ def test_overrides_win_and_missing_cache_rates_default_to_input() -> None:
     table = parse_prices(
         '{"openai:house-model": {"input": 1, "output": 2}, "openai:gpt-4o": {"input": 0, "output": 0}}'
     )
-    assert table.price("openai:house-model") == ModelPrice(1.0, 2.0, 1.0, 1.0)
+    assert table.price("openai:house-model") == ModelPrice(
+        input=1.0, output=2.0, cache_read=1.0, cache_write=1.0
+    )
     assert table.cost("openai:gpt-4o", Usage(input_tokens=10**6, output_tokens=10**6)) == 0.0
     assert table.price("anthropic:claude-haiku-4-5") == catalog_price("anthropic:claude-haiku-4-5")
     assert parse_prices("") is CATALOG_PRICES and parse_prices(None) is CATALOG_PRICES
@@ -88,3 +90,13 @@ def test_usage_reports_show_dollars_from_stored_costs_or_current_prices() -> Non
     )
     unpriced = summarize("x", [("x", unknown)])
     assert unpriced.lines()[1] == "  cost: unknown (no prices for these models; set STEPAGENT_PRICES)"
+
+
+def test_a_price_built_in_python_is_checked_and_its_cache_rates_default_to_input() -> None:
+    assert ModelPrice(input=2.0, output=8.0) == ModelPrice(input=2, output=8, cache_read=2, cache_write=2)
+    with pytest.raises(ConfigurationError) as caught:
+        ModelPrice(input=-1, output=float("inf"))
+    assert str(caught.value).splitlines() == [
+        "input=-1 is invalid: dollars per million tokens, a number >= 0",
+        "output=inf is invalid: dollars per million tokens, a number >= 0",
+    ]

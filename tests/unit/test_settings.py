@@ -67,3 +67,41 @@ def test_mcp_servers_parse_into_typed_entries() -> None:
         McpServer(name="files", command="mcp-files", args=("-v",), env={"K": "V"}),
         McpServer(name="web", url="https://mcp.example", headers={"Authorization": "Bearer t"}),
     )
+
+
+def test_every_bad_setting_is_reported_at_once_one_line_each() -> None:
+    env = {
+        "STEPAGENT_MODEL": "claude",
+        "STEPAGENT_TOOLS": "myapp.tools",
+        "STEPAGENT_RAP_SERVERS": "https://ok.example, ftp://files.example",
+        "STEPAGENT_THREAD_CACHE_BYTES": "lots",
+        "STEPAGENT_MAX_RECEIVE_COUNT": "0",
+        "STEPAGENT_MCP_SERVERS": '[{"name": "a"}]',
+        "STEPAGENT_LIVE_TEXT": "maybe",
+        "STEPAGENT_PRICES": "[1]",
+        "STEPAGENT_MCP_INPUT_WAIT": "-1",
+    }
+    with pytest.raises(ConfigurationError) as caught:
+        Settings.from_env(env)
+    lines = str(caught.value).splitlines()
+    assert [re.split(r"[=\[ ]", line)[0] for line in lines] == list(env)  # one line each, in order
+    assert lines[0].startswith("STEPAGENT_MODEL='claude' is invalid: expected <provider>:<model id>, e.g. ")
+    assert lines[2] == "STEPAGENT_RAP_SERVERS contains 'ftp://files.example', which is not an http(s) URL"
+    assert lines[5] == (
+        "STEPAGENT_MCP_SERVERS[0]: needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)"
+    )
+    assert lines[6] == "STEPAGENT_LIVE_TEXT='maybe' is invalid: expected on or off"
+    # Good values alongside are read as before.
+    assert (
+        Settings.from_env({"STEPAGENT_MODEL": "openai:gpt-4o", "STEPAGENT_LIVE_TEXT": "off"}).live_text
+        is False
+    )
+
+
+def test_an_mcp_server_built_in_python_is_checked_as_one_read_from_the_setting() -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        McpServer(name="both", command="x", url="https://mcp.example")
+    assert str(caught.value) == "needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)"
+    with pytest.raises(ConfigurationError, match=r"^args\[0\]: must be a string, got a number$"):
+        McpServer(name="files", command="mcp-files", args=[1])
+    assert McpServer(name="files", command="mcp-files", args=["-v"]).args == ("-v",)

@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from stepagent.agent_config import AGENT_SETTING_NAMES, AgentConfig, agent_config_from_env, search_roots
 from stepagent.core.thread_cache import DEFAULT_CACHE_BYTES
@@ -30,6 +31,7 @@ from stepagent.providers.prices import CATALOG_PRICES, PRICES_SETTING, PriceTabl
 from stepagent.tools.mcp_config import McpServer, parse_mcp_servers
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: Seconds an older MCP server's call is held open for the user's answer (``STEPAGENT_MCP_INPUT_WAIT``).
 DEFAULT_MCP_INPUT_WAIT = 120.0
@@ -132,38 +134,57 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """The settings ``environ`` (default: the process's) holds. Every bad value is reported, one line
+        each, in one ``ConfigurationError``."""
         env = os.environ if environ is None else environ
 
         def get(name: str) -> str | None:
             value = env.get(name, "").strip()
             return value or None
 
-        model = get("STEPAGENT_MODEL")
-        if model is not None and ":" not in model:
-            raise ConfigurationError(
-                f"STEPAGENT_MODEL={model!r} is invalid: expected <provider>:<model id>, e.g. "
-                "anthropic:claude-sonnet-4-5, openai:gpt-4o, bedrock:<model id> or scripted:<path>"
-            )
-        tools = get("STEPAGENT_TOOLS")
-        if tools is not None and ":" not in tools:
-            raise ConfigurationError(
-                f"STEPAGENT_TOOLS={tools!r} is invalid: expected package.module:name (e.g. myapp.tools:toolset)"
-            )
+        problems: list[str] = []
+
+        def checked(read: Callable[[], _T], default: _T) -> _T:
+            try:
+                return read()
+            except ConfigurationError as error:
+                problems.append(str(error))
+                return default
+
         warn_unknown_names(env)
-        rap = tuple(
-            url.strip().rstrip("/") for url in (get("STEPAGENT_RAP_SERVERS") or "").split(",") if url.strip()
+        model = checked(lambda: _spec("STEPAGENT_MODEL", get("STEPAGENT_MODEL"), _MODEL_SPEC), None)
+        tools = checked(lambda: _spec("STEPAGENT_TOOLS", get("STEPAGENT_TOOLS"), _TOOLS_SPEC), None)
+        rap: tuple[str, ...] = checked(
+            lambda: _urls("STEPAGENT_RAP_SERVERS", get("STEPAGENT_RAP_SERVERS")), ()
         )
-        for url in rap:
-            if not url.startswith(("http://", "https://")):
-                raise ConfigurationError(
-                    f"STEPAGENT_RAP_SERVERS contains {url!r}, which is not an http(s) URL"
-                )
-        return cls(
-            thread_cache_bytes=_byte_count(
-                "STEPAGENT_THREAD_CACHE_BYTES", get("STEPAGENT_THREAD_CACHE_BYTES")
+        cache_bytes = checked(
+            lambda: _byte_count("STEPAGENT_THREAD_CACHE_BYTES", get("STEPAGENT_THREAD_CACHE_BYTES")), 0
+        )
+        receive_count = checked(
+            lambda: _positive_int("STEPAGENT_MAX_RECEIVE_COUNT", get("STEPAGENT_MAX_RECEIVE_COUNT")), None
+        )
+        mcp_servers: tuple[McpServer, ...] = checked(
+            lambda: parse_mcp_servers(get("STEPAGENT_MCP_SERVERS")), ()
+        )
+        live_text = checked(
+            lambda: _switch("STEPAGENT_LIVE_TEXT", get("STEPAGENT_LIVE_TEXT"), default=True), True
+        )
+        prices = checked(lambda: parse_prices(get(PRICES_SETTING)), CATALOG_PRICES)
+        mcp_input_wait = checked(
+            lambda: _seconds(
+                "STEPAGENT_MCP_INPUT_WAIT", get("STEPAGENT_MCP_INPUT_WAIT"), DEFAULT_MCP_INPUT_WAIT
             ),
-            max_receive_count=_positive_int("STEPAGENT_MAX_RECEIVE_COUNT", get("STEPAGENT_MAX_RECEIVE_COUNT"))
-            or DEFAULT_MAX_RECEIVE_COUNT,
+            DEFAULT_MCP_INPUT_WAIT,
+        )
+        if problems:
+            raise ConfigurationError("\n".join(problems))
+        return cls(
+            thread_cache_bytes=cache_bytes,
+            max_receive_count=receive_count or DEFAULT_MAX_RECEIVE_COUNT,
+            mcp_servers=mcp_servers,
+            live_text=live_text,
+            prices=prices,
+            mcp_input_wait=mcp_input_wait,
             conversation_table=get("STEPAGENT_CONVERSATION_TABLE"),
             state_table=get("STEPAGENT_STATE_TABLE"),
             input_queue_url=get("STEPAGENT_INPUT_QUEUE_URL"),
@@ -178,17 +199,11 @@ class Settings:
             callback_secret=get("STEPAGENT_CALLBACK_SECRET"),
             callback_secret_id=get("STEPAGENT_CALLBACK_SECRET_ID"),
             provider_api_key_id=get("STEPAGENT_PROVIDER_API_KEY_ID"),
-            mcp_servers=parse_mcp_servers(get("STEPAGENT_MCP_SERVERS")),
             endpoint_url=get("AWS_ENDPOINT_URL"),
             scheduler_role_arn=get("STEPAGENT_SCHEDULER_ROLE_ARN"),
             scheduler_dlq_arn=get("STEPAGENT_SCHEDULER_DLQ_ARN"),
             region=get("AWS_REGION") or get("AWS_DEFAULT_REGION"),
             agent_settings={name: value for name in AGENT_SETTING_NAMES if (value := get(name)) is not None},
-            live_text=_switch("STEPAGENT_LIVE_TEXT", get("STEPAGENT_LIVE_TEXT"), default=True),
-            prices=parse_prices(get(PRICES_SETTING)),
-            mcp_input_wait=_seconds(
-                "STEPAGENT_MCP_INPUT_WAIT", get("STEPAGENT_MCP_INPUT_WAIT"), DEFAULT_MCP_INPUT_WAIT
-            ),
         )
 
     def agent_config(self, roots: list[Path] | None = None) -> AgentConfig:
@@ -252,6 +267,26 @@ def warn_unknown_names(environ: Mapping[str, str]) -> list[str]:
         _warned.add(name)
         log.warning("%s", unknown_name_text(name, closest))
     return [name for name, _ in found]
+
+
+_MODEL_SPEC = "<provider>:<model id>, e.g. anthropic:claude-sonnet-4-5, openai:gpt-4o, bedrock:<model id> or scripted:<path>"
+_TOOLS_SPEC = "package.module:name (e.g. myapp.tools:toolset)"
+
+
+def _spec(name: str, raw: str | None, expected: str) -> str | None:
+    """``raw`` if it is a ``left:right`` spec (or unset)."""
+    if raw is not None and ":" not in raw:
+        raise ConfigurationError(f"{name}={raw!r} is invalid: expected {expected}")
+    return raw
+
+
+def _urls(name: str, raw: str | None) -> tuple[str, ...]:
+    """The comma-separated http(s) base URLs of ``raw``, without a trailing slash."""
+    urls = tuple(url.strip().rstrip("/") for url in (raw or "").split(",") if url.strip())
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigurationError(f"{name} contains {url!r}, which is not an http(s) URL")
+    return urls
 
 
 def _switch(name: str, raw: str | None, *, default: bool) -> bool:

@@ -21,14 +21,14 @@ Guarantees:
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
+from stepagent.config_errors import ConfigModel, Setting, error_lines
 from stepagent.errors import ConfigurationError
 from stepagent.providers.base import Usage
 from stepagent.providers.catalog import ModelFamilies, lookup_model
@@ -37,14 +37,30 @@ PRICES_SETTING = "STEPAGENT_PRICES"
 _MILLION = 1_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class ModelPrice:
-    """Dollars per million tokens: uncached input, output, prompt-cache reads and writes."""
+_RATE = "dollars per million tokens"
+#: A rate: its line, when wrong, is ``<field>=<value> is invalid: dollars per million tokens, a number >= 0``.
+Rate = Annotated[float, Field(ge=0, allow_inf_nan=False), Setting(None, f"{_RATE}, a number >= 0")]
+_CACHE_RATES = ("cache_read", "cache_write")
 
-    input: float
-    output: float
-    cache_read: float
-    cache_write: float
+
+class ModelPrice(ConfigModel):
+    """Dollars per million tokens: uncached input, output, prompt-cache reads and writes (a cache rate not
+    given is the input rate)."""
+
+    missing_words = f"{{key}} is required ({_RATE})"
+    unknown_words = "unknown field {key!r} (known: {allowed})"
+    input: Rate
+    output: Rate
+    cache_read: Rate = Field(default_factory=lambda rates: rates.get("input", 0.0))
+    cache_write: Rate = Field(default_factory=lambda rates: rates.get("input", 0.0))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_cache_rates(cls, data: Any) -> Any:
+        """A cache rate written as ``null`` is not given."""
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if not (key in _CACHE_RATES and value is None)}
+        return data
 
     def cost(self, usage: Usage) -> float:
         """The dollars ``usage`` costs at these rates (rounded to a millionth of a cent)."""
@@ -58,7 +74,11 @@ class ModelPrice:
 
 
 def _p(input: float, output: float, cache_read: float, cache_write: float | None = None) -> ModelPrice:
-    return ModelPrice(input, output, cache_read, input if cache_write is None else cache_write)
+    # The catalog's own figures need no check: constructed without validation, at import.
+    cache_write = input if cache_write is None else cache_write
+    return ModelPrice.model_construct(
+        input=input, output=output, cache_read=cache_read, cache_write=cache_write
+    )
 
 
 # Anthropic list prices (base input, output, cache hits, 5-minute cache writes), from
@@ -140,9 +160,6 @@ def cost_usd(model: str, usage: Usage, prices: PriceTable = CATALOG_PRICES) -> f
     return prices.cost(model, usage)
 
 
-_FIELDS = ("input", "output", "cache_read", "cache_write")
-
-
 def parse_prices(raw: str | None) -> PriceTable:
     """The :class:`PriceTable` ``STEPAGENT_PRICES`` describes (unset or empty: the catalog alone)."""
     if raw is None or not raw.strip():
@@ -155,60 +172,19 @@ def parse_prices(raw: str | None) -> PriceTable:
         raise ConfigurationError(
             f'{PRICES_SETTING} must be a JSON object like {{"openai:gpt-4o": {{"input": 2.5, "output": 10}}}}'
         )
-    problems = [
-        f"{PRICES_SETTING}: {model!r} is not <provider>:<model id> (e.g. 'anthropic:claude-sonnet-4-5')"
-        for model in data
-        if ":" not in model
-    ]
-    try:
-        specs = _price_model().validate_python(data)
-    except ValidationError as error:
-        problems += _price_lines(error)
+    problems: list[str] = []
+    prices: dict[str, ModelPrice] = {}
+    for model, rates in data.items():
+        where = f"{PRICES_SETTING}: {model!r}"
+        if ":" not in model:
+            problems.append(f"{where} is not <provider>:<model id> (e.g. 'anthropic:claude-sonnet-4-5')")
+        if not isinstance(rates, dict):
+            problems.append(f"{where} must be an object with {', '.join(ModelPrice.model_fields)}")
+            continue
+        try:
+            prices[model] = ModelPrice.model_validate(rates)
+        except ValidationError as error:
+            problems += error_lines(error, ModelPrice, prefix=f"{where}: ")
     if problems:
         raise ConfigurationError("\n".join(problems))
-    return PriceTable(
-        {
-            model: ModelPrice(
-                float(spec.input),
-                float(spec.output),
-                float(spec.input if spec.cache_read is None else spec.cache_read),
-                float(spec.input if spec.cache_write is None else spec.cache_write),
-            )
-            for model, spec in specs.items()
-        }
-    )
-
-
-@functools.cache
-def _price_model() -> TypeAdapter[dict[str, Any]]:
-    """``STEPAGENT_PRICES``' shape, created on first use (most deployments rely on the catalog)."""
-    from pydantic import BaseModel, ConfigDict, Field
-
-    Rate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-    class _Price(BaseModel):
-        model_config = ConfigDict(strict=True, extra="forbid")
-        input: Rate
-        output: Rate
-        cache_read: Rate | None = None
-        cache_write: Rate | None = None
-
-    return TypeAdapter(dict[str, _Price])
-
-
-def _price_lines(error: ValidationError) -> list[str]:
-    lines = []
-    for detail in error.errors(include_url=False):
-        model, *rest = detail["loc"]
-        where = f"{PRICES_SETTING}: {model!r}"
-        if not rest:
-            lines.append(f"{where} must be an object with {', '.join(_FIELDS)}")
-        elif detail["type"] == "missing":
-            lines.append(f"{where}: {rest[0]} is required (dollars per million tokens)")
-        elif detail["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown field {rest[0]!r} (known: {', '.join(_FIELDS)})")
-        else:
-            lines.append(
-                f"{where}: {rest[0]}={detail['input']!r} is invalid: dollars per million tokens, a number >= 0"
-            )
-    return lines
+    return PriceTable(prices)

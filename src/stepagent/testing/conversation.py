@@ -18,7 +18,6 @@ inside an event loop.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -230,9 +229,9 @@ async def arun_conversation(
     user_tools = list(tools)
     config_agent = agent if agent is not None else AgentConfig()
     if system_prompt is not None:
-        config_agent = dataclasses.replace(config_agent, system_prompt=system_prompt)
+        config_agent = AgentConfig(**{**dict(config_agent), "system_prompt": system_prompt})
     if output_schema is not None:
-        config_agent = dataclasses.replace(config_agent, output_schema=output_schema)
+        config_agent = AgentConfig(**{**dict(config_agent), "output_schema": output_schema})
     config = StepConfig(
         provider=_provider(model),
         toolset=Toolset.of([*user_tools, *builtin_tools()]),

@@ -1,68 +1,48 @@
 """How to reach an MCP server: plain configuration data, parsed from ``STEPAGENT_MCP_SERVERS`` by the
 settings (:mod:`stepagent.aws.settings`) and consumed by the MCP tools (:mod:`stepagent.tools.mcp`).
 
-It lives below both so the tools never depend on the settings layer. :func:`parse_mcp_servers` checks the
-JSON with a pydantic model (strict types, no unknown keys) and reports every bad value at once, one line
-each, naming the server's place in the list and the key.
+It lives below both so the tools never depend on the settings layer. :class:`McpServer` is the one model
+of a server: :func:`parse_mcp_servers` validates the JSON list with it (strict types, no unknown keys)
+and reports every bad value at once, one line each, naming the server's place in the list and the key.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import Field, Strict, TypeAdapter, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
+from stepagent.config_errors import ConfigModel, error_lines
 from stepagent.errors import ConfigurationError
 
 SETTING = "STEPAGENT_MCP_SERVERS"
 
+_Text = Annotated[str, Field(min_length=1)]
 
-@dataclass(frozen=True, slots=True)
-class McpServer:
+
+class McpServer(ConfigModel):
     """One MCP server: stdio (``command``/``args``/``env``) or streamable HTTP (``url``/``headers``)."""
 
-    name: str
-    command: str | None = None
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    url: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    name: _Text
+    command: _Text | None = None
+    args: Annotated[tuple[str, ...], Strict(False)] = ()  # a JSON list, or any sequence in Python
+    env: dict[str, str] = {}
+    url: _Text | None = None
+    headers: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
+            raise PydanticCustomError(
+                "config", "needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)"
+            )
+        return self
 
 
-@functools.cache
-def _model() -> type[BaseModel]:
-    """The list's pydantic model, created on first use: a deployment without MCP servers never builds it."""
-    from pydantic import ConfigDict, Field, model_validator
-    from pydantic_core import PydanticCustomError
-
-    class _ServerSpec(BaseModel):
-        model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
-        name: Annotated[str, Field(min_length=1)]
-        command: Annotated[str, Field(min_length=1)] | None = None
-        args: list[str] = []
-        env: dict[str, str] = {}
-        url: Annotated[str, Field(min_length=1)] | None = None
-        headers: dict[str, str] = {}
-
-        @model_validator(mode="after")
-        def _one_transport(self) -> _ServerSpec:
-            if (self.command is None) == (self.url is None):
-                raise PydanticCustomError(
-                    "config", "needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)"
-                )
-            return self
-
-    class _Servers(BaseModel):
-        """The list, wrapped so a problem's location starts with the setting's name."""
-
-        model_config = ConfigDict(extra="forbid", strict=True, defer_build=True)
-        STEPAGENT_MCP_SERVERS: list[_ServerSpec]
-
-    return _Servers
+#: The setting's JSON: a list of servers.
+_Servers = Annotated[tuple[McpServer, ...], Strict(False)]
 
 
 def parse_mcp_servers(raw: str | None) -> tuple[McpServer, ...]:
@@ -74,26 +54,14 @@ def parse_mcp_servers(raw: str | None) -> tuple[McpServer, ...]:
     except json.JSONDecodeError as exc:
         raise ConfigurationError(f"{SETTING} is not valid JSON: {exc}") from None
     try:
-        specs: list[Any] = getattr(_model().model_validate({SETTING: data}), SETTING)
+        servers = TypeAdapter(_Servers).validate_python(data)
     except ValidationError as error:
-        from stepagent.config_errors import error_lines  # only when something is wrong
-
-        raise ConfigurationError("\n".join(error_lines(error, _model()))) from None
-    names = [spec.name for spec in specs]
+        raise ConfigurationError("\n".join(error_lines(error, _Servers, prefix=SETTING))) from None
+    names = [server.name for server in servers]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ConfigurationError(f"{SETTING} names more than one server {', '.join(map(repr, twice))}")
-    return tuple(
-        McpServer(
-            name=spec.name,
-            command=spec.command,
-            args=tuple(spec.args),
-            env=spec.env,
-            url=spec.url,
-            headers=spec.headers,
-        )
-        for spec in specs
-    )
+    return servers
 
 
 __all__ = ["McpServer", "parse_mcp_servers"]
