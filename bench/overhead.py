@@ -74,7 +74,7 @@ async def seed_by_commits(conversation: ConversationStore, thread: str, rows: in
 
 
 async def seed_dynamodb(client: Any, table: str, thread: str, rows: int, in_context: int) -> None:
-    """The same history written directly in the DynamoDB store's item layout (``stores/dynamodb.py``),
+    """The same history written directly in the DynamoDB store's item layout (``stores/dynamodb/conversation.py``),
     in large ``BatchWriteItem`` calls (moto does not enforce the 25-item limit; DynamoDB would)."""
     head = {
         "pk": {"S": thread},

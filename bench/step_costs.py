@@ -114,7 +114,7 @@ async def seed_thread(
 
 
 def dynamo_row_writer(client: Any, table: str) -> RawRowWriter:
-    """Rows ``R#{order:012d}`` (``message_id``, ``cv``, ``body``: ``stores/dynamodb.py``) written with
+    """Rows ``R#{order:012d}`` (``message_id``, ``cv``, ``body``: ``stores/dynamodb/conversation.py``) written with
     BatchWriteItem, then the head's tail moved to the last of them."""
 
     async def write(thread: str, first: int, items: list[HistoryItem]) -> None:

@@ -1,5 +1,5 @@
 """Live progress for clients: the partial text of a running completion and the notices of a thread, written
-to the thread's ``LIVE`` item (:mod:`stepagent.stores.dynamodb_live`) by the worker.
+to the thread's ``LIVE`` item (:mod:`stepagent.stores.dynamodb.live`) by the worker.
 
 Guarantees:
 
@@ -55,8 +55,8 @@ from stepagent.notices import Notice
 from stepagent.outputs.events import OutputEvent
 from stepagent.senders.sqs import SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore
-from stepagent.stores.dynamodb_io import AwsClient, DynamoIo
-from stepagent.stores.dynamodb_live import LiveStore
+from stepagent.stores.dynamodb.io import AwsClient, DynamoIo
+from stepagent.stores.dynamodb.live import LiveStore
 from stepagent.stores.metrics import StoreMetrics
 
 log = logging.getLogger(__name__)

@@ -52,8 +52,8 @@ from stepagent.providers.base import ModelProvider
 from stepagent.providers.factory import make_provider
 from stepagent.senders.sqs import SqsQueues, SqsSender
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
-from stepagent.stores.dynamodb_io import DynamoIo
-from stepagent.stores.dynamodb_quotas import SubjectCounters
+from stepagent.stores.dynamodb.io import DynamoIo
+from stepagent.stores.dynamodb.quotas import SubjectCounters
 from stepagent.stores.metrics import StoreMetrics
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from stepagent.stores.dynamodb import DynamoConversationStore
-from stepagent.stores.dynamodb_io import DynamoItem, s_attr
-from stepagent.stores.dynamodb_layout import (
+from stepagent.stores.dynamodb.io import DynamoItem, s_attr
+from stepagent.stores.dynamodb.layout import (
     COMMITTED_AT_ATTRIBUTE,
     CONFIG_ATTRIBUTE,
     HEAD_SK,

@@ -33,7 +33,7 @@ import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from stepagent.stores.dynamodb_io import ConditionFailed, DynamoIo, item_key, n_attr, put, s_attr, update
+from stepagent.stores.dynamodb.io import ConditionFailed, DynamoIo, item_key, n_attr, put, s_attr, update
 
 #: The sort key of a root thread's owner record (the subject that created it through the HTTP API).
 OWNER_SK = "OWNER"

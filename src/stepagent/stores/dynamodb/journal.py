@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError
-from stepagent.stores.dynamodb_io import (
+from stepagent.stores.dynamodb.io import (
     ConditionFailed,
     DynamoIo,
     DynamoItem,
@@ -58,7 +58,7 @@ _ENTRY_PREFIX = "J#"
 
 
 class JournalStore(Protocol):
-    """What the journal needs from :class:`~stepagent.stores.dynamodb.DynamoConversationStore`."""
+    """What the journal needs from :class:`~stepagent.stores.dynamodb.conversation.DynamoConversationStore`."""
 
     table: str
     state_table: str

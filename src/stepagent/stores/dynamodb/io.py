@@ -31,7 +31,7 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
@@ -213,6 +213,12 @@ class TransactionCancelled(Exception):
     def __init__(self, reasons: list[str]) -> None:
         super().__init__(", ".join(reasons))
         self.reasons = reasons
+
+
+def conflicted(reasons: Sequence[str]) -> bool:
+    """Whether a cancelled transaction may simply run again: another transaction conflicted with it and
+    none of its conditions failed (so nothing was written and nothing the caller checked has changed)."""
+    return "TransactionConflict" in reasons and "ConditionalCheckFailed" not in reasons
 
 
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
@@ -470,6 +476,37 @@ class DynamoIo:
                 )
             self.metrics.items_written += len(chunk)
             self.metrics.bytes_written += sum(item_size(item) for item in chunk)
+
+    async def transact(
+        self,
+        table: str,
+        writes: Sequence[Write],
+        *,
+        token: str | None = None,
+        retry_if: Callable[[list[str]], bool] = conflicted,
+    ) -> None:
+        """``writes`` as one ``TransactWriteItems`` (``table`` names it in the metrics and errors), counted
+        as written when it succeeds.
+
+        A cancellation whose reasons ``retry_if`` accepts (by default :func:`conflicted`) is sent again
+        after :data:`CONFLICT_BACKOFF`'s wait, up to its attempts; any other cancellation, or the last one,
+        is raised as :class:`TransactionCancelled` for the caller to classify. ``token`` is the first
+        attempt's ``ClientRequestToken`` (so botocore's own retry of a request whose response was lost is
+        idempotent); each later attempt is a new request and gets a token of its own."""
+        actions = [w.action() for w in writes]
+        for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
+            kwargs: dict[str, Any] = {"TransactItems": actions}
+            if token is not None:
+                kwargs["ClientRequestToken"] = token if attempt == 1 else f"{token[:32]}-r{attempt}"
+            try:
+                await self.call("TransactWriteItems", table, **kwargs)
+            except TransactionCancelled as exc:
+                if attempt < CONFLICT_BACKOFF.attempts and retry_if(exc.reasons):
+                    await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
+                    continue
+                raise
+            self.count_written(writes)
+            return
 
     async def write(self, write: Write) -> None:
         """One write as PutItem/UpdateItem/DeleteItem (raises ``ConditionFailed`` on a refused condition)."""

@@ -10,7 +10,7 @@ What it guarantees (beyond the port's contract, which it meets exactly like the 
   position; listing them is one Query on the sort-key prefix, sorted by ``seq``.
 - With the conversation table known (:func:`~stepagent.stores.dynamodb.dynamo_stores` passes it), marking
   an intent done and adding or removing a pending choice change the item and the head's state-flag set
-  (``oi`` / ``ch``, see ``dynamodb_layout``) in one transaction, so the head's flags stay exact; a thread
+  (``oi`` / ``ch``, see ``layout``) in one transaction, so the head's flags stay exact; a thread
   without a head gets the plain write (and, for an addition, a ``FLAGS_UNKNOWN`` item that tells readers
   the head's flags do not cover that thread).
 - :func:`state_writes` produces the commit's state actions with the in-memory semantics (later entries
@@ -19,7 +19,6 @@ What it guarantees (beyond the port's contract, which it meets exactly like the 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Sequence
@@ -29,8 +28,7 @@ from stepagent.blobs import ContentBlobs
 from stepagent.errors import StoreError
 from stepagent.messages import InputMessage, ToolCall, UserChoiceRequired
 from stepagent.stores.base import Commit, DeferredInput, DispatchIntent, Spend
-from stepagent.stores.dynamodb_io import (
-    CONFLICT_BACKOFF,
+from stepagent.stores.dynamodb.io import (
     MARKER_TTL_S,
     PAYLOAD_ATTRIBUTES,
     AwsClient,
@@ -171,7 +169,7 @@ def _deferred_json(deferred: DeferredInput) -> str:
 
 class DynamoStateStore:
     """``StateStore`` on the state table. Commit-time changes are written by
-    :meth:`~stepagent.stores.dynamodb.DynamoConversationStore.commit` in the same transaction as the rows."""
+    :meth:`~stepagent.stores.dynamodb.conversation.DynamoConversationStore.commit` in the same transaction as the rows."""
 
     def __init__(
         self,
@@ -206,25 +204,17 @@ class DynamoStateStore:
             {":f": {"SS": [value]}},
             ConditionExpression="attribute_exists(#pk)",
         )
-        writes = [flag, write]
-        for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
-            try:
-                await self._io.call(
-                    "TransactWriteItems", self.table, TransactItems=[w.action() for w in writes]
-                )
-            except TransactionCancelled as exc:
-                if exc.reasons[:1] == ["ConditionalCheckFailed"]:
-                    break  # no head: nothing to flag
-                if "TransactionConflict" in exc.reasons and attempt < CONFLICT_BACKOFF.attempts:
-                    # the thread's own commit touched the head at the same moment
-                    await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
-                    continue
+        try:
+            # a conflict is the thread's own commit touching the head at the same moment: tried again
+            await self._io.transact(self.table, [flag, write])
+        except TransactionCancelled as exc:
+            if exc.reasons[:1] != ["ConditionalCheckFailed"]:
                 raise StoreError(
                     f"updating {attribute} of thread {thread_id} was cancelled: {', '.join(exc.reasons)}"
                 ) from None
-            self._io.count_written(writes)
+        else:
             return
-        await self._io.write(write)
+        await self._io.write(write)  # no head: nothing to flag
         if op == "ADD":
             # State for a thread without a head (a choice before its first commit): the head its first
             # commit creates would claim to know this thread's state. The marker tells readers it does not.

@@ -17,7 +17,7 @@ consistent ``BatchGetItem`` for a whole thread tree) to show progress that no co
   look new.
 
 Every write is a single ``UpdateItem`` counted in the :class:`~stepagent.stores.metrics.StoreMetrics` of
-the :class:`~stepagent.stores.dynamodb_io.DynamoIo` it is given; the item carries a TTL (``expires_at``,
+the :class:`~stepagent.stores.dynamodb.io.DynamoIo` it is given; the item carries a TTL (``expires_at``,
 refreshed by every write), so an abandoned one disappears on its own.
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from stepagent.errors import StoreError
 from stepagent.formats import item_version
 from stepagent.notices import LiveNotice, Notice, read_notice
-from stepagent.stores.dynamodb_io import (
+from stepagent.stores.dynamodb.io import (
     ConditionFailed,
     DynamoIo,
     DynamoItem,
