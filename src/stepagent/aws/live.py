@@ -34,7 +34,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
+    from types_aiobotocore_dynamodb import DynamoDBClient
 
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.core.step import ThreadStep
@@ -55,7 +58,7 @@ from stepagent.notices import Notice
 from stepagent.outputs.events import OutputEvent
 from stepagent.senders.sqs import SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore
-from stepagent.stores.dynamodb.io import AwsClient, DynamoIo
+from stepagent.stores.dynamodb.io import DynamoIo
 from stepagent.stores.dynamodb.live import LiveStore
 from stepagent.stores.metrics import StoreMetrics
 
@@ -221,7 +224,7 @@ class LiveText:
 
     def __init__(
         self,
-        client: AwsClient | None,
+        client: DynamoDBClient | None,
         state_table: str | None,
         *,
         enabled: bool,

@@ -76,7 +76,7 @@ class RapReceiverRuntime:
             sqs = await stack.enter_async_context(client(session, "sqs", settings))
             # S3 holds only payloads too large for a message: its client opens on first use, as the worker's.
             s3 = (
-                LazyClient(lambda: stack.enter_async_context(client(session, "s3", settings)))
+                LazyClient(lambda: stack.enter_async_context(client(session, "s3", settings))).as_client()
                 if settings.blob_bucket
                 else None
             )

@@ -59,6 +59,11 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_s3 import S3Client
 
 from stepagent.blobs import ContentBlobs
 from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError, TransactionConflictError
@@ -76,7 +81,6 @@ from stepagent.stores.base import (
     with_pace,
 )
 from stepagent.stores.dynamodb.io import (
-    AwsClient,
     ConditionFailed,
     DynamoIo,
     DynamoItem,
@@ -138,11 +142,11 @@ class DynamoConversationStore:
 
     def __init__(
         self,
-        client: AwsClient,
+        client: DynamoDBClient,
         *,
         conversation_table: str,
         state_table: str,
-        s3_client: AwsClient | None = None,
+        s3_client: S3Client | None = None,
         bucket: str | None = None,
         metrics: StoreMetrics | None = None,
         page_size: int | None = 100,
@@ -616,11 +620,11 @@ class DynamoConversationStore:
 
 
 def dynamo_stores(
-    client: AwsClient,
+    client: DynamoDBClient,
     *,
     conversation_table: str,
     state_table: str,
-    s3_client: AwsClient | None = None,
+    s3_client: S3Client | None = None,
     bucket: str | None = None,
     metrics: StoreMetrics | None = None,
     page_size: int | None = 100,

@@ -33,10 +33,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_s3 import S3Client
 
 from stepagent.backoff import Backoff
 from stepagent.blobs import (
@@ -54,9 +58,6 @@ from stepagent.errors import CorruptRowError, PayloadTooLargeError, StoreError
 from stepagent.formats import FORMAT_FIELD, FORMAT_VERSION, item_version
 from stepagent.stores.metrics import StoreMetrics
 
-#: The async AWS clients (aiobotocore's, :mod:`stepagent.aws.clients`) are untyped; this alias marks where
-#: one is expected (DynamoDB or S3, low-level).
-AwsClient: TypeAlias = Any
 #: A DynamoDB item in the low-level wire form (attribute name → typed value, ``{"S": "..."}``).
 DynamoItem: TypeAlias = dict[str, Any]
 
@@ -229,8 +230,8 @@ class DynamoIo:
 
     def __init__(
         self,
-        client: AwsClient,
-        s3_client: AwsClient | None,
+        client: DynamoDBClient,
+        s3_client: S3Client | None,
         bucket: str | None,
         metrics: StoreMetrics,
         blobs: ContentBlobs | None = None,

@@ -22,7 +22,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_s3 import S3Client
 
 from stepagent.blobs import ContentBlobs
 from stepagent.errors import StoreError
@@ -31,7 +35,6 @@ from stepagent.stores.base import Commit, DeferredInput, DispatchIntent, Spend
 from stepagent.stores.dynamodb.io import (
     MARKER_TTL_S,
     PAYLOAD_ATTRIBUTES,
-    AwsClient,
     ConditionFailed,
     DynamoIo,
     DynamoItem,
@@ -173,10 +176,10 @@ class DynamoStateStore:
 
     def __init__(
         self,
-        client: AwsClient,
+        client: DynamoDBClient,
         *,
         state_table: str,
-        s3_client: AwsClient | None = None,
+        s3_client: S3Client | None = None,
         bucket: str | None = None,
         metrics: StoreMetrics | None = None,
         conversation_table: str | None = None,
