@@ -44,7 +44,10 @@ if TYPE_CHECKING:
     from types_aiobotocore_dynamodb import DynamoDBClient
     from types_aiobotocore_s3 import S3Client
     from types_aiobotocore_scheduler import EventBridgeSchedulerClient
+    from types_aiobotocore_secretsmanager import SecretsManagerClient
     from types_aiobotocore_sqs import SQSClient
+    from types_aiobotocore_ssm import SSMClient
+    from types_aiobotocore_sts import STSClient
 
 C = TypeVar("C")
 
@@ -120,6 +123,27 @@ def open_client(
 ) -> AbstractAsyncContextManager[EventBridgeSchedulerClient]: ...
 @overload
 def open_client(
+    session: AwsSession,
+    service: Literal["ssm"],
+    endpoint_url: str | None = None,
+    config: AioConfig | None = None,
+) -> AbstractAsyncContextManager[SSMClient]: ...
+@overload
+def open_client(
+    session: AwsSession,
+    service: Literal["secretsmanager"],
+    endpoint_url: str | None = None,
+    config: AioConfig | None = None,
+) -> AbstractAsyncContextManager[SecretsManagerClient]: ...
+@overload
+def open_client(
+    session: AwsSession,
+    service: Literal["sts"],
+    endpoint_url: str | None = None,
+    config: AioConfig | None = None,
+) -> AbstractAsyncContextManager[STSClient]: ...
+@overload
+def open_client(
     session: AwsSession, service: str, endpoint_url: str | None = None, config: AioConfig | None = None
 ) -> AbstractAsyncContextManager[Any]: ...
 def open_client(
@@ -154,6 +178,18 @@ def client(
 def client(
     session: AwsSession, service: Literal["scheduler"], settings: Settings
 ) -> AbstractAsyncContextManager[EventBridgeSchedulerClient]: ...
+@overload
+def client(
+    session: AwsSession, service: Literal["ssm"], settings: Settings
+) -> AbstractAsyncContextManager[SSMClient]: ...
+@overload
+def client(
+    session: AwsSession, service: Literal["secretsmanager"], settings: Settings
+) -> AbstractAsyncContextManager[SecretsManagerClient]: ...
+@overload
+def client(
+    session: AwsSession, service: Literal["sts"], settings: Settings
+) -> AbstractAsyncContextManager[STSClient]: ...
 @overload
 def client(session: AwsSession, service: str, settings: Settings) -> AbstractAsyncContextManager[Any]: ...
 def client(session: AwsSession, service: str, settings: Settings) -> AbstractAsyncContextManager[Any]:

@@ -36,9 +36,6 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
-    from types_aiobotocore_dynamodb import DynamoDBClient
-
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.core.step import ThreadStep
 from stepagent.events import (
@@ -61,6 +58,9 @@ from stepagent.stores.base import ConversationStore, StateStore
 from stepagent.stores.dynamodb.io import DynamoIo
 from stepagent.stores.dynamodb.live import LiveStore
 from stepagent.stores.metrics import StoreMetrics
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
+    from types_aiobotocore_dynamodb import DynamoDBClient
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from stepagent.agent_config import AgentConfig
-from stepagent.aws.clients import LazyClient, aws_session, client
+from stepagent.aws.clients import AwsSession, LazyClient, aws_session, client
 from stepagent.aws.inbox import InboxSender
 from stepagent.aws.lambda_events import BatchResponse, SqsEvent
 from stepagent.aws.live import LiveText, NoticingPublisher
@@ -144,7 +144,7 @@ class AwsRuntime:
         tools: Sequence[Tool] | None = None,
         input_dlq_url: str | None = None,
         metrics: MetricsSink | None = None,
-        session: Any = None,
+        session: AwsSession | None = None,
         clock: Clock = utc_now,
         agent: AgentConfig | None = None,
         tracer: Tracer | None = None,
@@ -196,7 +196,7 @@ class AwsRuntime:
             raise
         return runtime
 
-    async def _open(self, session: Any, provider: ModelProvider | None, clock: Clock) -> None:
+    async def _open(self, session: AwsSession, provider: ModelProvider | None, clock: Clock) -> None:
         settings = self.settings
         self._session = session
         for made in self._made_providers:

@@ -36,17 +36,17 @@ from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
-    from types_aiobotocore_s3 import S3Client
-    from types_aiobotocore_sqs import SQSClient
-    from types_aiobotocore_sqs.type_defs import SendMessageBatchRequestEntryTypeDef
-
 from stepagent.blobs import ContentBlobs
 from stepagent.errors import QueueError
 from stepagent.formats import FORMAT_VERSION, check_version
 from stepagent.messages import InputMessage
 from stepagent.senders.claim_check import INLINE_BODY_LIMIT, unwrap_body, wrap_body
 from stepagent.tracing import TRACEPARENT, trace_attributes
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_s3 import S3Client
+    from types_aiobotocore_sqs import SQSClient
+    from types_aiobotocore_sqs.type_defs import SendMessageBatchRequestEntryTypeDef
 
 #: SQS's limits for one ``SendMessageBatch``: ten entries, 256 KiB of payload (bodies kept below it, so
 #: ids and request framing fit too).

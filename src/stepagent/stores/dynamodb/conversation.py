@@ -61,10 +61,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
-    from types_aiobotocore_dynamodb import DynamoDBClient
-    from types_aiobotocore_s3 import S3Client
-
 from stepagent.blobs import ContentBlobs
 from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError, TransactionConflictError
 from stepagent.history_items import Summary, decode_item, encode_item
@@ -84,6 +80,7 @@ from stepagent.stores.dynamodb.io import (
     ConditionFailed,
     DynamoIo,
     DynamoItem,
+    Request,
     TransactionCancelled,
     Write,
     fits,
@@ -117,6 +114,10 @@ from stepagent.stores.dynamodb.replace import rewind_thread, stage_history, swee
 from stepagent.stores.dynamodb.snapshot import latest_summary, open_thread, save_summary
 from stepagent.stores.dynamodb.state import DynamoStateStore, meta_writes, state_writes
 from stepagent.stores.metrics import StoreMetrics
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_s3 import S3Client
 
 __all__ = ["DynamoConversationStore", "DynamoStateStore", "dynamo_stores"]
 
@@ -322,7 +323,7 @@ class DynamoConversationStore:
         """Rows ``first..last`` of ``generation`` (committed: ``last`` is at most the tail), gap-free."""
         if first > last:
             return
-        query: DynamoItem = {
+        query: Request = {
             "TableName": self.table,
             "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
             "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
@@ -360,7 +361,7 @@ class DynamoConversationStore:
     # ---- usage --------------------------------------------------------------------------------------------
 
     async def usage_records(self, thread_id: str, after_version: int = 0) -> AsyncIterator[UsageRecord]:
-        query: DynamoItem = {
+        query: Request = {
             "TableName": self.table,
             "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
             "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
@@ -437,7 +438,7 @@ class DynamoConversationStore:
         if info.version == 0:
             names["#pk"] = "pk"
             condition = "attribute_not_exists(#pk) OR #v = :e"
-        request: DynamoItem = {
+        request: Request = {
             "TableName": self.table,
             "Key": item_key(info.thread_id, HEAD_SK),
             "ConditionExpression": condition,

@@ -38,10 +38,6 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
-    from types_aiobotocore_dynamodb import DynamoDBClient
-    from types_aiobotocore_s3 import S3Client
-
 from stepagent.backoff import Backoff
 from stepagent.blobs import (
     BlobCorrupt,
@@ -58,8 +54,17 @@ from stepagent.errors import CorruptRowError, PayloadTooLargeError, StoreError
 from stepagent.formats import FORMAT_FIELD, FORMAT_VERSION, item_version
 from stepagent.stores.metrics import StoreMetrics
 
-#: A DynamoDB item in the low-level wire form (attribute name → typed value, ``{"S": "..."}``).
-DynamoItem: TypeAlias = dict[str, Any]
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_dynamodb.type_defs import AttributeValueTypeDef
+    from types_aiobotocore_s3 import S3Client
+
+#: A DynamoDB item in the low-level wire form (attribute name → typed value, ``{"S": "..."}``), as the
+#: client returns it and takes it: also a key, and an expression's values.
+DynamoItem: TypeAlias = "dict[str, AttributeValueTypeDef]"
+#: The keyword arguments of one low-level call (or an action of a transaction), and a response to one:
+#: :meth:`DynamoIo.call` dispatches on the operation's name, so these stay untyped.
+Request: TypeAlias = dict[str, Any]
 
 #: Payloads (encoded rows, state JSON) larger than this many UTF-8 bytes go to S3 (items cap at 400 KB).
 INLINE_LIMIT = 350_000
@@ -75,12 +80,12 @@ _BATCH_WRITE_ITEMS = 25  # moto does not enforce this limit; AWS does, so chunk 
 _NUMBER_SIZE = 11
 
 
-def s_attr(value: str) -> dict[str, str]:
+def s_attr(value: str) -> AttributeValueTypeDef:
     """A DynamoDB string attribute value."""
     return {"S": value}
 
 
-def n_attr(value: int) -> dict[str, str]:
+def n_attr(value: int) -> AttributeValueTypeDef:
     """A DynamoDB number attribute value."""
     return {"N": str(value)}
 
@@ -140,11 +145,11 @@ class Write:
     """One write, usable both as a TransactWriteItems action and as a standalone PutItem/UpdateItem call."""
 
     kind: Literal["Put", "Update", "Delete", "ConditionCheck"]
-    request: DynamoItem
+    request: Request
     size: int
     is_row: bool = False
 
-    def action(self) -> DynamoItem:
+    def action(self) -> Request:
         return {self.kind: self.request}
 
 
@@ -159,7 +164,7 @@ def put(
 ) -> Write:
     """A Put of ``item``, optionally conditioned; ``is_row`` marks a history row (its conflicts are debris)."""
     item = stamped(item)
-    request: DynamoItem = {"TableName": table, "Item": item}
+    request: Request = {"TableName": table, "Item": item}
     if condition is not None:
         request["ConditionExpression"] = condition
     if names:
@@ -181,7 +186,7 @@ def update(
     the item's format version."""
     names, values = dict(names), dict(values)
     expression = _stamp_expression(expression, names, values)
-    request: DynamoItem = {
+    request: Request = {
         "TableName": table,
         "Key": key,
         "UpdateExpression": expression,
@@ -248,10 +253,10 @@ class DynamoIo:
             blobs = ContentBlobs(self.s3, bucket, metrics)
         self.blobs = blobs if self.s3 is not None else None
 
-    async def call(self, op: str, table: str, **kwargs: Any) -> DynamoItem:
+    async def call(self, op: str, table: str, **kwargs: Any) -> Request:
         self.metrics.count_call(op)
         try:
-            response: DynamoItem = await getattr(self.client, _SNAKE.sub("_", op).lower())(**kwargs)
+            response: Request = await getattr(self.client, _SNAKE.sub("_", op).lower())(**kwargs)
         except ClientError as exc:
             error = exc.response.get("Error", {})
             code = str(error.get("Code", ""))
@@ -268,7 +273,7 @@ class DynamoIo:
         self._count_read(response)
         return response
 
-    def _count_read(self, response: DynamoItem) -> None:
+    def _count_read(self, response: Request) -> None:
         """Items (and their estimated size) a read returned: ``Item``, ``Items`` or ``Responses``."""
         items: list[DynamoItem] = []
         if response.get("Item"):
@@ -381,10 +386,10 @@ class DynamoIo:
         except ValueError as exc:
             raise CorruptRowError(f"{what}: its texts do not fit its skeleton: {exc}") from None
 
-    async def _s3(self, op: str, key: str, **kwargs: Any) -> DynamoItem:
+    async def _s3(self, op: str, key: str, **kwargs: Any) -> Request:
         self.metrics.count_call(f"s3:{op}")
         try:
-            response: DynamoItem = await getattr(self.s3, _SNAKE.sub("_", op).lower())(
+            response: Request = await getattr(self.s3, _SNAKE.sub("_", op).lower())(
                 Bucket=self.bucket, Key=key, **kwargs
             )
         except (ClientError, BotoCoreError, OSError, TimeoutError) as exc:
@@ -393,7 +398,7 @@ class DynamoIo:
 
     async def query_prefix(self, table: str, pk: str, prefix: str) -> list[DynamoItem]:
         """All items of ``pk`` whose sort key starts with ``prefix`` (small, bounded sets only)."""
-        kwargs: DynamoItem = {
+        kwargs: Request = {
             "TableName": table,
             "KeyConditionExpression": "#pk = :pk AND begins_with(#sk, :prefix)",
             "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
@@ -414,7 +419,7 @@ class DynamoIo:
         """Consistent BatchGetItem in chunks of 100, retrying ``UnprocessedKeys`` with backoff."""
         found: list[DynamoItem] = []
         for chunk in chunks(keys, _BATCH_GET_KEYS):
-            spec: DynamoItem = {"Keys": list(chunk), "ConsistentRead": True}
+            spec: Request = {"Keys": list(chunk), "ConsistentRead": True}
             if keys_only:
                 spec.update(ProjectionExpression="#sk", ExpressionAttributeNames={"#sk": "sk"})
             found.extend((await self._batch_get_request({table: spec}, table)).get(table, []))
@@ -425,14 +430,14 @@ class DynamoIo:
         (plus retries of ``UnprocessedKeys``); the found items by table."""
         found: dict[str, list[DynamoItem]] = {}
         for chunk in chunks(keys, _BATCH_GET_KEYS):
-            request: DynamoItem = {}
+            request: Request = {}
             for table, key in chunk:
                 request.setdefault(table, {"Keys": [], "ConsistentRead": True})["Keys"].append(key)
             for table, items in (await self._batch_get_request(request, ",".join(request))).items():
                 found.setdefault(table, []).extend(items)
         return found
 
-    async def _batch_get_request(self, request: DynamoItem, label: str) -> dict[str, list[DynamoItem]]:
+    async def _batch_get_request(self, request: Request, label: str) -> dict[str, list[DynamoItem]]:
         """One BatchGetItem ``request`` (at most 100 keys), retrying ``UnprocessedKeys`` with backoff; the
         found items by table. ``label`` names the table(s) in the metrics and the error."""
         found: dict[str, list[DynamoItem]] = {}
@@ -460,11 +465,11 @@ class DynamoIo:
         await self._s3("DeleteObject", key)
 
     async def _batch_write(
-        self, table: str, requests: Sequence[DynamoItem], items: Sequence[DynamoItem]
+        self, table: str, requests: Sequence[Request], items: Sequence[DynamoItem]
     ) -> None:
         for start in range(0, len(requests), _BATCH_WRITE_ITEMS):
             chunk = items[start : start + _BATCH_WRITE_ITEMS]
-            request: DynamoItem = {table: list(requests[start : start + _BATCH_WRITE_ITEMS])}
+            request: Request = {table: list(requests[start : start + _BATCH_WRITE_ITEMS])}
             for attempt in range(BATCH_BACKOFF.attempts):
                 response = await self.call("BatchWriteItem", table, RequestItems=request)
                 request = response.get("UnprocessedItems") or {}

@@ -40,6 +40,7 @@ from stepagent.stores.dynamodb.io import (
     ConditionFailed,
     DynamoIo,
     DynamoItem,
+    Request,
     Write,
     fits,
     item_key,
@@ -171,7 +172,7 @@ async def _apply(
 ) -> None:
     names = {"#jt": JOURNAL_ATTR}
     values: dict[str, Any] = {":jt": s_attr(token)}
-    request: DynamoItem = {
+    request: Request = {
         "TableName": store.table,
         "Key": _head_key(thread_id, head_sk),
         "ConditionExpression": "#jt = :jt",

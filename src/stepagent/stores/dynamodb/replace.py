@@ -39,6 +39,7 @@ from stepagent.stores.dynamodb.io import (
     ConditionFailed,
     DynamoIo,
     DynamoItem,
+    Request,
     Write,
     delete,
     fits,
@@ -397,7 +398,7 @@ class DynamoStaging:
 
 async def _keys(store: ConversationTable, thread_id: str, lo: str, hi: str) -> AsyncIterator[DynamoItem]:
     """Keys (and ``blob``) of the items with ``lo <= sk <= hi``, page by page."""
-    query: DynamoItem = {
+    query: Request = {
         "TableName": store.table,
         "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
         "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk", "#b": "blob"},

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from stepagent.stores.base import ThreadKind
 from stepagent.stores.dynamodb.conversation import DynamoConversationStore
-from stepagent.stores.dynamodb.io import DynamoItem, s_attr
+from stepagent.stores.dynamodb.io import Request, s_attr
 from stepagent.stores.dynamodb.layout import CREATED_AT_ATTRIBUTE, HEAD_SK, info_from_item
 
 __all__ = ["RootListing", "RootSummary", "scan_roots"]
@@ -65,7 +65,7 @@ class RootListing:
 async def scan_roots(store: DynamoConversationStore, *, max_pages: int | None = None) -> RootListing:
     """Every root thread of ``store``'s table (see the module docstring for the cost), newest first."""
     io = store._io
-    request: DynamoItem = {
+    request: Request = {
         "TableName": store.table,
         "FilterExpression": "#sk = :head AND #kind = :root",
         "ProjectionExpression": ", ".join(f"#{name}" for name in _PROJECTED),

@@ -24,10 +24,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
-    from types_aiobotocore_dynamodb import DynamoDBClient
-    from types_aiobotocore_s3 import S3Client
-
 from stepagent.blobs import ContentBlobs
 from stepagent.errors import StoreError
 from stepagent.messages import InputMessage, ToolCall, UserChoiceRequired
@@ -51,6 +47,10 @@ from stepagent.stores.dynamodb.io import (
     update,
 )
 from stepagent.stores.metrics import StoreMetrics
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_s3 import S3Client
 
 __all__ = ["MARKER_TTL_S", "DynamoStateStore", "state_writes"]
 
@@ -370,5 +370,5 @@ class DynamoStateStore:
     async def cache_put(self, key: str, value: str, expires_at: float) -> None:
         pk = f"cache#{key}"
         payload = await self._io.payload(value, f"state/{pk}/{CACHE_SK}")
-        item = {**item_key(pk, CACHE_SK), **payload, "expires_at": {"N": str(int(expires_at))}}
+        item: DynamoItem = {**item_key(pk, CACHE_SK), **payload, "expires_at": {"N": str(int(expires_at))}}
         await self._io.write(put(self.table, item))
