@@ -103,11 +103,11 @@ class StoreReader:
                 (self.state_table, item_key(t, LIVE_SK)),
             )
         ]
-        for table, items in (await self.io.batch_get_many(keys)).items():
+        for items in (await self.io.batch_get_many(keys)).values():
             for item in items:
                 thread = str(item["pk"]["S"])
                 head, live = found[thread]
-                found[thread] = (item, live) if table == self.conversation_table else (head, item)
+                found[thread] = (item, live) if item["sk"]["S"] == HEAD_SK else (head, item)
         return found
 
 

@@ -242,16 +242,15 @@ class DynamoConversationStore:
         # The child's head and the parent's index entry for it land together, or neither does.
         head = put(self.table, head_item(child, fresh=True), "attribute_not_exists(#pk)", {"#pk": "pk"})
         entry = {**item_key(parent_id, f"{CHILD_PREFIX}{child_id}"), "seq": n_attr(insertion_seq())}
-        writes = [head, put(self.table, entry)]
         try:
-            await self._io.call("TransactWriteItems", self.table, TransactItems=[w.action() for w in writes])
+            # a cancellation is never tried again here: the head condition decides who spawned the child
+            await self._io.transact(self.table, [head, put(self.table, entry)], retry_if=lambda _: False)
         except TransactionCancelled as exc:
             if exc.reasons[:1] != ["ConditionalCheckFailed"]:
                 raise StoreError(
                     f"spawning thread {child_id} was cancelled: {', '.join(exc.reasons)}"
                 ) from None
             return await self._existing(child_id)  # a concurrent spawn of the same child won
-        self._io.count_written(writes)
         return child
 
     async def _create_root(self, thread_id: str) -> ThreadInfo:

@@ -21,6 +21,9 @@ What it guarantees:
   refuses an item of a newer format with :class:`~stepagent.errors.NewerFormatError` before decoding it.
 - Batch calls respect AWS's limits (25 writes, 100 keys) even where moto does not, and retry unprocessed
   items with bounded backoff, failing loudly rather than dropping any.
+- Every transaction goes through :meth:`DynamoIo.transact`, the one place a cancellation is tried again:
+  only one the caller's predicate accepts (by default a ``TransactionConflict`` with no failed condition,
+  which wrote nothing), at most :data:`CONFLICT_BACKOFF` attempts; the rest reach the caller to classify.
 """
 
 from __future__ import annotations
