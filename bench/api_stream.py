@@ -42,8 +42,8 @@ from stepagent.client.watch import StoreReader
 from stepagent.history_items import AssistantText, HistoryItem, UserItem
 from stepagent.messages import TextContent
 from stepagent.stores.base import Commit, UsageRecord
-from stepagent.stores.dynamodb_io import DynamoIo
-from stepagent.stores.dynamodb_live import LiveStore
+from stepagent.stores.dynamodb.io import DynamoIo
+from stepagent.stores.dynamodb.live import LiveStore
 from stepagent.stores.metrics import StoreMetrics
 
 IDLE_TARGET = 1.0  # requests a second per idle conversation

@@ -42,7 +42,10 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from types_aiobotocore_sqs import SQSClient
 
 ROOT = Path(__file__).resolve().parents[1]
 CHILD = Path(__file__).with_name("cold_child.py")
@@ -164,7 +167,7 @@ class MotoStack:
     """The worker's resources on a moto server in this process, and clients to drive them."""
 
     env: dict[str, str]
-    sqs: Any
+    sqs: SQSClient
     urls: dict[str, str]
 
     async def batch(self, group: str) -> dict[str, Any]:
@@ -246,11 +249,10 @@ async def deployed_worker(endpoint: str, bedrock_url: str) -> AsyncIterator[Moto
     module, function = handler_path()
     session = AwsSession(REGION, credentials=("bench", "bench"))
     async with AsyncExitStack() as stack:
-
-        async def client(service: str) -> Any:
-            return await stack.enter_async_context(open_client(session, service, endpoint))
-
-        sqs, s3, dynamodb, secrets = [await client(s) for s in ("sqs", "s3", "dynamodb", "secretsmanager")]
+        sqs = await stack.enter_async_context(open_client(session, "sqs", endpoint))
+        s3 = await stack.enter_async_context(open_client(session, "s3", endpoint))
+        dynamodb = await stack.enter_async_context(open_client(session, "dynamodb", endpoint))
+        secrets = await stack.enter_async_context(open_client(session, "secretsmanager", endpoint))
         prefix = f"cold-{uuid.uuid4().hex[:8]}"
         resources = await ensure_queues_and_bucket(sqs, s3, prefix=prefix, region=REGION)
         await ensure_tables(dynamodb, f"{prefix}-conversation", f"{prefix}-state")

@@ -20,11 +20,15 @@ import tempfile
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.overhead import local_moto
 from stepagent.aws.clients import LazyClient
 from stepagent.tools.functions import tool
+
+if TYPE_CHECKING:
+    from types_aiobotocore_s3 import S3Client
+    from types_aiobotocore_sqs import SQSClient
 
 SIZE = 500_000
 PUT_TARGET = 1
@@ -58,7 +62,7 @@ class Requests:
         self.counts: Counter[str] = Counter()
 
     @classmethod
-    async def on(cls, s3: Any) -> Requests:
+    async def on(cls, s3: S3Client) -> Requests:
         """Count ``s3``'s requests (a runtime's lazy client is opened for its hooks)."""
         requests = cls()
         real = await s3.opened_client() if isinstance(s3, LazyClient) else s3
@@ -70,7 +74,7 @@ class Requests:
 
 
 @contextlib.asynccontextmanager
-async def _stack() -> AsyncIterator[tuple[dict[str, str], Any, Any]]:
+async def _stack() -> AsyncIterator[tuple[dict[str, str], SQSClient, S3Client]]:
     """(environment, sqs client, s3 client) of fresh tables, queues and bucket on a local moto server."""
     from stepagent.aws.clients import AwsSession, open_client
     from stepagent.aws.queue_resources import ensure_queues_and_bucket
@@ -107,7 +111,7 @@ async def _stack() -> AsyncIterator[tuple[dict[str, str], Any, Any]]:
 class _Pump:
     """Feeds the queues to the runtimes like the event sources (successes deleted)."""
 
-    def __init__(self, env: dict[str, str], sqs: Any, tools: Any) -> None:
+    def __init__(self, env: dict[str, str], sqs: SQSClient, tools: Any) -> None:
         self.env, self.sqs, self.tools = env, sqs, tools
 
     async def _batch(self, url: str) -> dict[str, Any]:

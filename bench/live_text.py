@@ -27,7 +27,7 @@ from bench.workload import Workload
 from stepagent.aws.live import LIVE_INTERVAL_S, LiveText
 from stepagent.messages import InputMessage
 from stepagent.providers.base import Final, ModelInfo, ModelRequest, StreamEvent, TextDelta, Usage
-from stepagent.stores.dynamodb_io import DynamoIo
+from stepagent.stores.dynamodb.io import DynamoIo
 from stepagent.stores.metrics import StoreMetrics
 
 CHUNK = "fifteen chars. "

@@ -38,6 +38,9 @@ from stepagent.stores.memory import memory_stores
 from stepagent.stores.metrics import StoreMetrics
 
 if TYPE_CHECKING:
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_dynamodb.type_defs import AttributeValueTypeDef, WriteRequestTypeDef
+
     from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
 
 ROW_CHARS = 1000
@@ -73,10 +76,10 @@ async def seed_by_commits(conversation: ConversationStore, thread: str, rows: in
         await conversation.save_summary(thread, Summary("SUMMARY", rows - in_context))
 
 
-async def seed_dynamodb(client: Any, table: str, thread: str, rows: int, in_context: int) -> None:
-    """The same history written directly in the DynamoDB store's item layout (``stores/dynamodb.py``),
+async def seed_dynamodb(client: DynamoDBClient, table: str, thread: str, rows: int, in_context: int) -> None:
+    """The same history written directly in the DynamoDB store's item layout (``stores/dynamodb/conversation.py``),
     in large ``BatchWriteItem`` calls (moto does not enforce the 25-item limit; DynamoDB would)."""
-    head = {
+    head: dict[str, AttributeValueTypeDef] = {
         "pk": {"S": thread},
         "sk": {"S": "HEAD"},
         "root_id": {"S": thread},
@@ -85,7 +88,7 @@ async def seed_dynamodb(client: Any, table: str, thread: str, rows: int, in_cont
         "version": {"N": "1"},
         "tail": {"N": str(rows)},
     }
-    items: list[dict[str, Any]] = [head]
+    items: list[dict[str, AttributeValueTypeDef]] = [head]
     items += [
         {
             "pk": {"S": thread},
@@ -101,7 +104,9 @@ async def seed_dynamodb(client: Any, table: str, thread: str, rows: int, in_cont
             {"pk": {"S": thread}, "sk": {"S": f"S#{rows - in_context:012d}"}, "body": {"S": "SUMMARY"}}
         )
     for start in range(0, len(items), 1000):
-        chunk = [{"PutRequest": {"Item": item}} for item in items[start : start + 1000]]
+        chunk: list[WriteRequestTypeDef] = [
+            {"PutRequest": {"Item": item}} for item in items[start : start + 1000]
+        ]
         await client.batch_write_item(RequestItems={table: chunk})
 
 
@@ -176,7 +181,7 @@ async def local_store_overhead(store: str, rows: int, in_context: int, *, quick:
 class MotoDynamo:
     """DynamoDB on a moto server in this process (and fake credentials); tables per measurement."""
 
-    client: Any
+    client: DynamoDBClient
     conversation_table: str = ""
     state_table: str = ""
     _count: int = 0

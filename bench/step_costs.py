@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.workload import Workload
 from stepagent.agent_config import AgentConfig
@@ -39,6 +39,10 @@ from stepagent.messages import InputMessage, TextContent, ToolCall, ToolResult
 from stepagent.providers.scripted import ScriptedProvider
 from stepagent.stores.base import Commit, ConversationStore, StateStore
 from stepagent.stores.metrics import StoreMetrics
+
+if TYPE_CHECKING:
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_dynamodb.type_defs import WriteRequestTypeDef
 
 MESSAGE_CHARS = 1000
 KEPT_TURNS = 9
@@ -113,12 +117,12 @@ async def seed_thread(
         await conversation.save_summary(thread, Summary(text, len(rows) - kept, call_ids=hidden))
 
 
-def dynamo_row_writer(client: Any, table: str) -> RawRowWriter:
-    """Rows ``R#{order:012d}`` (``message_id``, ``cv``, ``body``: ``stores/dynamodb.py``) written with
+def dynamo_row_writer(client: DynamoDBClient, table: str) -> RawRowWriter:
+    """Rows ``R#{order:012d}`` (``message_id``, ``cv``, ``body``: ``stores/dynamodb/conversation.py``) written with
     BatchWriteItem, then the head's tail moved to the last of them."""
 
     async def write(thread: str, first: int, items: list[HistoryItem]) -> None:
-        puts = [
+        puts: list[WriteRequestTypeDef] = [
             {
                 "PutRequest": {
                     "Item": {

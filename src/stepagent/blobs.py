@@ -35,13 +35,14 @@ import hashlib
 import json
 import re
 from collections import OrderedDict
-from typing import Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
 
-#: An async S3 client (aiobotocore's, :mod:`stepagent.aws.clients`; untyped).
-S3Client: TypeAlias = Any
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_s3 import S3Client
+
 #: A JSON path: object keys and list indexes from the document's root.
 Path: TypeAlias = list[str | int]
 

@@ -9,7 +9,7 @@ checks it before it decodes anything.
 What it guarantees:
 
 - Writers stamp :data:`FORMAT_VERSION`: the attribute ``v`` on every DynamoDB item
-  (:mod:`stepagent.stores.dynamodb_io`), the ``stepagent_format`` message attribute on every queued
+  (:mod:`stepagent.stores.dynamodb.io`), the ``stepagent_format`` message attribute on every queued
   message (:mod:`stepagent.senders.sqs`; the body stays byte for byte what consumers know), the field
   ``"v"`` of a body that cannot carry attributes (an EventBridge Scheduler target, :func:`stamp_body`; the
   tool queue's body has always had one), ``version`` in an export file's header.

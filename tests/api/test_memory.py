@@ -22,7 +22,7 @@ from stepagent.client.watch import StoreReader
 from stepagent.history_items import AssistantText, UserItem
 from stepagent.messages import TextContent
 from stepagent.stores.base import Commit, UsageRecord
-from stepagent.stores.dynamodb_io import DynamoIo
+from stepagent.stores.dynamodb.io import DynamoIo
 from stepagent.stores.metrics import StoreMetrics
 from stepagent.transcript import tree_items
 from tests.conftest import REGION, DynamoEnv, moto_endpoint

@@ -21,8 +21,8 @@ from stepagent.client import Client
 from stepagent.providers.base import Final, ModelInfo, ModelRequest, StreamEvent, TextDelta, Usage
 from stepagent.providers.prices import parse_prices
 from stepagent.rap.server import serve_in_background
-from stepagent.stores.dynamodb_io import DynamoIo
-from stepagent.stores.dynamodb_quotas import SubjectCounters
+from stepagent.stores.dynamodb.io import DynamoIo
+from stepagent.stores.dynamodb.quotas import SubjectCounters
 from stepagent.stores.metrics import StoreMetrics
 from tests.api.helpers import new_thread
 from tests.client.deployment import Deployment, deployment

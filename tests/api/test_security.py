@@ -21,7 +21,7 @@ from stepagent.api.policy import ApiPolicy, MetadataRefused
 from stepagent.messages import ToolResult
 from stepagent.providers.base import ModelRequest
 from stepagent.stores.base import ThreadInfo, ThreadKind
-from stepagent.stores.dynamodb_layout import head_item
+from stepagent.stores.dynamodb.layout import head_item
 from stepagent.tools.base import Tool, ToolContext
 from tests.api.helpers import (
     AUDIENCE,

@@ -9,7 +9,7 @@ from stepagent.console import pages
 from stepagent.console.reads import ConversationList, ConversationPage, ConversationRow, ThreadPage
 from stepagent.console.status import StatusReport, ThreadFacts, thread_status
 from stepagent.stores.base import ThreadInfo, ThreadKind
-from stepagent.stores.dynamodb_roots import RootSummary
+from stepagent.stores.dynamodb.roots import RootSummary
 
 EVIL = "<script>alert(1)</script><img src=x onerror=alert(2)>\"'><svg onload=alert(3)>"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stepagent.console.status import Status, ThreadFacts, pending_call, thread_status, tree_status
 from stepagent.stores.base import ThreadInfo
-from stepagent.stores.dynamodb_live import LiveState
+from stepagent.stores.dynamodb.live import LiveState
 
 
 def facts(**changes: object) -> ThreadFacts:

@@ -22,7 +22,7 @@ from stepagent.stores.base import (
     UsageRecord,
     load_snapshot,
 )
-from stepagent.stores.dynamodb_io import TransactionCancelled
+from stepagent.stores.dynamodb.io import TransactionCancelled
 from tests.conftest import DynamoEnv
 
 StorePair = tuple[ConversationStore, StateStore]

@@ -33,7 +33,7 @@ from stepagent.errors import CallbackRefusedError, StepagentError
 from stepagent.lifecycle.importer import import_tree
 from stepagent.rap.tokens import verify_token
 from stepagent.senders import sqs as sqs_sender
-from stepagent.stores import dynamodb_io
+from stepagent.stores.dynamodb import io as dynamodb_io
 from tests.corpus import record, replay, scenarios
 from tests.corpus.scenarios import COMPACTING, WAITING, WAITING_ON_RAP
 from tests.integration.aws_helpers import Stack, aws_stack

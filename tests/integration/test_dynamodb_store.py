@@ -21,6 +21,8 @@ from botocore.config import Config
 
 from stepagent.aws.clients import open_client
 from stepagent.aws.resources import STATE_TTL_ATTRIBUTE, ensure_tables
+from stepagent.backoff import Backoff
+from stepagent.client.watch import StoreReader
 from stepagent.errors import (
     ConcurrentWriteError,
     ConfigurationError,
@@ -39,7 +41,15 @@ from stepagent.history_items import (
 from stepagent.messages import InputMessage, TextBlock, TextContent, ToolCall, ToolResult
 from stepagent.stores.base import Commit, DeferredInput, DispatchIntent, ThreadInfo, ThreadKind
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
-from stepagent.stores.dynamodb_io import INLINE_LIMIT, MARKER_TTL_S
+from stepagent.stores.dynamodb import io as dynamodb_io
+from stepagent.stores.dynamodb.io import (
+    INLINE_LIMIT,
+    MARKER_TTL_S,
+    DynamoIo,
+    TransactionCancelled,
+    item_key,
+    put,
+)
 from stepagent.stores.metrics import StoreMetrics
 from tests.conftest import DynamoEnv, aws_client, aws_session, unique_name
 
@@ -570,6 +580,85 @@ async def test_unprocessed_batch_items_and_keys_are_retried(dynamo: DynamoEnv) -
     await state.mark_processed(thread, ids)
     assert await state.filter_processed(thread, ids) == set(ids)
     assert calls == {"write": 2, "get": 2}
+
+
+async def test_a_transaction_is_tried_again_only_for_a_conflict_that_wrote_nothing(
+    dynamo: DynamoEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dynamodb_io, "CONFLICT_BACKOFF", Backoff(attempts=3, base=0.0, cap=0.0))
+    io = DynamoIo(dynamo.client, None, None, StoreMetrics())
+    real = io.call
+    cancellations: list[list[str]] = []
+    tokens: list[str | None] = []
+
+    async def flaky(op: str, table: str, **kwargs: Any) -> Any:
+        if op == "TransactWriteItems":
+            tokens.append(kwargs.get("ClientRequestToken"))
+            if cancellations:
+                raise TransactionCancelled(cancellations.pop(0))
+        return await real(op, table, **kwargs)
+
+    io.call = flaky  # type: ignore[method-assign]
+    thread = uid()
+    writes = [put(dynamo.state_table, item_key(thread, "A")), put(dynamo.state_table, item_key(thread, "B"))]
+
+    # a conflict that wrote nothing: sent again (with a token of its own), then written and counted once
+    cancellations[:] = [["None", "TransactionConflict"]]
+    await io.transact(dynamo.state_table, writes, token="t" * 36)
+    assert tokens == ["t" * 36, "t" * 32 + "-r2"]
+    assert io.metrics.items_written == 2
+    stored = await dynamo.client.get_item(TableName=dynamo.state_table, Key=item_key(thread, "B"))
+    assert "Item" in stored
+
+    # a failed condition beside the conflict: the caller's to judge, at once
+    tokens.clear()
+    cancellations[:] = [["ConditionalCheckFailed", "TransactionConflict"]]
+    with pytest.raises(TransactionCancelled) as raised:
+        await io.transact(dynamo.state_table, writes)
+    assert raised.value.reasons == ["ConditionalCheckFailed", "TransactionConflict"] and tokens == [None]
+
+    # conflicts that do not stop: the last one reaches the caller after CONFLICT_BACKOFF's attempts
+    tokens.clear()
+    cancellations[:] = [["TransactionConflict", "None"]] * 5
+    with pytest.raises(TransactionCancelled):
+        await io.transact(dynamo.state_table, writes)
+    assert len(tokens) == 3 and io.metrics.items_written == 2
+
+    # a caller's own rule: never again
+    tokens.clear()
+    cancellations[:] = [["None", "TransactionConflict"]]
+    with pytest.raises(TransactionCancelled):
+        await io.transact(dynamo.state_table, writes, retry_if=lambda _: False)
+    assert len(tokens) == 1
+
+
+async def test_a_watch_retries_throttled_head_reads_and_never_reports_them_as_absent(
+    dynamo: DynamoEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dynamodb_io, "BATCH_BACKOFF", Backoff(attempts=8, base=0.0, cap=0.0))
+    conversation, state = dynamo.stores()
+    threads = [uid() for _ in range(60)]  # two requests: 50 threads (100 keys) a BatchGetItem
+    for thread in threads:
+        await conversation.commit(thread, Commit(0, rows=[(user("hi"), "m1")]))
+    throttle = {"left": 1}
+
+    async def batch_get_item(RequestItems: dict[str, Any]) -> Any:
+        if throttle["left"] == 0:
+            return await dynamo.client.batch_get_item(RequestItems=RequestItems)
+        throttle["left"] -= 1  # DynamoDB read nothing of this request: every key comes back unprocessed
+        return {"Responses": {}, "UnprocessedKeys": RequestItems}
+
+    def reader() -> StoreReader:
+        io = DynamoIo(ClientProxy(dynamo.client, batch_get_item=batch_get_item), None, None, StoreMetrics())
+        return StoreReader(conversation, state, io)
+
+    found = await reader().heads_and_live(threads)
+    assert all(head is not None and int(head["version"]["N"]) == 1 for head, _ in found.values())
+    assert sorted(found) == sorted(threads)
+
+    throttle["left"] = 10_000  # throttled for good: an error naming the read, never "no such thread"
+    with pytest.raises(StoreError, match=r"BatchGetItem.*unprocessed after retries"):
+        await reader().heads_and_live(threads[:1])
 
 
 # ---- errors and provisioning -----------------------------------------------------------------------------

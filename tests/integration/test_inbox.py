@@ -7,8 +7,8 @@ from __future__ import annotations
 from stepagent.history_items import UserItem
 from stepagent.messages import TextContent
 from stepagent.stores.base import Commit, ThreadKind
-from stepagent.stores.dynamodb_io import item_key
-from stepagent.stores.dynamodb_layout import HEAD_SK, head_inbox
+from stepagent.stores.dynamodb.io import item_key
+from stepagent.stores.dynamodb.layout import HEAD_SK, head_inbox
 from tests.conftest import DynamoEnv
 
 

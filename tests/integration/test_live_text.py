@@ -1,5 +1,5 @@
 """The live channel: the worker's per-step writer of the partial turn (aws/live.py) and the ``LIVE`` item
-(stores/dynamodb_live.py). Throttling is checked with counters: with a long interval, any number of chunks
+(stores/dynamodb/live.py). Throttling is checked with counters: with a long interval, any number of chunks
 after the first write cause no further write until the step ends."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 from stepagent.aws.live import StepLive
 from stepagent.aws.settings import Settings
 from stepagent.events import CompletionStarted, Info, TextChunk, ToolCallStarted, TurnCommitted
-from stepagent.stores.dynamodb_io import DynamoIo
-from stepagent.stores.dynamodb_live import NOTICES_KEPT, LiveStore, decode_live, live_key
+from stepagent.stores.dynamodb.io import DynamoIo
+from stepagent.stores.dynamodb.live import NOTICES_KEPT, LiveStore, decode_live, live_key
 from stepagent.stores.metrics import StoreMetrics
 from tests.conftest import DynamoEnv
 from tests.polling import eventually

@@ -154,7 +154,7 @@ async def test_without_compaction_reads_grow_linearly_and_nothing_faster() -> No
 
 
 async def seed_dynamo(env: DynamoEnv, thread: str, rows: int, in_context: int | None) -> None:
-    """A committed history in the store's layout (``stores/dynamodb.py``): a ``HEAD`` item at version 1
+    """A committed history in the store's layout (``stores/dynamodb/conversation.py``): a ``HEAD`` item at version 1
     with ``tail`` = rows, ``R#{order:012d}`` rows written by that commit (``cv`` 1), and a summary
     ``S#{up_to:012d}``. moto does not enforce BatchWriteItem's 25-item limit, so it takes few calls."""
     items: list[dict[str, Any]] = [

@@ -8,8 +8,8 @@ import json
 
 from stepagent.console.reads import _notice
 from stepagent.notices import UnknownNotice
-from stepagent.stores.dynamodb_io import DynamoItem
-from stepagent.stores.dynamodb_live import decode_live
+from stepagent.stores.dynamodb.io import DynamoItem
+from stepagent.stores.dynamodb.live import decode_live
 
 
 def item(stored: list[DynamoItem], seq: int) -> DynamoItem:

@@ -67,7 +67,7 @@ from stepagent.client import Client
 from stepagent.errors import InputError, MalformedMessageError, PayloadTooLargeError, TransientError
 from stepagent.input_rules import MAX_MESSAGE_BYTES, check_group_id, check_id, check_json, load_json
 from stepagent.messages import ApprovalDecision, ElicitationAnswer, InputMessage, parse_input_message
-from stepagent.stores.dynamodb_quotas import Lease, SubjectCounters
+from stepagent.stores.dynamodb.quotas import Lease, SubjectCounters
 from stepagent.transcript import tree_items
 
 #: The longest ``?message_id=`` a stream accepts (SQS's own limit on a deduplication id).

@@ -65,8 +65,8 @@ from stepagent.outputs.events import (
     in_thread,
 )
 from stepagent.stores.base import ThreadInfo, UsageRecord
-from stepagent.stores.dynamodb_layout import info_from_item
-from stepagent.stores.dynamodb_live import LiveState, decode_live
+from stepagent.stores.dynamodb.layout import info_from_item
+from stepagent.stores.dynamodb.live import LiveState, decode_live
 
 #: Seconds between two polls of an idle tree (the cost floor of a connected client).
 IDLE_INTERVAL = 1.0

@@ -15,7 +15,7 @@ import json
 import time
 from typing import Any
 
-from stepagent.stores.dynamodb_io import ConditionFailed, DynamoIo, item_key, n_attr, put, s_attr
+from stepagent.stores.dynamodb.io import ConditionFailed, DynamoIo, item_key, n_attr, put, s_attr
 
 #: How long a key remembers its request: a day, as Stripe's do.
 KEY_TTL_S = 24 * 3600

@@ -19,8 +19,8 @@ import asyncio
 from collections import OrderedDict
 
 from stepagent.stores.base import ConversationStore, ThreadInfo
-from stepagent.stores.dynamodb_io import ConditionFailed, DynamoIo, item_key, put, s_attr
-from stepagent.stores.dynamodb_quotas import OWNER_SK
+from stepagent.stores.dynamodb.io import ConditionFailed, DynamoIo, item_key, put, s_attr
+from stepagent.stores.dynamodb.quotas import OWNER_SK
 
 _CACHED = 10_000
 

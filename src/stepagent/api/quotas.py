@@ -1,5 +1,5 @@
 """What one subject may do through the HTTP API, enforced across every instance of it (the counters live
-in the state table: :mod:`stepagent.stores.dynamodb_quotas`).
+in the state table: :mod:`stepagent.stores.dynamodb.quotas`).
 
 ========================================  ===========  ============================================
 setting                                   default      counts
@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from stepagent.errors import ConfigurationError, TransientError
-from stepagent.stores.dynamodb_quotas import Lease, SubjectCounters
+from stepagent.stores.dynamodb.quotas import Lease, SubjectCounters
 
 log = logging.getLogger(__name__)
 

@@ -31,13 +31,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 import aioboto3
 from aiobotocore.config import AioConfig
-from botocore.config import Config
 
 from stepagent.aws.settings import Settings
+
+if TYPE_CHECKING:
+    # The clients' types come from the types-aiobotocore stubs, a development dependency only: nothing
+    # here imports them at run time (the Lambda layer does not ship them).
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_s3 import S3Client
+    from types_aiobotocore_scheduler import EventBridgeSchedulerClient
+    from types_aiobotocore_secretsmanager import SecretsManagerClient
+    from types_aiobotocore_sqs import SQSClient
+    from types_aiobotocore_ssm import SSMClient
+    from types_aiobotocore_sts import STSClient
+
+C = TypeVar("C")
 
 # Connections each client keeps: a worker batch runs at most ten threads' steps at once, each with at
 # most a couple of requests in flight.
@@ -65,7 +77,7 @@ class AwsSession:
         )
 
     def client(
-        self, service: str, endpoint_url: str | None = None, config: Config | None = None
+        self, service: str, endpoint_url: str | None = None, config: AioConfig | None = None
     ) -> AbstractAsyncContextManager[Any]:
         """An async context manager opening a client for ``service`` on the running loop (see the module
         docstring). ``config`` overrides the defaults it sets (tests use it for fewer retries)."""
@@ -81,31 +93,120 @@ def aws_session(settings: Settings) -> AwsSession:
     return AwsSession(settings.region or "us-east-1")
 
 
-@asynccontextmanager
-async def open_client(
-    session: AwsSession, service: str, endpoint_url: str | None = None, config: Config | None = None
-) -> AsyncIterator[Any]:
+@overload
+def open_client(
+    session: AwsSession,
+    service: Literal["dynamodb"],
+    endpoint_url: str | None = None,
+    config: AioConfig | None = None,
+) -> AbstractAsyncContextManager[DynamoDBClient]: ...
+@overload
+def open_client(
+    session: AwsSession,
+    service: Literal["s3"],
+    endpoint_url: str | None = None,
+    config: AioConfig | None = None,
+) -> AbstractAsyncContextManager[S3Client]: ...
+@overload
+def open_client(
+    session: AwsSession,
+    service: Literal["sqs"],
+    endpoint_url: str | None = None,
+    config: AioConfig | None = None,
+) -> AbstractAsyncContextManager[SQSClient]: ...
+@overload
+def open_client(
+    session: AwsSession,
+    service: Literal["scheduler"],
+    endpoint_url: str | None = None,
+    config: AioConfig | None = None,
+) -> AbstractAsyncContextManager[EventBridgeSchedulerClient]: ...
+@overload
+def open_client(
+    session: AwsSession,
+    service: Literal["ssm"],
+    endpoint_url: str | None = None,
+    config: AioConfig | None = None,
+) -> AbstractAsyncContextManager[SSMClient]: ...
+@overload
+def open_client(
+    session: AwsSession,
+    service: Literal["secretsmanager"],
+    endpoint_url: str | None = None,
+    config: AioConfig | None = None,
+) -> AbstractAsyncContextManager[SecretsManagerClient]: ...
+@overload
+def open_client(
+    session: AwsSession,
+    service: Literal["sts"],
+    endpoint_url: str | None = None,
+    config: AioConfig | None = None,
+) -> AbstractAsyncContextManager[STSClient]: ...
+@overload
+def open_client(
+    session: AwsSession, service: str, endpoint_url: str | None = None, config: AioConfig | None = None
+) -> AbstractAsyncContextManager[Any]: ...
+def open_client(
+    session: AwsSession, service: str, endpoint_url: str | None = None, config: AioConfig | None = None
+) -> AbstractAsyncContextManager[Any]:
     """A client for ``service`` at ``endpoint_url`` (botocore's own endpoint when ``None``), closed when
-    the context exits."""
+    the context exits; typed by the stubs for the services the runtime uses, ``Any`` for the others."""
+    return _open_client(session, service, endpoint_url, config)
+
+
+@asynccontextmanager
+async def _open_client(
+    session: AwsSession, service: str, endpoint_url: str | None, config: AioConfig | None
+) -> AsyncIterator[Any]:
     async with session.client(service, endpoint_url, config) as opened:
         yield opened
 
 
+@overload
+def client(
+    session: AwsSession, service: Literal["dynamodb"], settings: Settings
+) -> AbstractAsyncContextManager[DynamoDBClient]: ...
+@overload
+def client(
+    session: AwsSession, service: Literal["s3"], settings: Settings
+) -> AbstractAsyncContextManager[S3Client]: ...
+@overload
+def client(
+    session: AwsSession, service: Literal["sqs"], settings: Settings
+) -> AbstractAsyncContextManager[SQSClient]: ...
+@overload
+def client(
+    session: AwsSession, service: Literal["scheduler"], settings: Settings
+) -> AbstractAsyncContextManager[EventBridgeSchedulerClient]: ...
+@overload
+def client(
+    session: AwsSession, service: Literal["ssm"], settings: Settings
+) -> AbstractAsyncContextManager[SSMClient]: ...
+@overload
+def client(
+    session: AwsSession, service: Literal["secretsmanager"], settings: Settings
+) -> AbstractAsyncContextManager[SecretsManagerClient]: ...
+@overload
+def client(
+    session: AwsSession, service: Literal["sts"], settings: Settings
+) -> AbstractAsyncContextManager[STSClient]: ...
+@overload
+def client(session: AwsSession, service: str, settings: Settings) -> AbstractAsyncContextManager[Any]: ...
 def client(session: AwsSession, service: str, settings: Settings) -> AbstractAsyncContextManager[Any]:
     """A client for ``service``; ``AWS_ENDPOINT_URL`` (moto, LocalStack) applies to all of them."""
-    return open_client(session, service, settings.endpoint_url or None)
+    return _open_client(session, service, settings.endpoint_url or None, None)
 
 
-class LazyClient:
+class LazyClient(Generic[C]):
     """A client whose API calls (``await lazy.put_object(...)``) open the real one first, exactly once.
 
     ``opener`` opens it and returns it (typically entering :func:`client` in the owner's exit stack, which
     then closes it). Only API methods are forwarded; a lazy client has no ``meta`` or ``exceptions`` (use
-    :meth:`opened_client`)."""
+    :meth:`opened_client`). :meth:`as_client` hands it to code typed for the real client."""
 
-    def __init__(self, opener: Callable[[], Awaitable[Any]]) -> None:
+    def __init__(self, opener: Callable[[], Awaitable[C]]) -> None:
         self._opener = opener
-        self._client: Any = None
+        self._client: C | None = None
         self._lock = asyncio.Lock()
 
     @property
@@ -113,11 +214,16 @@ class LazyClient:
         """Whether the real client has been opened."""
         return self._client is not None
 
-    async def opened_client(self) -> Any:
+    def as_client(self) -> C:
+        """This lazy client, typed as the client it opens: callers use only its API methods, which it
+        forwards (see the class docstring)."""
+        return self  # type: ignore[return-value]  # duck-typed: the API methods are forwarded
+
+    async def opened_client(self) -> C:
         """The real client (opening it now if no call has yet): for its ``meta`` or ``exceptions``."""
         return await self._opened()
 
-    async def _opened(self) -> Any:
+    async def _opened(self) -> C:
         if self._client is None:
             async with self._lock:
                 if self._client is None:

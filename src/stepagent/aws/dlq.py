@@ -22,11 +22,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepagent.aws.transient import retry_transient
 from stepagent.errors import ConfigurationError
 from stepagent.senders.sqs import FORMAT_ATTRIBUTE
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_sqs import SQSClient
+    from types_aiobotocore_sqs.type_defs import MessageTypeDef
 
 QUEUES = ("input", "tool")
 _LIST_HOLD_SECONDS = 30
@@ -61,7 +65,7 @@ class DeadLetter:
         }
 
 
-async def dead_letter_queue(sqs: Any, source_url: str) -> str:
+async def dead_letter_queue(sqs: SQSClient, source_url: str) -> str:
     """The URL of ``source_url``'s DLQ (its redrive target, in the same account and region)."""
     found = await sqs.get_queue_attributes(QueueUrl=source_url, AttributeNames=["RedrivePolicy"])
     policy = found.get("Attributes", {}).get("RedrivePolicy")
@@ -81,10 +85,15 @@ def _thread_of(queue: str, body: str, group_id: str | None) -> str | None:
     return data.get("thread_id") if isinstance(data, dict) and queue == "tool" else None
 
 
-def _letter(queue: str, message: dict[str, Any]) -> DeadLetter:
+def _letter(queue: str, message: MessageTypeDef) -> DeadLetter:
     attributes = message.get("Attributes", {})
     custom = message.get("MessageAttributes", {})
-    reason = custom.get("stepagent_error", {}).get("StringValue")
+
+    def string(name: str) -> str | None:
+        value = custom.get(name)
+        return value.get("StringValue") if value is not None else None
+
+    reason = string("stepagent_error")
     group = attributes.get("MessageGroupId")
     body = str(message["Body"])
     return DeadLetter(
@@ -97,11 +106,11 @@ def _letter(queue: str, message: dict[str, Any]) -> DeadLetter:
         group_id=group,
         dedup_id=attributes.get("MessageDeduplicationId"),
         receipt_handle=str(message["ReceiptHandle"]),
-        format_version=custom.get(FORMAT_ATTRIBUTE, {}).get("StringValue"),
+        format_version=string(FORMAT_ATTRIBUTE),
     )
 
 
-async def _receive(sqs: Any, dlq_url: str, queue: str, limit: int) -> list[DeadLetter]:
+async def _receive(sqs: SQSClient, dlq_url: str, queue: str, limit: int) -> list[DeadLetter]:
     letters: dict[str, DeadLetter] = {}
     while len(letters) < limit:
         found = await retry_transient(
@@ -124,7 +133,7 @@ async def _receive(sqs: Any, dlq_url: str, queue: str, limit: int) -> list[DeadL
     return list(letters.values())
 
 
-async def _release(sqs: Any, dlq_url: str, letters: Sequence[DeadLetter]) -> None:
+async def _release(sqs: SQSClient, dlq_url: str, letters: Sequence[DeadLetter]) -> None:
     for letter in letters:
         await retry_transient(
             partial(
@@ -136,7 +145,7 @@ async def _release(sqs: Any, dlq_url: str, letters: Sequence[DeadLetter]) -> Non
         )
 
 
-async def list_dead_letters(sqs: Any, dlq_url: str, queue: str, limit: int = 100) -> list[DeadLetter]:
+async def list_dead_letters(sqs: SQSClient, dlq_url: str, queue: str, limit: int = 100) -> list[DeadLetter]:
     """Up to ``limit`` messages of the DLQ, left in it."""
     letters = await _receive(sqs, dlq_url, queue, limit)
     await _release(sqs, dlq_url, letters)
@@ -144,7 +153,13 @@ async def list_dead_letters(sqs: Any, dlq_url: str, queue: str, limit: int = 100
 
 
 async def redrive(
-    sqs: Any, dlq_url: str, source_url: str, queue: str, *, message_ids: Sequence[str] = (), limit: int = 1000
+    sqs: SQSClient,
+    dlq_url: str,
+    source_url: str,
+    queue: str,
+    *,
+    message_ids: Sequence[str] = (),
+    limit: int = 1000,
 ) -> list[DeadLetter]:
     """Send the chosen messages (all when ``message_ids`` is empty) back to ``source_url``; returns them.
     An id that is not in the DLQ is a :class:`ConfigurationError` naming it (nothing is moved)."""

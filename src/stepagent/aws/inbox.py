@@ -4,7 +4,7 @@ Reports to a parent, messages to a child, close notices and compaction requests 
 step sends to a thread. Between that send and the target's next commit, nothing stored says that the
 target has work coming, so a reader of the store could take the thread tree for idle. :class:`InboxSender`
 closes that gap: before each synthetic send it records the message's logical id in the target's
-``inbox`` (:meth:`~stepagent.stores.dynamodb.DynamoConversationStore.note_inbound`), and the target's
+``inbox`` (:meth:`~stepagent.stores.dynamodb.conversation.DynamoConversationStore.note_inbound`), and the target's
 commit that processes the id removes it. Tool results and user text are not noted: an open call (the
 sender's turn flag) already says a result is expected. One extra ``TransactWriteItems`` per synthetic
 message; a failure to note is a :class:`~stepagent.errors.StoreError` that fails the step like any other

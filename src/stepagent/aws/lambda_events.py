@@ -14,9 +14,10 @@ from typing import TypedDict
 
 
 class SqsMessageAttribute(TypedDict, total=False):
-    """One message attribute of a record (string attributes are all the runtime sets)."""
+    """One message attribute of a record (string attributes are all the runtime sets; another's
+    ``stringValue`` is null)."""
 
-    stringValue: str
+    stringValue: str | None
     dataType: str
 
 

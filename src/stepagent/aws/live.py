@@ -1,5 +1,5 @@
 """Live progress for clients: the partial text of a running completion and the notices of a thread, written
-to the thread's ``LIVE`` item (:mod:`stepagent.stores.dynamodb_live`) by the worker.
+to the thread's ``LIVE`` item (:mod:`stepagent.stores.dynamodb.live`) by the worker.
 
 Guarantees:
 
@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.core.step import ThreadStep
@@ -55,9 +55,12 @@ from stepagent.notices import Notice
 from stepagent.outputs.events import OutputEvent
 from stepagent.senders.sqs import SqsQueues
 from stepagent.stores.base import ConversationStore, StateStore
-from stepagent.stores.dynamodb_io import AwsClient, DynamoIo
-from stepagent.stores.dynamodb_live import LiveStore
+from stepagent.stores.dynamodb.io import DynamoIo
+from stepagent.stores.dynamodb.live import LiveStore
 from stepagent.stores.metrics import StoreMetrics
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
+    from types_aiobotocore_dynamodb import DynamoDBClient
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +224,7 @@ class LiveText:
 
     def __init__(
         self,
-        client: AwsClient | None,
+        client: DynamoDBClient | None,
         state_table: str | None,
         *,
         enabled: bool,

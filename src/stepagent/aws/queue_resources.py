@@ -18,11 +18,18 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from stepagent.errors import ConfigurationError, QueueError
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_s3 import S3Client
+    from types_aiobotocore_sqs import SQSClient
+    from types_aiobotocore_sqs.literals import QueueAttributeNameType
+
+    QueueAttributes = Mapping[QueueAttributeNameType, str]
 
 RETENTION_14_DAYS = "1209600"
 INPUT_MAX_RECEIVE_COUNT = 5
@@ -142,9 +149,10 @@ def _code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
-async def _ensure_queue(sqs: Any, name: str, attributes: dict[str, str]) -> str:
+async def _ensure_queue(sqs: SQSClient, name: str, attributes: dict[str, str]) -> str:
     try:
-        response = await sqs.create_queue(QueueName=name, Attributes=attributes)
+        # The names are the definitions' and the caller's overrides; SQS checks them.
+        response = await sqs.create_queue(QueueName=name, Attributes=cast("QueueAttributes", attributes))
         return str(response["QueueUrl"])
     except ClientError as exc:
         if _code(exc) not in (
@@ -157,11 +165,11 @@ async def _ensure_queue(sqs: Any, name: str, attributes: dict[str, str]) -> str:
     url = str((await sqs.get_queue_url(QueueName=name))["QueueUrl"])
     mutable = {k: v for k, v in attributes.items() if k not in _FIFO_ONLY}
     if mutable:
-        await sqs.set_queue_attributes(QueueUrl=url, Attributes=mutable)
+        await sqs.set_queue_attributes(QueueUrl=url, Attributes=cast("QueueAttributes", mutable))
     return url
 
 
-async def _ensure_bucket(s3: Any, bucket: str, region: str | None) -> None:
+async def _ensure_bucket(s3: S3Client, bucket: str, region: str | None) -> None:
     kwargs: dict[str, Any] = {"Bucket": bucket}
     if region and region != "us-east-1":  # us-east-1 rejects an explicit LocationConstraint
         kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
@@ -196,8 +204,8 @@ async def _ensure_bucket(s3: Any, bucket: str, region: str | None) -> None:
 
 
 async def ensure_queues_and_bucket(
-    sqs: Any,
-    s3: Any,
+    sqs: SQSClient,
+    s3: S3Client,
     *,
     prefix: str = "stepagent",
     bucket: str | None = None,

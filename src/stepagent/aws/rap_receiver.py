@@ -26,7 +26,7 @@ import logging
 from contextlib import AsyncExitStack
 from typing import Any
 
-from stepagent.aws.clients import LazyClient, aws_session, client
+from stepagent.aws.clients import AwsSession, LazyClient, aws_session, client
 from stepagent.aws.layer_check import check_layer
 from stepagent.aws.outputs import OutputPublisher
 from stepagent.aws.secrets import resolve_secrets
@@ -66,7 +66,9 @@ class RapReceiverRuntime:
         self._stack = AsyncExitStack()
 
     @classmethod
-    async def create(cls, settings: Settings | None = None, *, session: Any = None) -> RapReceiverRuntime:
+    async def create(
+        cls, settings: Settings | None = None, *, session: AwsSession | None = None
+    ) -> RapReceiverRuntime:
         settings = settings if settings is not None else Settings.from_env()
         session = session if session is not None else aws_session(settings)
         settings = await resolve_secrets(settings, session)
@@ -76,7 +78,7 @@ class RapReceiverRuntime:
             sqs = await stack.enter_async_context(client(session, "sqs", settings))
             # S3 holds only payloads too large for a message: its client opens on first use, as the worker's.
             s3 = (
-                LazyClient(lambda: stack.enter_async_context(client(session, "s3", settings)))
+                LazyClient(lambda: stack.enter_async_context(client(session, "s3", settings))).as_client()
                 if settings.blob_bucket
                 else None
             )

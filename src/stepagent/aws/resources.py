@@ -17,11 +17,18 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from stepagent.errors import ConfigurationError, StoreError
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_dynamodb.type_defs import (
+        DescribeTableOutputTypeDef,
+        DescribeTimeToLiveOutputTypeDef,
+    )
 
 #: Attribute holding the epoch-seconds expiry of TTL'd state items (processed/answered markers).
 STATE_TTL_ATTRIBUTE = "expires_at"
@@ -83,7 +90,7 @@ def _error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
 
-def _check_schema(definition: TableDefinition, description: dict[str, Any]) -> None:
+def _check_schema(definition: TableDefinition, description: DescribeTableOutputTypeDef) -> None:
     table = description.get("Table", {})
     found = sorted((k["AttributeName"], k["KeyType"]) for k in table.get("KeySchema", []))
     wanted = sorted((k["AttributeName"], k["KeyType"]) for k in definition.create_kwargs["KeySchema"])
@@ -93,7 +100,7 @@ def _check_schema(definition: TableDefinition, description: dict[str, Any]) -> N
         )
 
 
-def _ttl_enabled(description: dict[str, Any]) -> bool:
+def _ttl_enabled(description: DescribeTimeToLiveOutputTypeDef) -> bool:
     status = description.get("TimeToLiveDescription", {}).get("TimeToLiveStatus")
     return status in ("ENABLED", "ENABLING")
 
@@ -105,7 +112,7 @@ def _ttl_request(definition: TableDefinition) -> dict[str, Any]:
     }
 
 
-async def _ensure_one(client: Any, definition: TableDefinition) -> None:
+async def _ensure_one(client: DynamoDBClient, definition: TableDefinition) -> None:
     try:
         await client.create_table(**definition.create_kwargs)
     except ClientError as exc:
@@ -133,7 +140,7 @@ def _wrap(exc: ClientError | BotoCoreError, definitions: Sequence[TableDefinitio
     return StoreError(f"creating DynamoDB tables ({names}) failed: {exc}")
 
 
-async def ensure_tables(client: Any, conversation_table: str, state_table: str) -> None:
+async def ensure_tables(client: DynamoDBClient, conversation_table: str, state_table: str) -> None:
     """Create (if missing) and configure both tables with an async DynamoDB client. Idempotent."""
     definitions = table_definitions(conversation_table, state_table)
     try:

@@ -29,10 +29,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from contextlib import AsyncExitStack, asynccontextmanager
 from contextvars import ContextVar
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepagent.agent_config import AgentConfig
-from stepagent.aws.clients import LazyClient, aws_session, client
+from stepagent.aws.clients import AwsSession, LazyClient, aws_session, client
 from stepagent.aws.inbox import InboxSender
 from stepagent.aws.lambda_events import BatchResponse, SqsEvent
 from stepagent.aws.live import LiveText, NoticingPublisher
@@ -52,8 +52,8 @@ from stepagent.providers.base import ModelProvider
 from stepagent.providers.factory import make_provider
 from stepagent.senders.sqs import SqsQueues, SqsSender
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
-from stepagent.stores.dynamodb_io import DynamoIo
-from stepagent.stores.dynamodb_quotas import SubjectCounters
+from stepagent.stores.dynamodb.io import DynamoIo
+from stepagent.stores.dynamodb.quotas import SubjectCounters
 from stepagent.stores.metrics import StoreMetrics
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
@@ -61,6 +61,12 @@ from stepagent.tools.functions import Invocable, load_toolset
 from stepagent.tools.remote import load_remote
 from stepagent.tools.sleep import Clock, Sleep, SleepUntil, utc_now
 from stepagent.tracing import Tracer
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_s3 import S3Client
+    from types_aiobotocore_scheduler import EventBridgeSchedulerClient
+    from types_aiobotocore_sqs import SQSClient
 
 WORKER, TOOL_RUNNER, TIMER_RELAY = "worker", "tool_runner", "timer_relay"
 ALL_ROLES = frozenset({WORKER, TOOL_RUNNER, TIMER_RELAY})
@@ -96,9 +102,9 @@ class AwsRuntime:
 
     settings: Settings
     roles: frozenset[str]
-    sqs: Any
-    s3: Any
-    dynamodb: Any
+    sqs: SQSClient
+    s3: S3Client
+    dynamodb: DynamoDBClient
     queues: SqsQueues
     sender: SqsSender
     metrics: MetricsSink
@@ -116,7 +122,7 @@ class AwsRuntime:
         self.tracer = None
         self.profile_providers: dict[str, ModelProvider] = {}
         self._stack = AsyncExitStack()
-        self._scheduler_client: Any = None
+        self._scheduler_client: EventBridgeSchedulerClient | None = None
         self._scheduler_lock = asyncio.Lock()
         self._input_dlq: str | None = None
         self._worker: Worker | None = None
@@ -138,7 +144,7 @@ class AwsRuntime:
         tools: Sequence[Tool] | None = None,
         input_dlq_url: str | None = None,
         metrics: MetricsSink | None = None,
-        session: Any = None,
+        session: AwsSession | None = None,
         clock: Clock = utc_now,
         agent: AgentConfig | None = None,
         tracer: Tracer | None = None,
@@ -190,7 +196,7 @@ class AwsRuntime:
             raise
         return runtime
 
-    async def _open(self, session: Any, provider: ModelProvider | None, clock: Clock) -> None:
+    async def _open(self, session: AwsSession, provider: ModelProvider | None, clock: Clock) -> None:
         settings = self.settings
         self._session = session
         for made in self._made_providers:
@@ -199,7 +205,9 @@ class AwsRuntime:
                 self._stack.push_async_callback(close)
         self.sqs = await self._stack.enter_async_context(client(session, "sqs", settings))
         # S3 holds only oversized payloads: its client (the largest service model) opens on first use.
-        self.s3 = LazyClient(lambda: self._stack.enter_async_context(client(session, "s3", settings)))
+        self.s3 = LazyClient(
+            lambda: self._stack.enter_async_context(client(session, "s3", settings))
+        ).as_client()
         self.store_metrics = StoreMetrics()
         # One ContentBlobs for the queues, the stores and the publisher: a text that arrived by reference is
         # known to exist, so its row and output event store it no second time (stepagent.blobs).
@@ -341,7 +349,7 @@ class AwsRuntime:
             raise ConfigurationError("this runtime was not built for the worker role")
         return self._stores[1]
 
-    async def scheduler(self) -> Any:
+    async def scheduler(self) -> EventBridgeSchedulerClient:
         """The EventBridge Scheduler client, opened on first use (only long timers need it)."""
         async with self._scheduler_lock:
             if self._scheduler_client is None:

@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import TYPE_CHECKING
 
-from stepagent.aws.clients import client
+from stepagent.aws.clients import AwsSession, client
 from stepagent.aws.settings import Settings
 from stepagent.errors import ConfigurationError
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_secretsmanager import SecretsManagerClient
+    from types_aiobotocore_ssm import SSMClient
 
 
 def _is_ssm(secret_id: str) -> bool:
@@ -38,29 +42,35 @@ class _SecretReader:
     """Reads secrets with one client per service, opened on first use and kept until :meth:`aclose`
     (the worker may read two secrets from the same service at cold start)."""
 
-    def __init__(self, session: Any, settings: Settings) -> None:
+    def __init__(self, session: AwsSession, settings: Settings) -> None:
         self._session, self._settings = session, settings
-        self._clients: dict[str, Any] = {}
+        self._ssm: SSMClient | None = None
+        self._secrets: SecretsManagerClient | None = None
         self._stack = AsyncExitStack()
 
-    async def _client(self, service: str) -> Any:
-        if service not in self._clients:
-            opened = client(self._session, service, self._settings)
-            self._clients[service] = await self._stack.enter_async_context(opened)
-        return self._clients[service]
+    async def _ssm_client(self) -> SSMClient:
+        if self._ssm is None:
+            self._ssm = await self._stack.enter_async_context(client(self._session, "ssm", self._settings))
+        return self._ssm
+
+    async def _secrets_client(self) -> SecretsManagerClient:
+        if self._secrets is None:
+            opened = client(self._session, "secretsmanager", self._settings)
+            self._secrets = await self._stack.enter_async_context(opened)
+        return self._secrets
 
     async def read(self, variable: str, secret_id: str) -> str:
         """The value of ``secret_id`` (see the module docstring for the forms); ``variable`` names the
         setting in errors."""
         try:
             if _is_ssm(secret_id):
-                ssm = await self._client("ssm")
-                found = await ssm.get_parameter(Name=_ssm_name(secret_id), WithDecryption=True)
-                value = str(found.get("Parameter", {}).get("Value") or "")
+                ssm = await self._ssm_client()
+                parameter = await ssm.get_parameter(Name=_ssm_name(secret_id), WithDecryption=True)
+                value = str(parameter.get("Parameter", {}).get("Value") or "")
             else:
-                secrets = await self._client("secretsmanager")
-                found = await secrets.get_secret_value(SecretId=secret_id)
-                value = str(found.get("SecretString") or "")
+                secrets = await self._secrets_client()
+                secret = await secrets.get_secret_value(SecretId=secret_id)
+                value = str(secret.get("SecretString") or "")
         except Exception as error:
             raise ConfigurationError(f"{variable}={secret_id!r} could not be read: {error}") from None
         if not value.strip():
@@ -71,7 +81,7 @@ class _SecretReader:
         await self._stack.aclose()
 
 
-async def resolve_secrets(settings: Settings, session: Any) -> Settings:
+async def resolve_secrets(settings: Settings, session: AwsSession) -> Settings:
     """``settings`` with ``callback_secret`` and ``provider_api_key`` filled in from their ids."""
     if settings.callback_secret_id and settings.callback_secret:
         raise ConfigurationError("set only one of STEPAGENT_CALLBACK_SECRET and STEPAGENT_CALLBACK_SECRET_ID")
@@ -90,7 +100,7 @@ async def resolve_secrets(settings: Settings, session: Any) -> Settings:
     return settings
 
 
-async def read_secret(settings: Settings, session: Any, variable: str, secret_id: str) -> str:
+async def read_secret(settings: Settings, session: AwsSession, variable: str, secret_id: str) -> str:
     """One secret's value (the forms and errors of the module docstring), e.g. the OTLP exporter's
     headers named by ``STEPAGENT_OTLP_HEADERS_SECRET_ID``."""
     reader = _SecretReader(session, settings)

@@ -30,7 +30,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -43,6 +43,15 @@ from stepagent.senders.sqs import SqsQueues, SqsSender, record_format, record_tr
 from stepagent.tools.sleep import Clock, utc_now
 from stepagent.tracing import continuing, trace_attributes
 
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_scheduler import EventBridgeSchedulerClient
+    from types_aiobotocore_scheduler.type_defs import (
+        GetScheduleOutputTypeDef,
+        RetryPolicyTypeDef,
+        TargetTypeDef,
+    )
+    from types_aiobotocore_sqs import SQSClient
+
 logger = logging.getLogger(__name__)
 
 MAX_DELAY_SECONDS = 900
@@ -50,10 +59,10 @@ SCHEDULE_PREFIX = "stepagent-"
 #: EventBridge Scheduler's limit on a target's ``Input``.
 MAX_SCHEDULE_INPUT = 8192
 # Scheduler retries a failed delivery for up to a day before it goes to the DLQ.
-_RETRY_POLICY = {"MaximumEventAgeInSeconds": 86400, "MaximumRetryAttempts": 185}
+_RETRY_POLICY: RetryPolicyTypeDef = {"MaximumEventAgeInSeconds": 86400, "MaximumRetryAttempts": 185}
 _AT = re.compile(r"^at\((\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})\)$")
 
-SchedulerFactory = Callable[[], Awaitable[Any]]
+SchedulerFactory = Callable[[], Awaitable["EventBridgeSchedulerClient"]]
 
 
 def schedule_name(group_id: str, dedup_id: str) -> str:
@@ -136,6 +145,14 @@ class AwsTimers:
         due = due.replace(microsecond=0) + (timedelta(seconds=1) if due.microsecond else timedelta())
         name = schedule_name(message.group_id, dedup_id)
         try:
+            target: TargetTypeDef = {
+                "Arn": await self._input_queue_arn(),
+                "RoleArn": self.role_arn,
+                "Input": body,
+                "SqsParameters": {"MessageGroupId": message.group_id},
+                "DeadLetterConfig": {"Arn": self.dead_letter_arn},
+                "RetryPolicy": _RETRY_POLICY.copy(),
+            }
             scheduler = await self._scheduler()
             await scheduler.create_schedule(
                 Name=name,
@@ -144,14 +161,7 @@ class AwsTimers:
                 FlexibleTimeWindow={"Mode": "OFF"},
                 ActionAfterCompletion="DELETE",
                 Description=f"stepagent wake-up for thread {message.group_id}"[:512],
-                Target={
-                    "Arn": await self._input_queue_arn(),
-                    "RoleArn": self.role_arn,
-                    "Input": body,
-                    "SqsParameters": {"MessageGroupId": message.group_id},
-                    "DeadLetterConfig": {"Arn": self.dead_letter_arn},
-                    "RetryPolicy": dict(_RETRY_POLICY),
-                },
+                Target=target,
             )
         except ClientError as exc:
             if _code(exc) == "ConflictException":
@@ -218,7 +228,7 @@ async def handle_delay_batch(event: SqsEvent, queues: SqsQueues, sender: SqsSend
 # Firing schedules where nothing else does (moto)
 
 
-def schedule_due(schedule: dict[str, Any]) -> datetime | None:
+def schedule_due(schedule: GetScheduleOutputTypeDef) -> datetime | None:
     """When a one-time ``at(...)`` schedule fires (aware), or ``None`` for other expressions."""
     match = _AT.match(str(schedule.get("ScheduleExpression", "")))
     if match is None:
@@ -227,7 +237,7 @@ def schedule_due(schedule: dict[str, Any]) -> datetime | None:
     return datetime.fromisoformat(match.group(1)).replace(tzinfo=zone)
 
 
-async def _queue_url(sqs: Any, arn: str) -> str:
+async def _queue_url(sqs: SQSClient, arn: str) -> str:
     parts = arn.split(":")
     if len(parts) != 6 or parts[2] != "sqs":
         raise MalformedMessageError(f"schedule target {arn!r} is not an SQS queue ARN")
@@ -235,7 +245,9 @@ async def _queue_url(sqs: Any, arn: str) -> str:
     return str(response["QueueUrl"])
 
 
-async def deliver_due_schedules(scheduler: Any, sqs: Any, now: datetime | None = None) -> int:
+async def deliver_due_schedules(
+    scheduler: EventBridgeSchedulerClient, sqs: SQSClient, now: datetime | None = None
+) -> int:
     """Send the targets of every due ``stepagent-*`` schedule, then delete the schedule, as EventBridge
     Scheduler would with ``ActionAfterCompletion=DELETE``. Returns how many were delivered."""
     now = now or datetime.now(UTC)
@@ -254,7 +266,9 @@ async def deliver_due_schedules(scheduler: Any, sqs: Any, now: datetime | None =
     return delivered
 
 
-async def _deliver_if_due(scheduler: Any, sqs: Any, name: str, group: str, now: datetime) -> bool:
+async def _deliver_if_due(
+    scheduler: EventBridgeSchedulerClient, sqs: SQSClient, name: str, group: str, now: datetime
+) -> bool:
     schedule = await scheduler.get_schedule(Name=name, GroupName=group)
     due = schedule_due(schedule)
     if due is None or due > now:

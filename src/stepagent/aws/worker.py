@@ -71,7 +71,7 @@ from stepagent.senders.sqs import (
     record_format,
     record_traceparent,
 )
-from stepagent.stores.dynamodb_quotas import SubjectCounters
+from stepagent.stores.dynamodb.quotas import SubjectCounters
 from stepagent.tracing import TRACEPARENT
 
 logger = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from stepagent.rap.choices import answer_user_choice
 from stepagent.senders.sqs import SqsSender
 from stepagent.stores.base import tree_threads
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore, dynamo_stores
-from stepagent.stores.dynamodb_io import DynamoIo
-from stepagent.stores.dynamodb_live import decode_live
+from stepagent.stores.dynamodb.io import DynamoIo
+from stepagent.stores.dynamodb.live import decode_live
 from stepagent.stores.metrics import StoreMetrics
 from stepagent.transcript import Item, choice_item, tree_items
 from stepagent.usage import UsageReport, thread_usage

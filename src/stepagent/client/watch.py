@@ -37,13 +37,12 @@ from stepagent.history_items import ApprovalItem, ToolCallItem, ToolResultItem
 from stepagent.notices import UnknownNotice
 from stepagent.stores.base import ThreadInfo
 from stepagent.stores.dynamodb import DynamoConversationStore, DynamoStateStore
-from stepagent.stores.dynamodb_io import BATCH_BACKOFF, DynamoIo, DynamoItem, item_key
-from stepagent.stores.dynamodb_layout import HEAD_SK, head_inbox, info_from_item
-from stepagent.stores.dynamodb_live import LIVE_SK, LiveState, decode_live
+from stepagent.stores.dynamodb.io import DynamoIo, DynamoItem, item_key
+from stepagent.stores.dynamodb.layout import HEAD_SK, head_inbox, info_from_item
+from stepagent.stores.dynamodb.live import LIVE_SK, LiveState, decode_live
 from stepagent.transcript import Item, choice_item, describe, describe_row, notice_item
 
 Cursor = dict[str, int]
-_BATCH_THREADS = 50  # two keys per thread, BatchGetItem takes 100
 
 
 @dataclass(slots=True)
@@ -92,32 +91,23 @@ class StoreReader:
     async def heads_and_live(
         self, thread_ids: Iterable[str]
     ) -> dict[str, tuple[DynamoItem | None, DynamoItem | None]]:
-        """``{thread: (HEAD item, LIVE item)}``: one consistent ``BatchGetItem`` per 50 threads."""
+        """``{thread: (HEAD item, LIVE item)}``: one consistent ``BatchGetItem`` per 50 threads (the I/O
+        module's batch read: 100 keys a request, ``UnprocessedKeys`` sent again)."""
         ids = list(dict.fromkeys(thread_ids))
         found: dict[str, tuple[DynamoItem | None, DynamoItem | None]] = {t: (None, None) for t in ids}
-        for start in range(0, len(ids), _BATCH_THREADS):
-            chunk = ids[start : start + _BATCH_THREADS]
-            request: DynamoItem = {
-                self.conversation_table: {
-                    "Keys": [item_key(t, HEAD_SK) for t in chunk],
-                    "ConsistentRead": True,
-                },
-                self.state_table: {"Keys": [item_key(t, LIVE_SK) for t in chunk], "ConsistentRead": True},
-            }
-            for attempt in range(1, BATCH_BACKOFF.attempts + 1):
-                response = await self.io.call("BatchGetItem", self.conversation_table, RequestItems=request)
-                for table, items in response.get("Responses", {}).items():
-                    for item in items:
-                        thread = str(item["pk"]["S"])
-                        head, live = found[thread]
-                        if table == self.conversation_table:
-                            found[thread] = (item, live)
-                        else:
-                            found[thread] = (head, item)
-                request = response.get("UnprocessedKeys") or {}
-                if not request:
-                    break
-                await asyncio.sleep(BATCH_BACKOFF.delay(attempt))
+        keys = [
+            pair
+            for t in ids
+            for pair in (
+                (self.conversation_table, item_key(t, HEAD_SK)),
+                (self.state_table, item_key(t, LIVE_SK)),
+            )
+        ]
+        for items in (await self.io.batch_get_many(keys)).values():
+            for item in items:
+                thread = str(item["pk"]["S"])
+                head, live = found[thread]
+                found[thread] = (item, live) if item["sk"]["S"] == HEAD_SK else (head, item)
         return found
 
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stepagent.aws import dlq
 from stepagent.aws.dlq import DeadLetter
 from stepagent.aws.settings import Settings
 from stepagent.errors import ConfigurationError
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_sqs import SQSClient
 
 COUNT_TTL = 5.0
 
@@ -23,7 +26,7 @@ COUNT_TTL = 5.0
 class DeadLetters:
     """The input and tool DLQs of one deployment (whichever of the two the settings name)."""
 
-    def __init__(self, sqs: Any, settings: Settings) -> None:
+    def __init__(self, sqs: SQSClient, settings: Settings) -> None:
         self.sqs = sqs
         self.sources = {
             name: url

@@ -11,7 +11,7 @@ All reads go through an open :class:`~stepagent.client.Client` (its stores, and 
 - its poll (every second while the page is open): one ``BatchGetItem`` for the tree's heads and ``LIVE``
   items, threads as of the last page render (a new child moves its parent's head, which re-renders);
 - the conversation list: one full Scan of the conversation table
-  (:func:`~stepagent.stores.dynamodb_roots.scan_roots`), then, for the page shown, each tree's status and
+  (:func:`~stepagent.stores.dynamodb.roots.scan_roots`), then, for the page shown, each tree's status and
   usage as above but reading only the last rows of each thread.
 """
 
@@ -36,10 +36,10 @@ from stepagent.console.status import (
 from stepagent.core.elicitation import read_question
 from stepagent.notices import LiveNotice, UnknownNotice, limit_text
 from stepagent.stores.base import ThreadInfo
-from stepagent.stores.dynamodb_io import DynamoItem
-from stepagent.stores.dynamodb_layout import head_inbox, info_from_item
-from stepagent.stores.dynamodb_live import LiveState, decode_live
-from stepagent.stores.dynamodb_roots import RootSummary, scan_roots
+from stepagent.stores.dynamodb.io import DynamoItem
+from stepagent.stores.dynamodb.layout import head_inbox, info_from_item
+from stepagent.stores.dynamodb.live import LiveState, decode_live
+from stepagent.stores.dynamodb.roots import RootSummary, scan_roots
 from stepagent.transcript import Item, describe, thread_items
 from stepagent.usage import TurnUsage, UsageReport, thread_usage, turn_usage
 

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.settings import Settings
@@ -24,16 +24,21 @@ from stepagent.console.app import ConsoleState, build_app
 from stepagent.console.dead_letters import DeadLetters
 from stepagent.rap.server import is_loopback, serve_in_background
 
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_sts import STSClient
+
 __all__ = ["DEFAULT_PORT", "describe_target", "is_loopback", "open_console", "serve_console"]
 
 
-async def describe_target(settings: Settings, stack: str | None, sts: Any) -> str:
+async def describe_target(settings: Settings, stack: str | None, sts: STSClient | None) -> str:
     """The header's text: which stack, endpoint or AWS account the console acts on (plain text: the page
     template escapes it)."""
     if settings.endpoint_url:
         return f"local endpoint {settings.endpoint_url}"
     region = settings.region or "us-east-1"
     try:
+        if sts is None:
+            raise ValueError("no STS client to ask")
         identity = await sts.get_caller_identity()
         account = f"AWS account {identity['Account']} ({identity.get('Arn', '')})"
     except Exception as error:

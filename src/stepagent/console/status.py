@@ -33,7 +33,7 @@ from typing import TypedDict
 
 from stepagent.notices import ErrorEvent, UnknownNotice
 from stepagent.stores.base import ThreadInfo
-from stepagent.stores.dynamodb_live import LiveState
+from stepagent.stores.dynamodb.live import LiveState
 from stepagent.tools.sleep import Sleep, SleepUntil
 from stepagent.tools.subscriptions import SleepUntilEventOrInput
 from stepagent.transcript import Item

@@ -247,11 +247,11 @@ def _bedrock_with_real_credentials(model: str) -> ModelProvider:
     from stepagent.providers.factory import make_provider
 
     credentials = botocore.session.get_session().get_credentials()
-    if credentials is None:
+    frozen = credentials.get_frozen_credentials() if credentials is not None else None
+    if frozen is None or frozen.access_key is None or frozen.secret_key is None:
         raise ConfigurationError(
             f"STEPAGENT_MODEL={model} needs AWS credentials (environment, profile or SSO) to call Bedrock"
         )
-    frozen = credentials.get_frozen_credentials()
     environ = {
         "AWS_ACCESS_KEY_ID": frozen.access_key,
         "AWS_SECRET_ACCESS_KEY": frozen.secret_key,

@@ -12,16 +12,20 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from stepagent.aws.lambda_events import BatchResponse, SqsEvent, SqsRecord, SqsRecordAttributes
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_sqs import SQSClient
+    from types_aiobotocore_sqs.type_defs import MessageTypeDef
 
 log = logging.getLogger(__name__)
 
 BatchHandler = Callable[[SqsEvent], Awaitable[BatchResponse]]
 
 
-def lambda_record(message: dict[str, Any], queue_arn: str) -> SqsRecord:
+def lambda_record(message: MessageTypeDef, queue_arn: str) -> SqsRecord:
     """An SQS message as Lambda's event source hands it to the function."""
     return {
         "messageId": message["MessageId"],
@@ -46,7 +50,7 @@ def lambda_record(message: dict[str, Any], queue_arn: str) -> SqsRecord:
 class SqsEventSource:
     """Polls one queue and feeds its batches to ``handler`` until stopped."""
 
-    sqs: Any
+    sqs: SQSClient
     queue_url: str
     handler: BatchHandler
     batch_size: int = 10

@@ -38,7 +38,7 @@ from typing import Any
 from stepagent.aws.clients import aws_session, client
 from stepagent.aws.settings import Settings
 from stepagent.errors import ConfigurationError
-from stepagent.stores.dynamodb_io import DynamoIo
+from stepagent.stores.dynamodb.io import DynamoIo
 from stepagent.stores.metrics import StoreMetrics
 
 FORMAT_VERSION = 1

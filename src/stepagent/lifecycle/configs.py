@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from stepagent.stores.dynamodb import DynamoConversationStore
-from stepagent.stores.dynamodb_io import DynamoItem, s_attr
-from stepagent.stores.dynamodb_layout import (
+from stepagent.stores.dynamodb.io import DynamoItem, Request, s_attr
+from stepagent.stores.dynamodb.layout import (
     COMMITTED_AT_ATTRIBUTE,
     CONFIG_ATTRIBUTE,
     HEAD_SK,
@@ -62,7 +62,7 @@ class ThreadConfig:
 async def scan_configs(store: DynamoConversationStore) -> list[ThreadConfig]:
     """Every thread of ``store``'s table with the release and configuration of its last commit."""
     io = store._io
-    request: DynamoItem = {
+    request: Request = {
         "TableName": store.table,
         "FilterExpression": "#sk = :head",
         "ProjectionExpression": ", ".join(f"#p{i}" for i in range(len(_PROJECTED))),

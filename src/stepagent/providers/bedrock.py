@@ -155,9 +155,11 @@ def sdk_takes_cache_ttl() -> bool:
     """Whether the installed botocore's Bedrock Runtime model has ``CachePointBlock.ttl`` (it validates
     parameters against its model, so an unknown field would fail the call). Read once, when first needed."""
     import botocore.session
+    from botocore.model import StructureShape
 
     model = botocore.session.get_session().get_service_model("bedrock-runtime")
-    return "ttl" in model.shape_for("CachePointBlock").members
+    shape = model.shape_for("CachePointBlock")
+    return isinstance(shape, StructureShape) and "ttl" in shape.members
 
 
 def cache_point(ttl: CacheTtl | None) -> dict[str, Any]:
@@ -486,7 +488,8 @@ class BedrockProvider:
             retries={"total_max_attempts": 1},
             connect_timeout=10,
             read_timeout=300,
-            ignore_configured_endpoint_urls=True,
+            # botocore takes it (since 1.31.32); the stubs do not list it yet
+            ignore_configured_endpoint_urls=True,  # type: ignore[call-arg]
         )
         kwargs: dict[str, Any] = {"region_name": region, "config": self._config}
         if endpoint_url:

@@ -212,7 +212,7 @@ async def _read_texts(fields: dict[str, Any], blobs: ContentBlobs) -> list[tuple
 
 async def _read_whole_body(fields: dict[str, Any], blobs: ContentBlobs) -> str:
     where, key, digest = blobs.bucket, fields.get("key"), fields.get("sha256")
-    if not all(isinstance(value, str) and value for value in (key, digest)):
+    if not (isinstance(key, str) and key and isinstance(digest, str) and digest):
         raise MalformedMessageError(
             "a claim check needs string 'bucket', 'key' and 'sha256'", field=ENVELOPE_KEY
         )

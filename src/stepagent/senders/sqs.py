@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -43,10 +43,10 @@ from stepagent.messages import InputMessage
 from stepagent.senders.claim_check import INLINE_BODY_LIMIT, unwrap_body, wrap_body
 from stepagent.tracing import TRACEPARENT, trace_attributes
 
-#: The async AWS clients (aiobotocore's, :mod:`stepagent.aws.clients`) are untyped.
-SqsClient: TypeAlias = Any
-S3Client: TypeAlias = Any
-
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_s3 import S3Client
+    from types_aiobotocore_sqs import SQSClient
+    from types_aiobotocore_sqs.type_defs import SendMessageBatchRequestEntryTypeDef
 
 #: SQS's limits for one ``SendMessageBatch``: ten entries, 256 KiB of payload (bodies kept below it, so
 #: ids and request framing fit too).
@@ -106,7 +106,7 @@ class SqsQueues:
 
     def __init__(
         self,
-        sqs: SqsClient,
+        sqs: SQSClient,
         *,
         s3_client: S3Client | None = None,
         bucket: str | None = None,
@@ -155,14 +155,14 @@ class SqsQueues:
     async def send_batch(self, queue_url: str, messages: Sequence[Outgoing]) -> None:
         """Send ``messages`` in order, batched (see the module's guarantees)."""
         wires = [await wrap_body(m.body, self.blobs, limit=self.inline_limit) for m in messages]
-        batch: list[dict[str, Any]] = []
+        batch: list[SendMessageBatchRequestEntryTypeDef] = []
         size = 0
         for message, wire in zip(messages, wires, strict=True):
             length = len(wire.encode())
             if batch and (len(batch) == BATCH_ENTRIES or size + length > BATCH_BODY_BYTES):
                 await self._send_entries(queue_url, batch)
                 batch, size = [], 0
-            entry: dict[str, Any] = {
+            entry: SendMessageBatchRequestEntryTypeDef = {
                 "Id": str(len(batch)),
                 "MessageBody": wire,
                 "MessageAttributes": _wire_attributes(FORMAT_ATTRIBUTES),
@@ -176,7 +176,7 @@ class SqsQueues:
         if batch:
             await self._send_entries(queue_url, batch)
 
-    async def _send_entries(self, queue_url: str, entries: list[dict[str, Any]]) -> None:
+    async def _send_entries(self, queue_url: str, entries: list[SendMessageBatchRequestEntryTypeDef]) -> None:
         if len(entries) == 1:  # SendMessage: the same message, and the request a single body has always made
             entry = entries[0]
             await self.send(
@@ -212,7 +212,7 @@ class SqsSender:
 
     def __init__(
         self,
-        sqs: SqsClient,
+        sqs: SQSClient,
         queue_url: str,
         *,
         s3_client: S3Client | None = None,

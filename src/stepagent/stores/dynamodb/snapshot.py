@@ -11,7 +11,7 @@ reads (``load_snapshot`` composes them; the contract suite checks both agree) wi
   the head proves them unchanged: same epoch and summary, tail not behind), paged by DynamoDB's 1 MB
   (or the store's ``page_size``); none at all when the caller already holds the tail.
 - **No state queries** for what the head's flags say is empty (open intents, deferred inputs, pending
-  choices: ``dynamodb_layout``); the flags come from the head read in the same request, never a cache,
+  choices: ``layout``); the flags come from the head read in the same request, never a cache,
   and are ignored when the thread's ``FLAGS_UNKNOWN`` item (state added before it had a head) is there.
 
 :func:`save_summary` writes ``S#{up_to}``, the ``SUMMARY`` copy and the head's pointer in one transaction
@@ -28,7 +28,6 @@ the store, so the step's commit is conditioned on it without reading it again.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -37,8 +36,7 @@ from typing import Any, Protocol
 from stepagent.errors import CorruptRowError, StoreError
 from stepagent.history_items import Summary
 from stepagent.stores.base import KnownRows, StoredRow, ThreadSnapshot, known_still_hold
-from stepagent.stores.dynamodb_io import (
-    CONFLICT_BACKOFF,
+from stepagent.stores.dynamodb.io import (
     DynamoIo,
     DynamoItem,
     TransactionCancelled,
@@ -49,8 +47,8 @@ from stepagent.stores.dynamodb_io import (
     s_attr,
     update,
 )
-from stepagent.stores.dynamodb_journal import JOURNAL_ATTR, roll_forward
-from stepagent.stores.dynamodb_layout import (
+from stepagent.stores.dynamodb.journal import JOURNAL_ATTR, roll_forward
+from stepagent.stores.dynamodb.layout import (
     CHOICES_ATTRIBUTE,
     DEFERRED_ATTRIBUTE,
     FLAGS_ATTRIBUTE,
@@ -65,11 +63,11 @@ from stepagent.stores.dynamodb_layout import (
     summary_call_ids_attribute,
     summary_sk,
 )
-from stepagent.stores.dynamodb_state import FLAGS_UNKNOWN_SK, has_metadata, spend_from_item
+from stepagent.stores.dynamodb.state import FLAGS_UNKNOWN_SK, has_metadata, spend_from_item
 
 
 class SnapshotTable(Protocol):
-    """What this module uses of :class:`~stepagent.stores.dynamodb.DynamoConversationStore` (a protocol:
+    """What this module uses of :class:`~stepagent.stores.dynamodb.conversation.DynamoConversationStore` (a protocol:
     the store calls into this module, so importing it here would close an import cycle)."""
 
     table: str
@@ -212,22 +210,14 @@ async def save_summary(store: SnapshotTable, thread_id: str, summary: Summary) -
         {":n": order, ":sv": s_attr(token)},
         ConditionExpression="attribute_exists(#sum) AND #sum <= :n",
     )
-    writes = [pointer, canonical, put(store.table, copy)]
-    for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
-        try:
-            await store._io.call(
-                "TransactWriteItems", store.table, TransactItems=[w.action() for w in writes]
-            )
-        except TransactionCancelled as exc:
-            if exc.reasons[:1] == ["ConditionalCheckFailed"]:
-                break
-            if "TransactionConflict" in exc.reasons and attempt < CONFLICT_BACKOFF.attempts:
-                await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
-                continue
+    try:
+        await store._io.transact(store.table, [pointer, canonical, put(store.table, copy)])
+    except TransactionCancelled as exc:
+        if exc.reasons[:1] != ["ConditionalCheckFailed"]:
             raise StoreError(
                 f"saving the summary of thread {thread_id} was cancelled: {', '.join(exc.reasons)}"
             ) from None
-        store._io.count_written(writes)
+    else:
         store._remember(thread_id, None)
         return
     await store._io.write(canonical)

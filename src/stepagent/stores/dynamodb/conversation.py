@@ -1,6 +1,6 @@
 """DynamoDB implementations of the store ports (async low-level clients, :mod:`stepagent.aws.clients`).
 
-:class:`DynamoConversationStore` and :class:`~stepagent.stores.dynamodb_state.DynamoStateStore` behave
+:class:`DynamoConversationStore` and :class:`~stepagent.stores.dynamodb.state.DynamoStateStore` behave
 exactly like the in-memory stores (the contract suite runs against both) and add:
 
 - **Atomic, fenced commit.** A :class:`~stepagent.stores.base.Commit` is one ``TransactWriteItems``
@@ -11,7 +11,7 @@ exactly like the in-memory stores (the contract suite runs against both) and add
   re-check the head version, then one transaction advances the head together with every non-row item —
   or, when those do not fit one transaction either (1,000 released events), together with a journal of
   them that is applied next and that every later reader of the head completes first
-  (:mod:`~stepagent.stores.dynamodb_journal`). Readers read only orders ``<= tail`` and roll a named
+  (:mod:`~stepagent.stores.dynamodb.journal`). Readers read only orders ``<= tail`` and roll a named
   journal forward before using the head, so nobody ever sees a partial commit, whatever its size.
 - **Debris past the tail is safe.** Rows past the tail are leftovers of aborted writers. Each row carries
   ``cv``, the head version its commit produces, and row puts are conditioned on
@@ -19,7 +19,7 @@ exactly like the in-memory stores (the contract suite runs against both) and add
   never is. Debris from a writer with the *same* base version (a crashed, or still running, write-then-flip)
   fails that condition; the store then fences: it bumps the head version (conditioned on the version it
   read), which dooms that other writer's flip, and retries once from the new version.
-- **Claim check.** An encoded row over :data:`~stepagent.stores.dynamodb_io.INLINE_LIMIT` bytes keeps its
+- **Claim check.** An encoded row over :data:`~stepagent.stores.dynamodb.io.INLINE_LIMIT` bytes keeps its
   skeleton inline and names its large texts' content-addressed objects (``blobs/sha256/<hex>``, shared
   with the queue body and output event that carry the same text; put before the transaction unless known
   to exist) in ``texts``; a row too big even without them is put to S3 under
@@ -30,14 +30,14 @@ exactly like the in-memory stores (the contract suite runs against both) and add
   stored exactly when the step is; ``usage_records`` is one paginated Query over the ``U#`` range.
 - **Streaming reads.** ``load_rows`` reads the head, then runs one strongly consistent, paginated Query over
   exactly the asked ``R#`` range, holding one page at a time, and checks that orders are gap-free.
-- **One snapshot per step.** ``open_thread`` (:mod:`~stepagent.stores.dynamodb_snapshot`) reads the head,
+- **One snapshot per step.** ``open_thread`` (:mod:`~stepagent.stores.dynamodb.snapshot`) reads the head,
   the latest summary's copy, the root metadata and the batch's dedup markers in one ``BatchGetItem`` and
   the rows after the summary (or after what a warm caller holds) in one ``Query`` page per MB; the head's
-  state flags (maintained by every write of that state, ``dynamodb_layout``) spare the state queries.
+  state flags (maintained by every write of that state, ``layout``) spare the state queries.
 - **Thread tree.** A spawn writes the child's head and a ``C#`` index entry in the parent's partition in
   one transaction (idempotent by child id), so ``children`` is one Query plus batched head reads.
 - **Generations.** A rewind is one conditional head update (rows past the new tail become debris, as
-  above). A whole-history replacement (:mod:`~stepagent.stores.dynamodb_replace`) marks the head pending,
+  above). A whole-history replacement (:mod:`~stepagent.stores.dynamodb.replace`) marks the head pending,
   writes rows under a fresh generation's keys, then flips the head to that generation in one conditional
   transaction; readers read the head first and follow its ``gen``, so they see exactly the old or the new
   history. Rows of other generations are invisible and removed by ``sweep_generations``.
@@ -47,12 +47,11 @@ exactly like the in-memory stores (the contract suite runs against both) and add
 - **Errors.** AWS failures become :class:`~stepagent.errors.StoreError` (operation and table named); a lost
   version race is :class:`~stepagent.errors.ConcurrentWriteError`.
 
-The item layout (keys and the head codec) is :mod:`~stepagent.stores.dynamodb_layout`.
+The item layout (keys and the head codec) is :mod:`~stepagent.stores.dynamodb.layout`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
@@ -60,6 +59,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from stepagent.blobs import ContentBlobs
 from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError, TransactionConflictError
@@ -76,12 +76,11 @@ from stepagent.stores.base import (
     UsageRecord,
     with_pace,
 )
-from stepagent.stores.dynamodb_io import (
-    CONFLICT_BACKOFF,
-    AwsClient,
+from stepagent.stores.dynamodb.io import (
     ConditionFailed,
     DynamoIo,
     DynamoItem,
+    Request,
     TransactionCancelled,
     Write,
     fits,
@@ -93,9 +92,9 @@ from stepagent.stores.dynamodb_io import (
     transaction_chunks,
     update,
 )
-from stepagent.stores.dynamodb_journal import JOURNAL_ATTR, roll_forward
-from stepagent.stores.dynamodb_journal import flip as journal_flip
-from stepagent.stores.dynamodb_layout import (
+from stepagent.stores.dynamodb.journal import JOURNAL_ATTR, roll_forward
+from stepagent.stores.dynamodb.journal import flip as journal_flip
+from stepagent.stores.dynamodb.layout import (
     CHILD_PREFIX,
     HEAD_SK,
     INBOX_ATTRIBUTE,
@@ -111,10 +110,14 @@ from stepagent.stores.dynamodb_layout import (
     usage_item,
     usage_sk,
 )
-from stepagent.stores.dynamodb_replace import rewind_thread, stage_history, sweep_generations
-from stepagent.stores.dynamodb_snapshot import latest_summary, open_thread, save_summary
-from stepagent.stores.dynamodb_state import DynamoStateStore, meta_writes, state_writes
+from stepagent.stores.dynamodb.replace import rewind_thread, stage_history, sweep_generations
+from stepagent.stores.dynamodb.snapshot import latest_summary, open_thread, save_summary
+from stepagent.stores.dynamodb.state import DynamoStateStore, meta_writes, state_writes
 from stepagent.stores.metrics import StoreMetrics
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_s3 import S3Client
 
 __all__ = ["DynamoConversationStore", "DynamoStateStore", "dynamo_stores"]
 
@@ -140,11 +143,11 @@ class DynamoConversationStore:
 
     def __init__(
         self,
-        client: AwsClient,
+        client: DynamoDBClient,
         *,
         conversation_table: str,
         state_table: str,
-        s3_client: AwsClient | None = None,
+        s3_client: S3Client | None = None,
         bucket: str | None = None,
         metrics: StoreMetrics | None = None,
         page_size: int | None = 100,
@@ -186,7 +189,7 @@ class DynamoConversationStore:
         known: KnownRows | None = None,
     ) -> ThreadSnapshot:
         """What a step reads first, in one ``BatchGetItem`` and one ``Query`` page per MB of rows
-        (:mod:`~stepagent.stores.dynamodb_snapshot`)."""
+        (:mod:`~stepagent.stores.dynamodb.snapshot`)."""
         return await open_thread(
             self, thread_id, message_ids=message_ids, tool_call_ids=tool_call_ids, known=known
         )
@@ -198,7 +201,7 @@ class DynamoConversationStore:
         return info_from_item(item) if item else None
 
     async def _read_head(self, thread_id: str) -> DynamoItem | None:
-        """The head, after completing any journal it names (see :mod:`~stepagent.stores.dynamodb_journal`),
+        """The head, after completing any journal it names (see :mod:`~stepagent.stores.dynamodb.journal`),
         so whoever reads a thread sees all of its last commit or none of it."""
         item = await self._get_head(thread_id)
         if item is not None and JOURNAL_ATTR in item:
@@ -239,16 +242,15 @@ class DynamoConversationStore:
         # The child's head and the parent's index entry for it land together, or neither does.
         head = put(self.table, head_item(child, fresh=True), "attribute_not_exists(#pk)", {"#pk": "pk"})
         entry = {**item_key(parent_id, f"{CHILD_PREFIX}{child_id}"), "seq": n_attr(insertion_seq())}
-        writes = [head, put(self.table, entry)]
         try:
-            await self._io.call("TransactWriteItems", self.table, TransactItems=[w.action() for w in writes])
+            # a cancellation is never tried again here: the head condition decides who spawned the child
+            await self._io.transact(self.table, [head, put(self.table, entry)], retry_if=lambda _: False)
         except TransactionCancelled as exc:
             if exc.reasons[:1] != ["ConditionalCheckFailed"]:
                 raise StoreError(
                     f"spawning thread {child_id} was cancelled: {', '.join(exc.reasons)}"
                 ) from None
             return await self._existing(child_id)  # a concurrent spawn of the same child won
-        self._io.count_written(writes)
         return child
 
     async def _create_root(self, thread_id: str) -> ThreadInfo:
@@ -320,7 +322,7 @@ class DynamoConversationStore:
         """Rows ``first..last`` of ``generation`` (committed: ``last`` is at most the tail), gap-free."""
         if first > last:
             return
-        query: DynamoItem = {
+        query: Request = {
             "TableName": self.table,
             "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
             "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
@@ -358,7 +360,7 @@ class DynamoConversationStore:
     # ---- usage --------------------------------------------------------------------------------------------
 
     async def usage_records(self, thread_id: str, after_version: int = 0) -> AsyncIterator[UsageRecord]:
-        query: DynamoItem = {
+        query: Request = {
             "TableName": self.table,
             "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
             "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
@@ -435,7 +437,7 @@ class DynamoConversationStore:
         if info.version == 0:
             names["#pk"] = "pk"
             condition = "attribute_not_exists(#pk) OR #v = :e"
-        request: DynamoItem = {
+        request: Request = {
             "TableName": self.table,
             "Key": item_key(info.thread_id, HEAD_SK),
             "ConditionExpression": condition,
@@ -522,41 +524,40 @@ class DynamoConversationStore:
         # A token derived from the content makes botocore's own retry of a transaction whose response was
         # lost idempotent (DynamoDB answers success for 10 minutes) instead of failing its version check.
         token = hashlib.sha256(json.dumps(actions, sort_keys=True).encode()).hexdigest()[:36]
-        for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
-            try:
-                await self._io.call(
-                    "TransactWriteItems",
-                    self.table,
-                    TransactItems=actions,
-                    ClientRequestToken=token if attempt == 1 else f"{token[:32]}-r{attempt}",
-                )
-            except TransactionCancelled as exc:
-                reasons = exc.reasons
-                if reasons and reasons[0] == "ConditionalCheckFailed":
-                    raise ConcurrentWriteError(
-                        f"thread {thread_id}: another writer committed first"
-                    ) from None
-                if any(
-                    r == "ConditionalCheckFailed" and w.is_row for w, r in zip(writes, reasons, strict=False)
-                ):
-                    raise _RowConflict from None
-                if "TransactionConflict" in reasons:
-                    # Another thread of the same tree committing at the same moment touches the root's
-                    # metadata item (the conversation's spend): the head condition still guards this
-                    # thread, so trying the same transaction again is safe and spares the step a re-run
-                    # (which would repeat its model call).
-                    if attempt < CONFLICT_BACKOFF.attempts and not _conflict_on_head(reasons):
-                        await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
-                        continue
-                    raise TransactionConflictError(
-                        f"thread {thread_id}: a concurrent transaction touched it"
-                    ) from None
-                raise StoreError(
-                    f"DynamoDB TransactWriteItems on table {self.table} for thread {thread_id} was "
-                    f"cancelled: {', '.join(reasons)}"
+
+        def row_conflict(reasons: Sequence[str]) -> bool:
+            return any(
+                r == "ConditionalCheckFailed" and w.is_row for w, r in zip(writes, reasons, strict=False)
+            )
+
+        def retryable(reasons: list[str]) -> bool:
+            # Another thread of the same tree committing at the same moment touches the root's metadata
+            # item (the conversation's spend): the head condition still guards this thread, so trying the
+            # same transaction again is safe and spares the step a re-run (which would repeat its model
+            # call). A conflict on the head itself is another writer of this thread: not retried.
+            return (
+                reasons[:1] != ["ConditionalCheckFailed"]
+                and not row_conflict(reasons)
+                and "TransactionConflict" in reasons
+                and not _conflict_on_head(reasons)
+            )
+
+        try:
+            await self._io.transact(self.table, writes, token=token, retry_if=retryable)
+        except TransactionCancelled as exc:
+            reasons = exc.reasons
+            if reasons and reasons[0] == "ConditionalCheckFailed":
+                raise ConcurrentWriteError(f"thread {thread_id}: another writer committed first") from None
+            if row_conflict(reasons):
+                raise _RowConflict from None
+            if "TransactionConflict" in reasons:
+                raise TransactionConflictError(
+                    f"thread {thread_id}: a concurrent transaction touched it"
                 ) from None
-            self._io.count_written(writes)
-            return
+            raise StoreError(
+                f"DynamoDB TransactWriteItems on table {self.table} for thread {thread_id} was "
+                f"cancelled: {', '.join(reasons)}"
+            ) from None
 
     # ---- inbound messages (what a client needs to tell an idle thread from one with mail on the way)
 
@@ -585,27 +586,20 @@ class DynamoConversationStore:
                 ConditionExpression="attribute_exists(#pk)",
             ),
         ]
-        for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
-            try:
-                await self._io.call(
-                    "TransactWriteItems", self.table, TransactItems=[w.action() for w in writes]
-                )
-            except TransactionCancelled as exc:
-                if "ConditionalCheckFailed" in exc.reasons:
-                    return False
-                if "TransactionConflict" in exc.reasons and attempt < CONFLICT_BACKOFF.attempts:
-                    # the thread's own commit touched the head at the same moment
-                    await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
-                    continue
-                raise StoreError(
-                    f"noting inbound message {message_id} for thread {thread_id} was cancelled: "
-                    f"{', '.join(exc.reasons)}"
-                ) from None
-            self._io.count_written(writes)
-            return True
+        try:
+            # a conflict is the thread's own commit touching the head at the same moment: tried again
+            await self._io.transact(self.table, writes)
+        except TransactionCancelled as exc:
+            if "ConditionalCheckFailed" in exc.reasons:
+                return False
+            raise StoreError(
+                f"noting inbound message {message_id} for thread {thread_id} was cancelled: "
+                f"{', '.join(exc.reasons)}"
+            ) from None
+        return True
         return False  # unreachable: the last attempt returns or raises
 
-    # ---- rewind and whole-history replacement (implemented in dynamodb_replace, on this store's I/O)
+    # ---- rewind and whole-history replacement (implemented in replace.py, on this store's I/O)
 
     async def rewind(self, thread_id: str, rewind: Rewind) -> ThreadInfo:
         return await rewind_thread(self, thread_id, rewind)
@@ -626,11 +620,11 @@ class DynamoConversationStore:
 
 
 def dynamo_stores(
-    client: AwsClient,
+    client: DynamoDBClient,
     *,
     conversation_table: str,
     state_table: str,
-    s3_client: AwsClient | None = None,
+    s3_client: S3Client | None = None,
     bucket: str | None = None,
     metrics: StoreMetrics | None = None,
     page_size: int | None = 100,

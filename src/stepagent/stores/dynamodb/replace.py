@@ -6,7 +6,7 @@ What it guarantees:
   conditioned on the expected version), the deletion of summaries past the cut and the state cleanup
   (intents, subscriptions, deferred events, choices, the compaction claim; call-index entries and child
   closes when they fit — otherwise they follow the head, idempotently; a cleanup too big for one
-  transaction goes through the head's journal, :mod:`~stepagent.stores.dynamodb_journal`). Answered/processed markers are
+  transaction goes through the head's journal, :mod:`~stepagent.stores.dynamodb.journal`). Answered/processed markers are
   removed just before (harmless if the rewind then loses its race). Rows past the cut stay as debris that
   the row condition (``cv <= expected``) lets the next commit overwrite.
 - **Replacement** never exposes a partial history. ``stage_history`` reads the head and, if it exists,
@@ -35,10 +35,11 @@ from typing import Protocol
 from stepagent.errors import ConcurrentWriteError, InvalidRewindError
 from stepagent.history_items import Summary, encode_item
 from stepagent.stores.base import HistoryEntry, Replacement, Rewind, StateCleanup, ThreadInfo, iterate_entries
-from stepagent.stores.dynamodb_io import (
+from stepagent.stores.dynamodb.io import (
     ConditionFailed,
     DynamoIo,
     DynamoItem,
+    Request,
     Write,
     delete,
     fits,
@@ -49,8 +50,8 @@ from stepagent.stores.dynamodb_io import (
     s_attr,
     update,
 )
-from stepagent.stores.dynamodb_journal import flip as journal_flip
-from stepagent.stores.dynamodb_layout import (
+from stepagent.stores.dynamodb.journal import flip as journal_flip
+from stepagent.stores.dynamodb.layout import (
     CHILD_PREFIX,
     FLAGS_ATTRIBUTE,
     HEAD_SK,
@@ -64,14 +65,14 @@ from stepagent.stores.dynamodb_layout import (
     summary_call_ids_attribute,
     summary_sk,
 )
-from stepagent.stores.dynamodb_state import state_writes
+from stepagent.stores.dynamodb.state import state_writes
 
 #: Staged rows are flushed every 25 rows (BatchWriteItem's limit) or at this many bytes, whichever first.
 _STAGE_BYTES = 2_000_000
 
 
 class ConversationTable(Protocol):
-    """What this module uses of :class:`~stepagent.stores.dynamodb.DynamoConversationStore`: its tables,
+    """What this module uses of :class:`~stepagent.stores.dynamodb.conversation.DynamoConversationStore`: its tables,
     its counted I/O, its consistent head read and its classified transaction. A protocol, because the store
     calls into this module: importing the store here would close an import cycle."""
 
@@ -140,7 +141,7 @@ async def _apply(
 ) -> None:
     """``core`` (head action first) as one transaction, with ``late`` in it too when it fits, else after.
     When ``core`` itself does not fit, its first ``with_head`` writes flip the head and the rest follow
-    through the head's journal (:mod:`~stepagent.stores.dynamodb_journal`)."""
+    through the head's journal (:mod:`~stepagent.stores.dynamodb.journal`)."""
     if fits([*core, *late]):
         await store._transact(thread_id, [*core, *late])
         return
@@ -397,7 +398,7 @@ class DynamoStaging:
 
 async def _keys(store: ConversationTable, thread_id: str, lo: str, hi: str) -> AsyncIterator[DynamoItem]:
     """Keys (and ``blob``) of the items with ``lo <= sk <= hi``, page by page."""
-    query: DynamoItem = {
+    query: Request = {
         "TableName": store.table,
         "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
         "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk", "#b": "blob"},

@@ -21,6 +21,9 @@ What it guarantees:
   refuses an item of a newer format with :class:`~stepagent.errors.NewerFormatError` before decoding it.
 - Batch calls respect AWS's limits (25 writes, 100 keys) even where moto does not, and retry unprocessed
   items with bounded backoff, failing loudly rather than dropping any.
+- Every transaction goes through :meth:`DynamoIo.transact`, the one place a cancellation is tried again:
+  only one the caller's predicate accepts (by default a ``TransactionConflict`` with no failed condition,
+  which wrote nothing), at most :data:`CONFLICT_BACKOFF` attempts; the rest reach the caller to classify.
 """
 
 from __future__ import annotations
@@ -31,9 +34,9 @@ import json
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import aiohttp
 from botocore.exceptions import BotoCoreError, ClientError
@@ -54,11 +57,17 @@ from stepagent.errors import CorruptRowError, PayloadTooLargeError, StoreError
 from stepagent.formats import FORMAT_FIELD, FORMAT_VERSION, item_version
 from stepagent.stores.metrics import StoreMetrics
 
-#: The async AWS clients (aiobotocore's, :mod:`stepagent.aws.clients`) are untyped; this alias marks where
-#: one is expected (DynamoDB or S3, low-level).
-AwsClient: TypeAlias = Any
-#: A DynamoDB item in the low-level wire form (attribute name → typed value, ``{"S": "..."}``).
-DynamoItem: TypeAlias = dict[str, Any]
+if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, never imported at run time
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_dynamodb.type_defs import AttributeValueTypeDef
+    from types_aiobotocore_s3 import S3Client
+
+#: A DynamoDB item in the low-level wire form (attribute name → typed value, ``{"S": "..."}``), as the
+#: client returns it and takes it: also a key, and an expression's values.
+DynamoItem: TypeAlias = "dict[str, AttributeValueTypeDef]"
+#: The keyword arguments of one low-level call (or an action of a transaction), and a response to one:
+#: :meth:`DynamoIo.call` dispatches on the operation's name, so these stay untyped.
+Request: TypeAlias = dict[str, Any]
 
 #: Payloads (encoded rows, state JSON) larger than this many UTF-8 bytes go to S3 (items cap at 400 KB).
 INLINE_LIMIT = 350_000
@@ -74,12 +83,12 @@ _BATCH_WRITE_ITEMS = 25  # moto does not enforce this limit; AWS does, so chunk 
 _NUMBER_SIZE = 11
 
 
-def s_attr(value: str) -> dict[str, str]:
+def s_attr(value: str) -> AttributeValueTypeDef:
     """A DynamoDB string attribute value."""
     return {"S": value}
 
 
-def n_attr(value: int) -> dict[str, str]:
+def n_attr(value: int) -> AttributeValueTypeDef:
     """A DynamoDB number attribute value."""
     return {"N": str(value)}
 
@@ -139,11 +148,11 @@ class Write:
     """One write, usable both as a TransactWriteItems action and as a standalone PutItem/UpdateItem call."""
 
     kind: Literal["Put", "Update", "Delete", "ConditionCheck"]
-    request: DynamoItem
+    request: Request
     size: int
     is_row: bool = False
 
-    def action(self) -> DynamoItem:
+    def action(self) -> Request:
         return {self.kind: self.request}
 
 
@@ -158,7 +167,7 @@ def put(
 ) -> Write:
     """A Put of ``item``, optionally conditioned; ``is_row`` marks a history row (its conflicts are debris)."""
     item = stamped(item)
-    request: DynamoItem = {"TableName": table, "Item": item}
+    request: Request = {"TableName": table, "Item": item}
     if condition is not None:
         request["ConditionExpression"] = condition
     if names:
@@ -180,7 +189,7 @@ def update(
     the item's format version."""
     names, values = dict(names), dict(values)
     expression = _stamp_expression(expression, names, values)
-    request: DynamoItem = {
+    request: Request = {
         "TableName": table,
         "Key": key,
         "UpdateExpression": expression,
@@ -215,6 +224,12 @@ class TransactionCancelled(Exception):
         self.reasons = reasons
 
 
+def conflicted(reasons: Sequence[str]) -> bool:
+    """Whether a cancelled transaction may simply run again: another transaction conflicted with it and
+    none of its conditions failed (so nothing was written and nothing the caller checked has changed)."""
+    return "TransactionConflict" in reasons and "ConditionalCheckFailed" not in reasons
+
+
 _SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
 
 
@@ -223,8 +238,8 @@ class DynamoIo:
 
     def __init__(
         self,
-        client: AwsClient,
-        s3_client: AwsClient | None,
+        client: DynamoDBClient,
+        s3_client: S3Client | None,
         bucket: str | None,
         metrics: StoreMetrics,
         blobs: ContentBlobs | None = None,
@@ -241,10 +256,10 @@ class DynamoIo:
             blobs = ContentBlobs(self.s3, bucket, metrics)
         self.blobs = blobs if self.s3 is not None else None
 
-    async def call(self, op: str, table: str, **kwargs: Any) -> DynamoItem:
+    async def call(self, op: str, table: str, **kwargs: Any) -> Request:
         self.metrics.count_call(op)
         try:
-            response: DynamoItem = await getattr(self.client, _SNAKE.sub("_", op).lower())(**kwargs)
+            response: Request = await getattr(self.client, _SNAKE.sub("_", op).lower())(**kwargs)
         except ClientError as exc:
             error = exc.response.get("Error", {})
             code = str(error.get("Code", ""))
@@ -261,7 +276,7 @@ class DynamoIo:
         self._count_read(response)
         return response
 
-    def _count_read(self, response: DynamoItem) -> None:
+    def _count_read(self, response: Request) -> None:
         """Items (and their estimated size) a read returned: ``Item``, ``Items`` or ``Responses``."""
         items: list[DynamoItem] = []
         if response.get("Item"):
@@ -374,10 +389,10 @@ class DynamoIo:
         except ValueError as exc:
             raise CorruptRowError(f"{what}: its texts do not fit its skeleton: {exc}") from None
 
-    async def _s3(self, op: str, key: str, **kwargs: Any) -> DynamoItem:
+    async def _s3(self, op: str, key: str, **kwargs: Any) -> Request:
         self.metrics.count_call(f"s3:{op}")
         try:
-            response: DynamoItem = await getattr(self.s3, _SNAKE.sub("_", op).lower())(
+            response: Request = await getattr(self.s3, _SNAKE.sub("_", op).lower())(
                 Bucket=self.bucket, Key=key, **kwargs
             )
         except (ClientError, BotoCoreError, OSError, TimeoutError) as exc:
@@ -386,7 +401,7 @@ class DynamoIo:
 
     async def query_prefix(self, table: str, pk: str, prefix: str) -> list[DynamoItem]:
         """All items of ``pk`` whose sort key starts with ``prefix`` (small, bounded sets only)."""
-        kwargs: DynamoItem = {
+        kwargs: Request = {
             "TableName": table,
             "KeyConditionExpression": "#pk = :pk AND begins_with(#sk, :prefix)",
             "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
@@ -407,7 +422,7 @@ class DynamoIo:
         """Consistent BatchGetItem in chunks of 100, retrying ``UnprocessedKeys`` with backoff."""
         found: list[DynamoItem] = []
         for chunk in chunks(keys, _BATCH_GET_KEYS):
-            spec: DynamoItem = {"Keys": list(chunk), "ConsistentRead": True}
+            spec: Request = {"Keys": list(chunk), "ConsistentRead": True}
             if keys_only:
                 spec.update(ProjectionExpression="#sk", ExpressionAttributeNames={"#sk": "sk"})
             found.extend((await self._batch_get_request({table: spec}, table)).get(table, []))
@@ -418,14 +433,14 @@ class DynamoIo:
         (plus retries of ``UnprocessedKeys``); the found items by table."""
         found: dict[str, list[DynamoItem]] = {}
         for chunk in chunks(keys, _BATCH_GET_KEYS):
-            request: DynamoItem = {}
+            request: Request = {}
             for table, key in chunk:
                 request.setdefault(table, {"Keys": [], "ConsistentRead": True})["Keys"].append(key)
             for table, items in (await self._batch_get_request(request, ",".join(request))).items():
                 found.setdefault(table, []).extend(items)
         return found
 
-    async def _batch_get_request(self, request: DynamoItem, label: str) -> dict[str, list[DynamoItem]]:
+    async def _batch_get_request(self, request: Request, label: str) -> dict[str, list[DynamoItem]]:
         """One BatchGetItem ``request`` (at most 100 keys), retrying ``UnprocessedKeys`` with backoff; the
         found items by table. ``label`` names the table(s) in the metrics and the error."""
         found: dict[str, list[DynamoItem]] = {}
@@ -453,11 +468,11 @@ class DynamoIo:
         await self._s3("DeleteObject", key)
 
     async def _batch_write(
-        self, table: str, requests: Sequence[DynamoItem], items: Sequence[DynamoItem]
+        self, table: str, requests: Sequence[Request], items: Sequence[DynamoItem]
     ) -> None:
         for start in range(0, len(requests), _BATCH_WRITE_ITEMS):
             chunk = items[start : start + _BATCH_WRITE_ITEMS]
-            request: DynamoItem = {table: list(requests[start : start + _BATCH_WRITE_ITEMS])}
+            request: Request = {table: list(requests[start : start + _BATCH_WRITE_ITEMS])}
             for attempt in range(BATCH_BACKOFF.attempts):
                 response = await self.call("BatchWriteItem", table, RequestItems=request)
                 request = response.get("UnprocessedItems") or {}
@@ -470,6 +485,37 @@ class DynamoIo:
                 )
             self.metrics.items_written += len(chunk)
             self.metrics.bytes_written += sum(item_size(item) for item in chunk)
+
+    async def transact(
+        self,
+        table: str,
+        writes: Sequence[Write],
+        *,
+        token: str | None = None,
+        retry_if: Callable[[list[str]], bool] = conflicted,
+    ) -> None:
+        """``writes`` as one ``TransactWriteItems`` (``table`` names it in the metrics and errors), counted
+        as written when it succeeds.
+
+        A cancellation whose reasons ``retry_if`` accepts (by default :func:`conflicted`) is sent again
+        after :data:`CONFLICT_BACKOFF`'s wait, up to its attempts; any other cancellation, or the last one,
+        is raised as :class:`TransactionCancelled` for the caller to classify. ``token`` is the first
+        attempt's ``ClientRequestToken`` (so botocore's own retry of a request whose response was lost is
+        idempotent); each later attempt is a new request and gets a token of its own."""
+        actions = [w.action() for w in writes]
+        for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
+            kwargs: dict[str, Any] = {"TransactItems": actions}
+            if token is not None:
+                kwargs["ClientRequestToken"] = token if attempt == 1 else f"{token[:32]}-r{attempt}"
+            try:
+                await self.call("TransactWriteItems", table, **kwargs)
+            except TransactionCancelled as exc:
+                if attempt < CONFLICT_BACKOFF.attempts and retry_if(exc.reasons):
+                    await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
+                    continue
+                raise
+            self.count_written(writes)
+            return
 
     async def write(self, write: Write) -> None:
         """One write as PutItem/UpdateItem/DeleteItem (raises ``ConditionFailed`` on a refused condition)."""

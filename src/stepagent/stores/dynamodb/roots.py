@@ -11,7 +11,7 @@ alternative to adding one — a paginated ``Scan`` of the whole conversation tab
 - Eventually consistent: a conversation created a moment ago may be missing from one pass.
 
 Order: newest first by ``created_at`` (epoch milliseconds of the thread's first commit, written by
-:class:`~stepagent.stores.dynamodb.DynamoConversationStore` since the console exists); heads without it
+:class:`~stepagent.stores.dynamodb.conversation.DynamoConversationStore` since the console exists); heads without it
 (older data, imported trees) come last, by id.
 """
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepagent.stores.base import ThreadKind
-from stepagent.stores.dynamodb import DynamoConversationStore
-from stepagent.stores.dynamodb_io import DynamoItem, s_attr
-from stepagent.stores.dynamodb_layout import CREATED_AT_ATTRIBUTE, HEAD_SK, info_from_item
+from stepagent.stores.dynamodb.conversation import DynamoConversationStore
+from stepagent.stores.dynamodb.io import Request, s_attr
+from stepagent.stores.dynamodb.layout import CREATED_AT_ATTRIBUTE, HEAD_SK, info_from_item
 
 __all__ = ["RootListing", "RootSummary", "scan_roots"]
 
@@ -65,7 +65,7 @@ class RootListing:
 async def scan_roots(store: DynamoConversationStore, *, max_pages: int | None = None) -> RootListing:
     """Every root thread of ``store``'s table (see the module docstring for the cost), newest first."""
     io = store._io
-    request: DynamoItem = {
+    request: Request = {
         "TableName": store.table,
         "FilterExpression": "#sk = :head AND #kind = :root",
         "ProjectionExpression": ", ".join(f"#{name}" for name in _PROJECTED),

@@ -1,8 +1,8 @@
 """The DynamoDB item layout of the conversation table: keys and the head-item codec (pure, no I/O).
 
 What it guarantees: one definition of every conversation-table key and of the head item's encoding, shared
-by the store (:mod:`~stepagent.stores.dynamodb`) and its replacement primitives
-(:mod:`~stepagent.stores.dynamodb_replace`), so the two can never disagree about where a row, a summary
+by the store (:mod:`~stepagent.stores.dynamodb.conversation`) and its replacement primitives
+(:mod:`~stepagent.stores.dynamodb.replace`), so the two can never disagree about where a row, a summary
 or a head lives. Numbers are zero-padded so ``sk`` sorts numerically; :func:`row_sk` and
 :func:`row_generation` are inverses.
 
@@ -59,9 +59,9 @@ Item layout (``pk`` = thread id in both tables)::
                                                                          what a step is doing now, for clients
                   J#{token}#{n:06d} (body | blob) expires_at             journal entry: one chunk of actions
 
-The state-table items are written by :mod:`~stepagent.stores.dynamodb_state`, except ``LIVE``
-(:mod:`~stepagent.stores.dynamodb_live`); ``J#`` entries by :mod:`~stepagent.stores.dynamodb_journal`. ``inbox`` is added to by
-:meth:`~stepagent.stores.dynamodb.DynamoConversationStore.note_inbound` before a step sends another thread
+The state-table items are written by :mod:`~stepagent.stores.dynamodb.state`, except ``LIVE``
+(:mod:`~stepagent.stores.dynamodb.live`); ``J#`` entries by :mod:`~stepagent.stores.dynamodb.journal`. ``inbox`` is added to by
+:meth:`~stepagent.stores.dynamodb.conversation.DynamoConversationStore.note_inbound` before a step sends another thread
 a message, and its processed ids are deleted by the commit that records them, so a non-empty ``inbox``
 means a message is on its way to (or waiting in) that thread.
 
@@ -81,7 +81,7 @@ write is JSON-encoded somewhere on its way (the transaction's idempotency token,
 later build may replay), and JSON has no bytes. A summary without it (written before it existed, or
 imported) reads as ``call_ids=None``.
 
-``(body | blob)`` is a payload (:meth:`~stepagent.stores.dynamodb_io.DynamoIo.payload`): inline ``body``;
+``(body | blob)`` is a payload (:meth:`~stepagent.stores.dynamodb.io.DynamoIo.payload`): inline ``body``;
 or, for a big JSON payload, its skeleton in ``body`` plus ``texts`` naming the content-addressed
 ``blobs/sha256/<hex>`` objects of its large strings (shared, never deleted); or a per-item S3 object named
 by ``blob`` (deleted with its row).
@@ -96,7 +96,7 @@ from stepagent.call_id_filter import CallIdFilter
 from stepagent.formats import item_version, running_release
 from stepagent.history_items import Summary
 from stepagent.stores.base import Commit, ThreadInfo, ThreadKind, UsageRecord
-from stepagent.stores.dynamodb_io import DynamoItem, Write, item_key, n_attr, s_attr, update
+from stepagent.stores.dynamodb.io import DynamoItem, Write, item_key, n_attr, s_attr, update
 
 __all__ = [
     "CALL_IDS_ATTRIBUTE",
@@ -469,7 +469,7 @@ def deferred_after(head: DynamoItem | None, commit: Commit) -> set[str] | None:
 def head_after(head: DynamoItem, new: ThreadInfo, commit: Commit, deferred: set[str] | None) -> DynamoItem:
     """The head item ``commit`` left (as far as a later commit reads it: version, tail, epoch, generation,
     deferred set; the inbox and intent sets for completeness)."""
-    after = {k: v for k, v in head.items() if k not in ("journal", "journal_n")}  # dynamodb_journal's
+    after = {k: v for k, v in head.items() if k not in ("journal", "journal_n")}  # journal.py's
     after["version"] = n_attr(new.version)
     after["tail"] = n_attr(new.tail)
     after[TURN_COMPLETE_ATTRIBUTE] = {"BOOL": commit.turn_complete}

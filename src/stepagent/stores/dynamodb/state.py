@@ -10,7 +10,7 @@ What it guarantees (beyond the port's contract, which it meets exactly like the 
   position; listing them is one Query on the sort-key prefix, sorted by ``seq``.
 - With the conversation table known (:func:`~stepagent.stores.dynamodb.dynamo_stores` passes it), marking
   an intent done and adding or removing a pending choice change the item and the head's state-flag set
-  (``oi`` / ``ch``, see ``dynamodb_layout``) in one transaction, so the head's flags stay exact; a thread
+  (``oi`` / ``ch``, see ``layout``) in one transaction, so the head's flags stay exact; a thread
   without a head gets the plain write (and, for an addition, a ``FLAGS_UNKNOWN`` item that tells readers
   the head's flags do not cover that thread).
 - :func:`state_writes` produces the commit's state actions with the in-memory semantics (later entries
@@ -19,21 +19,18 @@ What it guarantees (beyond the port's contract, which it meets exactly like the 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepagent.blobs import ContentBlobs
 from stepagent.errors import StoreError
 from stepagent.messages import InputMessage, ToolCall, UserChoiceRequired
 from stepagent.stores.base import Commit, DeferredInput, DispatchIntent, Spend
-from stepagent.stores.dynamodb_io import (
-    CONFLICT_BACKOFF,
+from stepagent.stores.dynamodb.io import (
     MARKER_TTL_S,
     PAYLOAD_ATTRIBUTES,
-    AwsClient,
     ConditionFailed,
     DynamoIo,
     DynamoItem,
@@ -50,6 +47,10 @@ from stepagent.stores.dynamodb_io import (
     update,
 )
 from stepagent.stores.metrics import StoreMetrics
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
+    from types_aiobotocore_dynamodb import DynamoDBClient
+    from types_aiobotocore_s3 import S3Client
 
 __all__ = ["MARKER_TTL_S", "DynamoStateStore", "state_writes"]
 
@@ -171,14 +172,14 @@ def _deferred_json(deferred: DeferredInput) -> str:
 
 class DynamoStateStore:
     """``StateStore`` on the state table. Commit-time changes are written by
-    :meth:`~stepagent.stores.dynamodb.DynamoConversationStore.commit` in the same transaction as the rows."""
+    :meth:`~stepagent.stores.dynamodb.conversation.DynamoConversationStore.commit` in the same transaction as the rows."""
 
     def __init__(
         self,
-        client: AwsClient,
+        client: DynamoDBClient,
         *,
         state_table: str,
-        s3_client: AwsClient | None = None,
+        s3_client: S3Client | None = None,
         bucket: str | None = None,
         metrics: StoreMetrics | None = None,
         conversation_table: str | None = None,
@@ -206,25 +207,17 @@ class DynamoStateStore:
             {":f": {"SS": [value]}},
             ConditionExpression="attribute_exists(#pk)",
         )
-        writes = [flag, write]
-        for attempt in range(1, CONFLICT_BACKOFF.attempts + 1):
-            try:
-                await self._io.call(
-                    "TransactWriteItems", self.table, TransactItems=[w.action() for w in writes]
-                )
-            except TransactionCancelled as exc:
-                if exc.reasons[:1] == ["ConditionalCheckFailed"]:
-                    break  # no head: nothing to flag
-                if "TransactionConflict" in exc.reasons and attempt < CONFLICT_BACKOFF.attempts:
-                    # the thread's own commit touched the head at the same moment
-                    await asyncio.sleep(CONFLICT_BACKOFF.delay(attempt))
-                    continue
+        try:
+            # a conflict is the thread's own commit touching the head at the same moment: tried again
+            await self._io.transact(self.table, [flag, write])
+        except TransactionCancelled as exc:
+            if exc.reasons[:1] != ["ConditionalCheckFailed"]:
                 raise StoreError(
                     f"updating {attribute} of thread {thread_id} was cancelled: {', '.join(exc.reasons)}"
                 ) from None
-            self._io.count_written(writes)
+        else:
             return
-        await self._io.write(write)
+        await self._io.write(write)  # no head: nothing to flag
         if op == "ADD":
             # State for a thread without a head (a choice before its first commit): the head its first
             # commit creates would claim to know this thread's state. The marker tells readers it does not.
@@ -377,5 +370,5 @@ class DynamoStateStore:
     async def cache_put(self, key: str, value: str, expires_at: float) -> None:
         pk = f"cache#{key}"
         payload = await self._io.payload(value, f"state/{pk}/{CACHE_SK}")
-        item = {**item_key(pk, CACHE_SK), **payload, "expires_at": {"N": str(int(expires_at))}}
+        item: DynamoItem = {**item_key(pk, CACHE_SK), **payload, "expires_at": {"N": str(int(expires_at))}}
         await self._io.write(put(self.table, item))

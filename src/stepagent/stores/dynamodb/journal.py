@@ -36,10 +36,11 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from stepagent.errors import ConcurrentWriteError, CorruptRowError, StoreError
-from stepagent.stores.dynamodb_io import (
+from stepagent.stores.dynamodb.io import (
     ConditionFailed,
     DynamoIo,
     DynamoItem,
+    Request,
     Write,
     fits,
     item_key,
@@ -58,7 +59,7 @@ _ENTRY_PREFIX = "J#"
 
 
 class JournalStore(Protocol):
-    """What the journal needs from :class:`~stepagent.stores.dynamodb.DynamoConversationStore`."""
+    """What the journal needs from :class:`~stepagent.stores.dynamodb.conversation.DynamoConversationStore`."""
 
     table: str
     state_table: str
@@ -171,7 +172,7 @@ async def _apply(
 ) -> None:
     names = {"#jt": JOURNAL_ATTR}
     values: dict[str, Any] = {":jt": s_attr(token)}
-    request: DynamoItem = {
+    request: Request = {
         "TableName": store.table,
         "Key": _head_key(thread_id, head_sk),
         "ConditionExpression": "#jt = :jt",

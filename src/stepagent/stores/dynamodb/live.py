@@ -17,7 +17,7 @@ consistent ``BatchGetItem`` for a whole thread tree) to show progress that no co
   look new.
 
 Every write is a single ``UpdateItem`` counted in the :class:`~stepagent.stores.metrics.StoreMetrics` of
-the :class:`~stepagent.stores.dynamodb_io.DynamoIo` it is given; the item carries a TTL (``expires_at``,
+the :class:`~stepagent.stores.dynamodb.io.DynamoIo` it is given; the item carries a TTL (``expires_at``,
 refreshed by every write), so an abandoned one disappears on its own.
 """
 
@@ -27,11 +27,12 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from stepagent.errors import StoreError
 from stepagent.formats import item_version
 from stepagent.notices import LiveNotice, Notice, read_notice
-from stepagent.stores.dynamodb_io import (
+from stepagent.stores.dynamodb.io import (
     ConditionFailed,
     DynamoIo,
     DynamoItem,
@@ -40,6 +41,9 @@ from stepagent.stores.dynamodb_io import (
     s_attr,
     update,
 )
+
+if TYPE_CHECKING:  # the types-aiobotocore stubs: development only
+    from types_aiobotocore_dynamodb.type_defs import AttributeValueTypeDef
 
 LIVE_SK = "LIVE"
 #: The item outlives any step; the TTL only reclaims threads nobody talks to any more.
@@ -122,7 +126,7 @@ def live_key(thread_id: str) -> DynamoItem:
     return item_key(thread_id, LIVE_SK)
 
 
-def _expires() -> dict[str, str]:
+def _expires() -> AttributeValueTypeDef:
     return n_attr(int(time.time()) + LIVE_TTL_S)
 
 
@@ -175,7 +179,9 @@ class LiveStore:
 
     async def notice(self, thread_id: str, notice: Notice) -> None:
         """Append ``notice`` (kept: the last :data:`NOTICES_KEPT`)."""
-        one: DynamoItem = {"L": [s_attr(json.dumps(notice, ensure_ascii=False, separators=(",", ":")))]}
+        one: AttributeValueTypeDef = {
+            "L": [s_attr(json.dumps(notice, ensure_ascii=False, separators=(",", ":")))]
+        }
         names = {"#n": "notices", "#s": "notice_seq", "#e": "expires_at"}
         values: DynamoItem = {
             ":one": one,

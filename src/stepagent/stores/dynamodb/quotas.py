@@ -33,7 +33,16 @@ import secrets
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from stepagent.stores.dynamodb_io import ConditionFailed, DynamoIo, item_key, n_attr, put, s_attr, update
+from stepagent.stores.dynamodb.io import (
+    ConditionFailed,
+    DynamoIo,
+    DynamoItem,
+    item_key,
+    n_attr,
+    put,
+    s_attr,
+    update,
+)
 
 #: The sort key of a root thread's owner record (the subject that created it through the HTTP API).
 OWNER_SK = "OWNER"
@@ -110,7 +119,7 @@ class SubjectCounters:
         holder = secrets.token_hex(8)
         expires = now + lease_s
         for slot in free:
-            item = {
+            item: DynamoItem = {
                 **item_key(subject_key(subject), f"STREAM#{slot}"),
                 "holder": s_attr(holder),
                 "lease": {"N": repr(expires)},
