@@ -12,7 +12,7 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
@@ -23,7 +23,9 @@ SETTING = "STEPAGENT_MCP_SERVERS"
 
 @dataclass(frozen=True, slots=True)
 class McpServer:
-    """One MCP server: stdio (``command``/``args``/``env``) or streamable HTTP (``url``/``headers``)."""
+    """One MCP server: stdio (``command``/``args``/``env``) or streamable HTTP (``url``/``headers``). An HTTP
+    server with ``auth="oauth"`` is called with each user's own token (:mod:`stepagent.tools.mcp_oauth`):
+    ``client_id`` names a registered client (else dynamic client registration), ``scopes`` are requested."""
 
     name: str
     command: str | None = None
@@ -31,6 +33,9 @@ class McpServer:
     env: Mapping[str, str] = field(default_factory=dict)
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    auth: Literal["oauth"] | None = None
+    client_id: str | None = None
+    scopes: tuple[str, ...] = ()
 
 
 @functools.cache
@@ -47,12 +52,26 @@ def _model() -> type[BaseModel]:
         env: dict[str, str] = {}
         url: Annotated[str, Field(min_length=1)] | None = None
         headers: dict[str, str] = {}
+        auth: Literal["oauth"] | None = None
+        client_id: Annotated[str, Field(min_length=1)] | None = None
+        scopes: list[Annotated[str, Field(min_length=1)]] = []
 
         @model_validator(mode="after")
         def _one_transport(self) -> _ServerSpec:
             if (self.command is None) == (self.url is None):
                 raise PydanticCustomError(
                     "config", "needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)"
+                )
+            if self.auth is None and (self.client_id is not None or self.scopes):
+                raise PydanticCustomError("config", "'client_id' and 'scopes' need \"auth\": \"oauth\"")
+            if self.auth == "oauth" and self.url is None:
+                raise PydanticCustomError(
+                    "config", "\"auth\": \"oauth\" needs an HTTP server ('url'); a stdio server has no sign-in"
+                )
+            if self.auth == "oauth" and any(key.lower() == "authorization" for key in self.headers):
+                raise PydanticCustomError(
+                    "config",
+                    "\"auth\": \"oauth\" sends each user's own token: remove the 'Authorization' header",
                 )
             return self
 
@@ -91,6 +110,9 @@ def parse_mcp_servers(raw: str | None) -> tuple[McpServer, ...]:
             env=spec.env,
             url=spec.url,
             headers=spec.headers,
+            auth=spec.auth,
+            client_id=spec.client_id,
+            scopes=tuple(spec.scopes),
         )
         for spec in specs
     )
