@@ -90,11 +90,18 @@ class NotesAuthority:
     ) -> AuthorizationCode | None:
         return self.codes.get(authorization_code)
 
-    def _issue(self, client_id: str, scopes: list[str], subject: str | None, resource: str | None) -> OAuthToken:
+    def _issue(
+        self, client_id: str, scopes: list[str], subject: str | None, resource: str | None
+    ) -> OAuthToken:
         access, refresh = "at-" + secrets.token_urlsafe(24), "rt-" + secrets.token_urlsafe(24)
         expires = int(time.time()) + self.token_ttl
         self.access[access] = AccessToken(
-            token=access, client_id=client_id, scopes=scopes, expires_at=expires, resource=resource, subject=subject
+            token=access,
+            client_id=client_id,
+            scopes=scopes,
+            expires_at=expires,
+            resource=resource,
+            subject=subject,
         )
         self.refresh[refresh] = RefreshToken(
             token=refresh, client_id=client_id, scopes=scopes, resource=resource, subject=subject
@@ -119,7 +126,9 @@ class NotesAuthority:
             authorization_code.resource,
         )
 
-    async def load_refresh_token(self, client: OAuthClientInformationFull, refresh_token: str) -> RefreshToken | None:
+    async def load_refresh_token(
+        self, client: OAuthClientInformationFull, refresh_token: str
+    ) -> RefreshToken | None:
         return self.refresh.get(refresh_token)
 
     async def exchange_refresh_token(
@@ -128,7 +137,10 @@ class NotesAuthority:
         self.refresh.pop(refresh_token.token, None)  # rotated
         self.grants.append("refresh_token")
         return self._issue(
-            str(client.client_id), scopes or refresh_token.scopes, refresh_token.subject, refresh_token.resource
+            str(client.client_id),
+            scopes or refresh_token.scopes,
+            refresh_token.subject,
+            refresh_token.resource,
         )
 
     async def load_access_token(self, token: str) -> AccessToken | None:
@@ -218,7 +230,9 @@ def build(base_url: str, authority: NotesAuthority | None = None) -> tuple[Starl
 def main() -> None:
     import uvicorn
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--user", default="alice", help="who signs in (alice or bob)")
     parser.add_argument("--deny", action="store_true", help="answer every sign-in with access_denied")

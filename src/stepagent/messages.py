@@ -511,7 +511,8 @@ def check_input_fields(message: InputMessage) -> None:
         check_id(content.tool_call_id, "content.tool_call_id")
         if message.synthetic is not None:
             raise MalformedMessageError(
-                "invalid input message: synthetic: a sign-in's completion is never synthetic", field="synthetic"
+                "invalid input message: synthetic: a sign-in's completion is never synthetic",
+                field="synthetic",
             )
     if isinstance(content, ElicitationAnswer):
         check_id(content.tool_call_id, "content.tool_call_id")

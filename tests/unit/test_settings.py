@@ -81,11 +81,11 @@ def test_an_oauth_server_parses_with_its_client_id_and_scopes() -> None:
     [
         (
             {"name": "files", "command": "mcp-files", "auth": "oauth"},
-            "STEPAGENT_MCP_SERVERS[0]: \"auth\": \"oauth\" needs an HTTP server ('url'); a stdio server has no sign-in",
+            'STEPAGENT_MCP_SERVERS[0]: "auth": "oauth" needs an HTTP server (\'url\'); a stdio server has no sign-in',
         ),
         (
             {"name": "gh", "url": "https://h/mcp", "auth": "oauth", "headers": {"authorization": "Bearer t"}},
-            "STEPAGENT_MCP_SERVERS[0]: \"auth\": \"oauth\" sends each user's own token: remove the "
+            'STEPAGENT_MCP_SERVERS[0]: "auth": "oauth" sends each user\'s own token: remove the '
             "'Authorization' header",
         ),
         ({"name": "gh", "url": "https://h/mcp", "auth": "basic"}, "STEPAGENT_MCP_SERVERS[0].auth: 'basic'"),

@@ -580,14 +580,20 @@ def _oauth_route(state: ApiState) -> Callable[[Request], Awaitable[Response]]:
         query = request.query_params
         try:
             server, signed_in = await complete_sign_in(
-                state.oauth, query.get("state"), query.get("code"), query.get("error"), state.client.sender.send
+                state.oauth,
+                query.get("state"),
+                query.get("code"),
+                query.get("error"),
+                state.client.sender.send,
             )
         except SignInRefused as error:
             return _sign_in_page(400, f"Sign-in failed: {error}.")
         except SignInError as error:
             return _sign_in_page(502, f"Sign-in failed: {error}.")
         except TransientError:
-            return _sign_in_page(503, "Sign-in could not be completed just now; reload this page to try again.")
+            return _sign_in_page(
+                503, "Sign-in could not be completed just now; reload this page to try again."
+            )
         if signed_in:
             return _sign_in_page(200, f"Signed in to {server}. You can close this tab.")
         return _sign_in_page(200, f"You declined to sign in to {server}. You can close this tab.")

@@ -35,8 +35,8 @@ from stepagent.agent_config import AgentConfig
 from stepagent.aws.clients import LazyClient, aws_session, client
 from stepagent.aws.inbox import InboxSender
 from stepagent.aws.lambda_events import BatchResponse, SqsEvent
-from stepagent.aws.oauth_setup import needs_oauth, open_oauth
 from stepagent.aws.live import LiveText, NoticingPublisher
+from stepagent.aws.oauth_setup import needs_oauth, open_oauth
 from stepagent.aws.secrets import provider_environment, resolve_secrets
 from stepagent.aws.settings import Settings
 from stepagent.aws.timers import AwsTimers, deliver_due_schedules, handle_delay_batch
@@ -229,7 +229,9 @@ class AwsRuntime:
                     )
                     self._read_kept = reader.cache_get
                     if needs_oauth(settings):
-                        self.oauth = await open_oauth(settings, reader, self._stack, session=session, required=True)
+                        self.oauth = await open_oauth(
+                            settings, reader, self._stack, session=session, required=True
+                        )
                 elif needs_oauth(settings):
                     raise ConfigurationError(
                         'an MCP server with "auth": "oauth" needs STEPAGENT_STATE_TABLE (where sign-ins and tokens are kept)'

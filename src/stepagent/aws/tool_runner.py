@@ -234,7 +234,13 @@ async def handle_tool_batch(
                 started = time.monotonic()
                 try:
                     text = await run_tool_call(
-                        tools, call, limit, sender=sender, read_kept=read_kept, input_wait=input_wait, oauth=oauth
+                        tools,
+                        call,
+                        limit,
+                        sender=sender,
+                        read_kept=read_kept,
+                        input_wait=input_wait,
+                        oauth=oauth,
                     )
                 except Exception:  # classify says retry: this record alone goes back to the queue
                     logger.exception("tool run failed; will be retried", extra={"message_id": message_id})

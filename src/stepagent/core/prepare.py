@@ -147,12 +147,7 @@ class Preparer:
                 self.approved.append(intent)
             return False
         if isinstance(content, OAuthComplete):
-            folded = fold_sign_in(history, content, message_id, self.emit)
-            if folded.intent is not None:
-                self.approved.append(folded.intent)
-            if folded.result is None:
-                return False
-            return await self._prepare_content(message.model_copy(update={"content": folded.result}), message_id)
+            return await self._prepare_sign_in(message, content, message_id)
         if isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage):
             assert isinstance(content, ToolResult)  # guaranteed by InputMessage validation
             return await self._prepare_event(message, synthetic, content, message_id)
@@ -161,6 +156,16 @@ class Preparer:
             if late is not None:
                 return await self._inline(late, content, message_id, child=None)
         return await self._prepare_content(message, message_id)
+
+    async def _prepare_sign_in(self, message: InputMessage, done: OAuthComplete, message_id: str) -> bool:
+        """A finished sign-in: the waiting call is dispatched again (after the commit), or — declined —
+        answered with the error the model sees."""
+        folded = fold_sign_in(self.history, done, message_id, self.emit)
+        if folded.intent is not None:
+            self.approved.append(folded.intent)
+        if folded.result is None:
+            return False
+        return await self._prepare_content(message.model_copy(update={"content": folded.result}), message_id)
 
     async def _prepare_compaction(self, synthetic: Compaction | CompactionComplete, message_id: str) -> None:
         history = self.history
@@ -201,7 +206,12 @@ class Preparer:
         content = message.content
         assert not isinstance(
             content,
-            OAuthRequired | UserChoiceRequired | ApprovalDecision | InputRequired | ElicitationAnswer | OAuthComplete,
+            OAuthRequired
+            | UserChoiceRequired
+            | ApprovalDecision
+            | InputRequired
+            | ElicitationAnswer
+            | OAuthComplete,
         )  # the caller's
         item: HistoryItem
         refusal = None

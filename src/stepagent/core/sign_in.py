@@ -37,6 +37,7 @@ class SignInFolded:
 
 
 def declined_text(server: str) -> str:
+    """The result a declined sign-in gives the call."""
     return f"Error: the user declined to sign in to {server}"
 
 
@@ -48,7 +49,9 @@ def fold_sign_in(
     pending = history.pending_tool_call()
     if pending is None or pending.call.id != done.tool_call_id:
         history.record_processed(message_id)
-        reason = f"there is no tool call {done.tool_call_id} waiting for a sign-in to {done.server} in this thread"
+        reason = (
+            f"there is no tool call {done.tool_call_id} waiting for a sign-in to {done.server} in this thread"
+        )
         emit(InputRejected(message_id, f"sign-in ignored: {reason}"))
         return SignInFolded()
     call = pending.call

@@ -66,12 +66,12 @@ def _model() -> type[BaseModel]:
                 raise PydanticCustomError("config", "'client_id' and 'scopes' need \"auth\": \"oauth\"")
             if self.auth == "oauth" and self.url is None:
                 raise PydanticCustomError(
-                    "config", "\"auth\": \"oauth\" needs an HTTP server ('url'); a stdio server has no sign-in"
+                    "config", '"auth": "oauth" needs an HTTP server (\'url\'); a stdio server has no sign-in'
                 )
             if self.auth == "oauth" and any(key.lower() == "authorization" for key in self.headers):
                 raise PydanticCustomError(
                     "config",
-                    "\"auth\": \"oauth\" sends each user's own token: remove the 'Authorization' header",
+                    '"auth": "oauth" sends each user\'s own token: remove the \'Authorization\' header',
                 )
             return self
 

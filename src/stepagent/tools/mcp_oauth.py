@@ -103,10 +103,12 @@ def _server_id(server: McpServer) -> str:
 
 
 def token_key(server: McpServer, owner: str) -> str:
+    """Where ``owner``'s sealed tokens for ``server`` are kept (a digest: no user id in the key)."""
     return f"mcp-oauth-token#{_digest(_server_id(server), owner)}"
 
 
 def sign_in_key(state: str) -> str:
+    """Where the pending sign-in of ``state`` is kept (a digest: the state itself is never stored)."""
     return f"mcp-oauth-sign-in#{_digest(state)}"
 
 
@@ -261,7 +263,9 @@ async def _token_request(services: OAuthServices, url: str, client: Any, data: d
         response = await http.post(url, data=body, headers=headers)
         if response.status_code not in (200, 201):
             await response.aread()
-            log.warning("the token endpoint refused a %s request (%s)", data["grant_type"], response.status_code)
+            log.warning(
+                "the token endpoint refused a %s request (%s)", data["grant_type"], response.status_code
+            )
             return None
         return await handle_token_response_scopes(response)
 
@@ -314,16 +318,22 @@ async def _discover(http: Any, server: McpServer, challenge: str | None) -> tupl
     url = str(server.url)
     hint = None
     if challenge:
-        hint = extract_resource_metadata_from_www_auth(httpx2.Response(401, headers={"WWW-Authenticate": challenge}))
+        hint = extract_resource_metadata_from_www_auth(
+            httpx2.Response(401, headers={"WWW-Authenticate": challenge})
+        )
     prm = None
     for candidate in build_protected_resource_metadata_discovery_urls(hint, url):
-        prm = await handle_protected_resource_response(await http.send(create_oauth_metadata_request(candidate)))
+        prm = await handle_protected_resource_response(
+            await http.send(create_oauth_metadata_request(candidate))
+        )
         if prm is not None:
             break
     issuer = str(prm.authorization_servers[0]) if prm is not None and prm.authorization_servers else None
     asm = None
     for candidate in build_oauth_authorization_server_metadata_discovery_urls(issuer, url):
-        go_on, asm = await handle_auth_metadata_response(await http.send(create_oauth_metadata_request(candidate)))
+        go_on, asm = await handle_auth_metadata_response(
+            await http.send(create_oauth_metadata_request(candidate))
+        )
         if asm is not None or not go_on:
             break
     return prm, asm
@@ -357,7 +367,7 @@ async def _client(
     if kept is not None:
         return OAuthClientInformationFull.model_validate_json(kept)
     metadata = OAuthClientMetadata(
-        redirect_uris=[redirect_uri],  # type: ignore[list-item]
+        redirect_uris=[redirect_uri],
         client_name="stepagent",
         grant_types=["authorization_code", "refresh_token"],
         response_types=["code"],
@@ -402,7 +412,9 @@ async def begin_sign_in(
             if challenge:
                 from mcp.client.auth.utils import extract_scope_from_www_auth
 
-                hint = extract_scope_from_www_auth(httpx2.Response(401, headers={"WWW-Authenticate": challenge}))
+                hint = extract_scope_from_www_auth(
+                    httpx2.Response(401, headers={"WWW-Authenticate": challenge})
+                )
             scope = get_client_metadata_scopes(hint, prm, asm)
         client = await _client(services, http, server, asm, scope, redirect_uri)
     parsed = urlparse(str(server.url))
@@ -498,7 +510,9 @@ async def complete_sign_in(
         pending.status = "exchanged"
         await _put_sealed(services, key, pending.to_json(), SIGN_IN_TTL_S)
     done = json.dumps({"done": pending.round})
-    await services.store.cache_put(call_key(pending.thread_id, pending.tool_call_id), done, time.time() + GRANT_TTL_S)
+    await services.store.cache_put(
+        call_key(pending.thread_id, pending.tool_call_id), done, time.time() + GRANT_TTL_S
+    )
     message = InputMessage(
         content=OAuthComplete(
             tool_call_id=pending.tool_call_id,

@@ -103,7 +103,9 @@ async def run_mcp_call(
                 f"could not be used: {type(error).__name__}: {error}"
             ) from None
         notice = OAuthRequired(id=tool_call_id, call_id=call_id, auth_url=url)
-        await sender.send(InputMessage(content=notice, group_id=thread_id), f"{tool_call_id}-oauth-{round_no}")
+        await sender.send(
+            InputMessage(content=notice, group_id=thread_id), f"{tool_call_id}-oauth-{round_no}"
+        )
         return None
 
 

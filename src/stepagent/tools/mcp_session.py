@@ -129,7 +129,9 @@ class McpConnection:
         return _owning(client, streamable_http_client(str(server.url), http_client=client))
 
     @asynccontextmanager
-    async def session(self, *, elicitation_callback: Any = None, bearer: Bearer | None = None) -> AsyncIterator[Any]:
+    async def session(
+        self, *, elicitation_callback: Any = None, bearer: Bearer | None = None
+    ) -> AsyncIterator[Any]:
         """A connected client: stateless for a known 2026-07-28 server, a handshake for a known older one,
         the SDK's probe for a server not seen yet. ``elicitation_callback`` answers a handshake-era
         server's questions during a call (and declares the elicitation capability in both eras);
