@@ -59,6 +59,8 @@ class NotesAuthority:
     refresh: dict[str, RefreshToken] = field(default_factory=dict)
     #: Grants made at the token endpoint: ``authorization_code`` / ``refresh_token``, in order.
     grants: list[str] = field(default_factory=list)
+    #: Every access and refresh token ever issued (revoked and rotated ones too).
+    issued: list[str] = field(default_factory=list)
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
         return self.clients.get(client_id)
@@ -94,6 +96,7 @@ class NotesAuthority:
         self, client_id: str, scopes: list[str], subject: str | None, resource: str | None
     ) -> OAuthToken:
         access, refresh = "at-" + secrets.token_urlsafe(24), "rt-" + secrets.token_urlsafe(24)
+        self.issued += [access, refresh]
         expires = int(time.time()) + self.token_ttl
         self.access[access] = AccessToken(
             token=access,

@@ -83,7 +83,7 @@ def _user_text(thread: str, text: str, message_id: str, metadata: Any) -> Any:
 
 
 @asynccontextmanager
-async def oauth_world() -> AsyncIterator[OAuthWorld]:
+async def oauth_world(**runtime_options: Any) -> AsyncIterator[OAuthWorld]:
     forget_all()
     async with AsyncExitStack() as opened:
         base, authority = await opened.enter_async_context(oauth_server())
@@ -91,7 +91,7 @@ async def oauth_world() -> AsyncIterator[OAuthWorld]:
         key_id = (await kms.create_key(Description="stepagent oauth tokens"))["KeyMetadata"]["KeyId"]
         servers = [{"name": "notes", "url": f"{base}/mcp", "auth": "oauth"}]
         env = {"STEPAGENT_MCP_SERVERS": json.dumps(servers), "STEPAGENT_OAUTH_KEY_ID": key_id}
-        stack = await opened.enter_async_context(aws_stack(script=SCRIPT, env=env))
+        stack = await opened.enter_async_context(aws_stack(script=SCRIPT, env=env, **runtime_options))
         client = await opened.enter_async_context(Client(settings=stack.settings))
         api_oauth = await open_oauth(stack.settings, client.state, opened, required=True)
         api_url = await opened.enter_async_context(
@@ -105,16 +105,12 @@ async def oauth_world() -> AsyncIterator[OAuthWorld]:
     forget_all()
 
 
-async def _state_items(stack: Stack) -> list[dict[str, Any]]:
+async def _state_items(stack: Stack, table: str | None = None) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     paginator = stack.dynamodb.get_paginator("scan")
-    async for page in paginator.paginate(TableName=stack.settings.state_table):
+    async for page in paginator.paginate(TableName=table or stack.settings.state_table):
         items.extend(page["Items"])
     return items
-
-
-def _issued(authority: Any) -> list[str]:
-    return [*authority.access, *authority.refresh]
 
 
 async def test_sign_in_resumes_the_call_and_the_next_call_reuses_the_token() -> None:
@@ -147,7 +143,7 @@ async def test_sign_in_resumes_the_call_and_the_next_call_reuses_the_token() -> 
 
         # tokens are sealed: no access or refresh token is readable anywhere in the state table
         dump = json.dumps(await _state_items(world.stack))
-        assert _issued(world.authority) and not any(token in dump for token in _issued(world.authority))
+        assert world.authority.issued and not any(token in dump for token in world.authority.issued)
 
 
 async def test_an_expired_token_is_refreshed_before_the_call() -> None:
