@@ -11,14 +11,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from typing import Any
 
 import pytest
 
 from stepagent import telemetry
 from stepagent.lifecycle.export import export_lines
 from stepagent.telemetry.otel import OtelTracer
-from tests.integration.test_mcp_oauth_worker import of, oauth_world, _state_items
+from tests.integration.test_mcp_oauth_worker import _state_items, oauth_world, of
 from tests.otlp_collector import otlp_collector
 
 _PLAIN = set(vars(logging.makeLogRecord({})))
