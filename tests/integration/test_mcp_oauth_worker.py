@@ -28,6 +28,7 @@ from stepagent.api.server import open_api
 from stepagent.aws.oauth_setup import open_oauth
 from stepagent.client import Client
 from stepagent.core.effects import StepEffects
+from stepagent.errors import ConfigurationError
 from stepagent.tools.mcp_oauth import CALLBACK_PATH
 from stepagent.tools.mcp_session import forget_all
 from tests.conftest import aws_client
@@ -241,3 +242,15 @@ async def test_a_crash_between_the_resume_and_the_dispatch_runs_the_call_once() 
         await world.stack.pump()
         texts = await world.stack.texts("conv-crash-2")
         assert texts.count(ALICE_NOTES) == 1 and texts[-1] == "Here they are."
+
+
+async def test_only_the_tool_runner_needs_the_token_key() -> None:
+    async with oauth_server() as (base, _authority):
+        env = {
+            "STEPAGENT_MCP_SERVERS": json.dumps([{"name": "notes", "url": f"{base}/mcp", "auth": "oauth"}])
+        }
+        async with aws_stack(script=SCRIPT, env=env, roles=["worker"]) as stack:
+            assert stack.runtime.oauth is None  # a worker alone never opens a user's tokens
+        with pytest.raises(ConfigurationError, match="set STEPAGENT_OAUTH_KEY_ID"):
+            async with aws_stack(script=SCRIPT, env=env, roles=["tool_runner"]):
+                pass

@@ -249,7 +249,8 @@ class AwsRuntime:
             blobs=self.blobs,
             page_size=None,  # DynamoDB's 1 MB pages: one Query for any context under a megabyte
         )
-        if needs_oauth(settings):
+        if needs_oauth(settings) and TOOL_RUNNER in self.roles:
+            # The tool runner makes the MCP calls: a worker alone never opens a user's tokens.
             self.oauth = await open_oauth(settings, state, self._stack, session=session, required=True)
         timers = AwsTimers(
             self.queues,
