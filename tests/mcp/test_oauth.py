@@ -9,6 +9,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import httpx
+import pytest
 
 from stepagent.events import InputRejected, OAuthRequiredEvent
 from stepagent.history_items import ToolResultItem
@@ -87,3 +88,33 @@ async def test_a_runner_without_sign_ins_tells_the_model() -> None:
         assert _results(await h.history("t")) == [
             "Error: MCP server 'notes' needs the user to sign in, which this runner cannot ask for"
         ]
+
+
+async def test_a_callback_without_a_known_state_is_refused(tmp_path: Path) -> None:
+    from stepagent.stores.memory import memory_stores
+    from stepagent.tools.mcp_oauth import SignInRefused
+
+    _, state = memory_stores()
+    services = OAuthServices(store=state, cipher=LocalCipher.from_dir(tmp_path), redirect_uri=None)
+    sent: list[str] = []
+
+    async def send(message: InputMessage, dedup_id: str) -> None:
+        sent.append(dedup_id)
+
+    with pytest.raises(SignInRefused, match="no 'state'"):
+        await complete_sign_in(services, None, "code", None, send)
+    with pytest.raises(SignInRefused, match="unknown or has expired"):
+        await complete_sign_in(services, "made-up", "code", None, send)
+    assert sent == []
+
+
+async def test_without_a_callback_url_the_model_is_told_what_to_set(tmp_path: Path) -> None:
+    async with oauth_server() as (base, _authority):
+        tools = await load_mcp_tools([McpServer(name="notes", url=f"{base}/mcp", auth="oauth")])
+        h = Harness(FunctionModel(model), tools)
+        runner = InProcessFunctionRunner(tools)
+        runner.oauth = OAuthServices(store=h.state, cipher=LocalCipher.from_dir(tmp_path), redirect_uri=None)
+        h.config.runner = runner
+        await h.say("t", "my notes", "m1")
+        [result] = _results(await h.history("t"))
+        assert result is not None and "no callback URL is configured (set STEPAGENT_API_URL" in result
