@@ -39,7 +39,7 @@ async def open_oauth(
     elif required:
         raise ConfigurationError(
             'an MCP server with "auth": "oauth" keeps each user\'s tokens encrypted: set STEPAGENT_OAUTH_KEY_ID '
-            "(a KMS key) or STEPAGENT_STATE_DIR (a local key file)"
+            "(a KMS key) or STEPAGENT_STATE_DIR (a local key file; `stepagent run --state-dir DIR`)"
         )
     else:
         return None
