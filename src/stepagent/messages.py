@@ -3,7 +3,7 @@
 Every input to a thread is one ``InputMessage`` (the SQS body). The JSON is compatible with the reference
 runtime in both directions: its own examples parse, and what we emit parses there. Content is tagged by
 ``type`` (``text``, ``image``, ``audio``, ``video``, ``document``, ``toolresult``, ``oauth_required``,
-``user_choice_required``, ``approval``, ``input_required``, ``elicitation``); ``synthetic`` is a tagged object or the legacy bare string (a non-associative
+``user_choice_required``, ``approval``, ``input_required``, ``elicitation``, ``oauth_complete``); ``synthetic`` is a tagged object or the legacy bare string (a non-associative
 subscription event). The optional ``id`` is our extension: the logical message id used for dedup.
 
 :func:`parse_input_message` is the only entry point for untrusted bodies; it checks every rule of
@@ -247,6 +247,20 @@ class ElicitationAnswer(_Model):
     content: dict[str, Any] | None = None
 
 
+class OAuthComplete(_Model):
+    """A person finished (or refused) the sign-in an MCP server's call ``tool_call_id`` waits for (wire
+    ``type`` ``oauth_complete``; sent by the HTTP API's OAuth callback, never by a person): ``signed_in``
+    re-dispatches the call (with ``resume``, the call's continuation if it had one), ``declined`` ends it
+    with an error the model sees. ``round`` counts the call's sign-ins. Never enters history as content."""
+
+    type: Literal["oauth_complete"] = "oauth_complete"
+    tool_call_id: str = Field(min_length=1)
+    outcome: Literal["signed_in", "declined"]
+    server: str = Field(min_length=1)
+    round: int = Field(default=1, ge=1)
+    resume: dict[str, Any] | None = None
+
+
 UserContent = Annotated[TextContent | ImageContent | MediaContent, Field(discriminator="type")]
 Content = Annotated[
     TextContent
@@ -257,7 +271,8 @@ Content = Annotated[
     | UserChoiceRequired
     | ApprovalDecision
     | InputRequired
-    | ElicitationAnswer,
+    | ElicitationAnswer
+    | OAuthComplete,
     Field(discriminator="type"),
 ]
 
@@ -458,6 +473,7 @@ _UNION_TAGS = frozenset(
         "approval",
         "input_required",
         "elicitation",
+        "oauth_complete",
         "subscription_event",
         "thread_report",
         "parent_message",
@@ -491,6 +507,13 @@ def check_input_fields(message: InputMessage) -> None:
     if isinstance(content, InputRequired):
         check_id(content.id, "content.id")
         check_id(content.call_id, "content.call_id")
+    if isinstance(content, OAuthComplete):
+        check_id(content.tool_call_id, "content.tool_call_id")
+        if message.synthetic is not None:
+            raise MalformedMessageError(
+                "invalid input message: synthetic: a sign-in's completion is never synthetic",
+                field="synthetic",
+            )
     if isinstance(content, ElicitationAnswer):
         check_id(content.tool_call_id, "content.tool_call_id")
         if message.synthetic is not None:

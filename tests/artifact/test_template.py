@@ -132,6 +132,9 @@ def test_each_function_gets_only_its_environment_and_no_secret_values(template: 
         "STEPAGENT_MCP_SERVERS",
         "STEPAGENT_STATE_TABLE",
         "STEPAGENT_MCP_INPUT_WAIT",
+        # "auth": "oauth" MCP servers: users' tokens sealed with the stack's key; sign-ins return to the API.
+        "STEPAGENT_OAUTH_KEY_ID",
+        "STEPAGENT_API_URL",
     }
     assert set(env["RapReceiverFunction"]) == common | {
         "STEPAGENT_OUTPUT_QUEUE_URL",

@@ -46,7 +46,15 @@ from stepagent.history_items import (
     encode_item,
     waiting_for_approval,
 )
-from stepagent.messages import InputMessage, InputRequired, SubscriptionEvent, TextContent, ToolResult
+from stepagent.messages import (
+    InputMessage,
+    InputRequired,
+    OAuthComplete,
+    OAuthRequired,
+    SubscriptionEvent,
+    TextContent,
+    ToolResult,
+)
 from stepagent.modes.step_mode import AgentSystem
 from stepagent.providers.base import ModelInfo, ModelRequest, ToolCallComplete
 from stepagent.providers.scripted import ScriptedProvider
@@ -193,6 +201,14 @@ RULES: list[dict[str, Any]] = [
         "reply": [{"tool_call": {"name": "confirm_delete", "arguments": {"path": "draft"}}}],
     },
     {"when": "^deleted draft", "on": ["tool_result"], "reply": [{"text": "Deleted."}]},
+    # sign-in: my_notes needs the person to sign in to its MCP server first (the tool runner sends
+    # oauth_required); the API's callback resumes the call, which runs once
+    {
+        "when": "show my notes",
+        "on": ["user"],
+        "reply": [{"tool_call": {"name": "my_notes", "arguments": {}}}],
+    },
+    {"when": "^notes of alice", "on": ["tool_result"], "reply": [{"text": "Here they are."}]},
 ]
 
 
@@ -343,6 +359,40 @@ class ConfirmDelete(Tool):
         await context.send_result(f"deleted {arguments['path']} because {reason}")
 
 
+class MyNotes(Tool):
+    """What the tool runner does for an ``"auth": "oauth"`` MCP server: without the person's sign-in the
+    run sends ``oauth_required`` and no result; the run the API's callback resumes (its ``oauth_complete``
+    carries the marker a stored token stands for here) sends the real result."""
+
+    name = "my_notes"
+    description = "The signed-in person's notes."
+    parameters = {"type": "object", "properties": {}}
+
+    def __init__(self, runs: list[str]) -> None:
+        self.runs = runs
+
+    async def execute(self, arguments: dict[str, Any], context: ToolContext) -> None:
+        resume = context.resume or {}
+        if resume.get("signed_in") != "alice":
+            self.runs.append("sign-in")
+            notice = OAuthRequired(
+                id=context.tool_call_id,
+                call_id=context.call_id,
+                auth_url="https://as.example/authorize?state=s1",
+            )
+            await context.sender.send(
+                InputMessage(content=notice, group_id=context.thread_id), f"{context.tool_call_id}-oauth-1"
+            )
+            return
+        self.runs.append("notes")
+        await context.send_result("notes of alice: buy milk")
+
+
+#: The scenario's stand-in for the person signing in: sent, once the thread waits, as the API's
+#: ``oauth_complete`` for the waiting call (:func:`wave_messages` looks the call up).
+SIGN_IN = "<sign-in: alice>"
+
+
 #: The scenario's stand-in for the person's answer: sent, once the thread waits, as an ``elicitation``
 #: answer for the waiting call (:func:`wave_messages` looks the call up).
 ANSWER = "<answer: accept reason=stale>"
@@ -353,6 +403,7 @@ def base_tools(runs: list[str]) -> list[Tool]:
         make_get_time(runs),
         make_send_email(runs),
         ConfirmDelete(runs),
+        MyNotes(runs),
         Subscribe(),
         Ticker(),
         Lookup(),
@@ -410,6 +461,7 @@ _BASIC: dict[str, tuple[tuple[str, str, int], ...]] = {
     "reused": (("reused", "look it up", 0), ("reused", "look it up again", 1)),
     "approval": (("approval", "please send the report", 0), ("approval", DECISION, 1)),
     "elicit": (("elicit", "please delete the draft", 0), ("elicit", ANSWER, 1)),
+    "signin": (("signin", "show my notes", 0), ("signin", SIGN_IN, 1)),
 }
 SCENARIOS: dict[str, Scenario] = {name: Scenario(name, inputs) for name, inputs in _BASIC.items()}
 # The storm stays out of "mixed": its 40 held events would multiply the I/O points of every mixed run;
@@ -417,7 +469,10 @@ SCENARIOS: dict[str, Scenario] = {name: Scenario(name, inputs) for name, inputs 
 SCENARIOS["mixed"] = Scenario(
     "mixed",
     tuple(
-        i for name, inputs in _BASIC.items() if name not in ("storm", "approval", "elicit") for i in inputs
+        i
+        for name, inputs in _BASIC.items()
+        if name not in ("storm", "approval", "elicit", "signin")
+        for i in inputs
     ),
 )
 
@@ -444,6 +499,17 @@ async def wave_messages(
             message = InputMessage.elicitation(
                 message.group_id, asking[-1].call.id, "accept", {"reason": "stale"}, id=dedup_id
             )
+        elif isinstance(content, TextContent) and content.text == SIGN_IN:
+            rows = [row async for row in conversation.load_rows(message.group_id)]
+            waiting = [r.item for r in rows if isinstance(r.item, ToolCallItem)]
+            assert waiting and waiting[-1].call.name == "my_notes", f"{message.group_id} waits for no sign-in"
+            done = OAuthComplete(
+                tool_call_id=waiting[-1].call.id,
+                outcome="signed_in",
+                server="notes",
+                resume={"signed_in": "alice"},
+            )
+            message = InputMessage(content=done, group_id=message.group_id, id=dedup_id)
         out.append((message, dedup_id))
     return out
 
@@ -763,7 +829,7 @@ def _expect_basic(name: str, snap: Snapshot, prefix: str) -> list[str]:
         return [f"{name}: thread {root} does not exist"]
     view = snap[root]
     items = view.items
-    want_users = [text for _, text, _ in _BASIC[name] if text not in (DECISION, ANSWER)]
+    want_users = [text for _, text, _ in _BASIC[name] if text not in (DECISION, ANSWER, SIGN_IN)]
     facts: dict[str, bool] = {
         "every input once, in order": [i.text for i in items if isinstance(i, UserItem)] == want_users,
         "ends with an answer": isinstance(items[-1], AssistantText) if items else False,
@@ -836,6 +902,10 @@ def _expect_basic(name: str, snap: Snapshot, prefix: str) -> list[str]:
             _count(items, ToolResultItem, "deleted draft because stale") == 1
         )
         facts["the final answer"] = bool(items) and items[-1] == AssistantText("Deleted.")
+    elif name == "signin":
+        facts["one my_notes call"] = len(_calls(items, "my_notes")) == 1
+        facts["the signed-in call's result once"] = _count(items, ToolResultItem, "notes of alice") == 1
+        facts["the final answer"] = bool(items) and items[-1] == AssistantText("Here they are.")
     elif name == "timer":
         facts["one sleep"] = len(_calls(items, "sleep")) == 1
         facts["one wake-up"] = _count(items, ToolResultItem, "Slept for 60 seconds") == 1
@@ -927,7 +997,15 @@ class RecordingSender:
 
 def aws_tools(runs: list[str]) -> list[Tool]:
     """The scenario tools the AWS runtime does not already have (it adds the built-ins and sleep tools)."""
-    return [make_get_time(runs), make_send_email(runs), ConfirmDelete(runs), Subscribe(), Ticker(), Lookup()]
+    return [
+        make_get_time(runs),
+        make_send_email(runs),
+        ConfirmDelete(runs),
+        MyNotes(runs),
+        Subscribe(),
+        Ticker(),
+        Lookup(),
+    ]
 
 
 def aws_context_window(runs: list[str]) -> int:

@@ -58,10 +58,10 @@ MOTO_SCENARIOS = {
 }
 
 
-#: The scenarios the randomized moto runs draw from. The elicitation has its own moto row (a crash before
-#: every I/O point of the answering step, below) and runs crash-free in the baselines here; leaving it out
+#: The scenarios the randomized moto runs draw from. The elicitation and the sign-in have their own moto rows (a crash before
+#: every I/O point of the answering step, below) and run crash-free in the baselines here; leaving them out
 #: of the draw keeps the seeded draws, and the crash-rate floor they were tuned for, as they were.
-RANDOMIZED = sorted(name for name in MOTO_SCENARIOS if name != "elicit")
+RANDOMIZED = sorted(name for name in MOTO_SCENARIOS if name not in ("elicit", "signin"))
 
 
 @dataclass
@@ -290,6 +290,36 @@ async def test_a_crash_anywhere_in_the_answering_step_neither_loses_the_answer_n
         for n, crash_at in enumerate(points):
             run = await run_moto(
                 stack, scenario, frozenset({crash_at}), batch_size=1, dedupe=n % 2 == 0, prefix=f"e{n}-"
+            )
+            where = f"crash before I/O #{crash_at} ({log[crash_at - 1]})"
+            assert run.plan.crashes == 1, where
+            assert not run.problems, f"{where}: {run.problems}"
+
+
+# ---- sign-in: a crash at every I/O point of the step that takes a finished sign-in ---------------------
+
+
+async def test_a_crash_anywhere_in_the_signed_in_step_neither_loses_the_sign_in_nor_runs_the_call_twice() -> (
+    None
+):
+    """The sign-in scenario on moto through the worker: ``my_notes`` needs the person to sign in
+    (``oauth_required`` published, the call open), then the API's ``oauth_complete`` arrives. A crash before
+    each I/O call of the step that takes it — load, the commit of the completion and the resumed call's
+    intent, the dispatch, marking the intent done, the output publish — must converge: the call re-sent
+    only after the completion was durable, answered once, and the model's final answer."""
+    scenario = MOTO_SCENARIOS["signin"]
+    async with aws_stack() as stack:
+        clean = await run_moto(stack, scenario, frozenset(), batch_size=1, dedupe=True, prefix="clean-")
+        assert not clean.problems, clean.problems
+        signed_at = clean.wave_starts[1]
+        log = clean.plan.log
+        ends = next(n for n in range(signed_at, len(log)) if log[n] == "dispatch:after:my_notes")
+        wanted = ("conversation.", "state.", "dispatch:", "queue.")
+        points = [n for n in range(signed_at + 1, ends + 4) if log[n - 1].startswith(wanted)]
+        assert {"conversation.commit", "state.mark_intent_done"} <= {log[n - 1] for n in points}
+        for n, crash_at in enumerate(points):
+            run = await run_moto(
+                stack, scenario, frozenset({crash_at}), batch_size=1, dedupe=n % 2 == 0, prefix=f"s{n}-"
             )
             where = f"crash before I/O #{crash_at} ({log[crash_at - 1]})"
             assert run.plan.crashes == 1, where

@@ -38,7 +38,7 @@ def test_mcp_servers_report_every_bad_value_one_line_each() -> None:
     assert str(caught.value).splitlines() == [
         "STEPAGENT_MCP_SERVERS[0].args[1]: must be a string, got a number",
         "STEPAGENT_MCP_SERVERS[0].env.TOKEN: must be a string, got a number",
-        "STEPAGENT_MCP_SERVERS[0]: unknown key 'cwd'; allowed: name, command, args, env, url, headers",
+        "STEPAGENT_MCP_SERVERS[0]: unknown key 'cwd'; allowed: name, command, args, env, url, headers, auth, client_id, scopes",
         "STEPAGENT_MCP_SERVERS[1].name: must not be empty",
         "STEPAGENT_MCP_SERVERS[2]: needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)",
         "STEPAGENT_MCP_SERVERS[3]: must be a JSON object, got a string",
@@ -105,3 +105,35 @@ def test_an_mcp_server_built_in_python_is_checked_as_one_read_from_the_setting()
     with pytest.raises(ConfigurationError, match=r"^args\[0\]: must be a string, got a number$"):
         McpServer(name="files", command="mcp-files", args=[1])
     assert McpServer(name="files", command="mcp-files", args=["-v"]).args == ("-v",)
+
+
+def test_an_oauth_server_parses_with_its_client_id_and_scopes() -> None:
+    raw = '[{"name": "gh", "url": "https://mcp.example/mcp", "auth": "oauth", "client_id": "c1", "scopes": ["repo"]}]'
+    assert Settings.from_env({"STEPAGENT_MCP_SERVERS": raw}).mcp_servers == (
+        McpServer(name="gh", url="https://mcp.example/mcp", auth="oauth", client_id="c1", scopes=("repo",)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (
+            {"name": "files", "command": "mcp-files", "auth": "oauth"},
+            'STEPAGENT_MCP_SERVERS[0]: "auth": "oauth" needs an HTTP server (\'url\'); a stdio server has no sign-in',
+        ),
+        (
+            {"name": "gh", "url": "https://h/mcp", "auth": "oauth", "headers": {"authorization": "Bearer t"}},
+            'STEPAGENT_MCP_SERVERS[0]: "auth": "oauth" sends each user\'s own token: remove the '
+            "'Authorization' header",
+        ),
+        ({"name": "gh", "url": "https://h/mcp", "auth": "basic"}, "STEPAGENT_MCP_SERVERS[0].auth: 'basic'"),
+        (
+            {"name": "gh", "url": "https://h/mcp", "client_id": "c1"},
+            "STEPAGENT_MCP_SERVERS[0]: 'client_id' and 'scopes' need \"auth\": \"oauth\"",
+        ),
+    ],
+)
+def test_an_oauth_entry_that_cannot_work_is_a_config_error(entry: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError) as caught:
+        Settings.from_env({"STEPAGENT_MCP_SERVERS": json.dumps([entry])})
+    assert str(caught.value).startswith(message)

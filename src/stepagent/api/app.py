@@ -14,6 +14,10 @@
 ``GET /v1/threads/{thread}/events``       Server-Sent Events (:mod:`stepagent.api.events`): ``Last-Event-ID``
                                           or ``?after=`` resumes, ``?follow=1`` never ends,
                                           ``?message_id=M`` streams the turn ``M`` began, then ends
+``GET /v1/oauth/callback``                where an MCP server's sign-in returns the browser (``code``,
+                                          ``state``; no bearer token: the single-use state authenticates
+                                          it): the tokens are stored and the waiting call resumes
+                                          (:mod:`stepagent.tools.mcp_oauth`); a small HTML page answers
 ``GET /``                                 the chat page
 ========================================  ======================================================================
 
@@ -68,6 +72,7 @@ from stepagent.errors import InputError, MalformedMessageError, PayloadTooLargeE
 from stepagent.input_rules import MAX_MESSAGE_BYTES, check_group_id, check_id, check_json, load_json
 from stepagent.messages import ApprovalDecision, ElicitationAnswer, InputMessage, parse_input_message
 from stepagent.stores.dynamodb.quotas import Lease, SubjectCounters
+from stepagent.tools.mcp_oauth import OAuthServices, SignInError, SignInRefused, complete_sign_in
 from stepagent.transcript import tree_items
 
 #: The longest ``?message_id=`` a stream accepts (SQS's own limit on a deduplication id).
@@ -118,6 +123,8 @@ class ApiState:
     heartbeat_s: float = HEARTBEAT_S
     limits: ApiLimits = field(default_factory=ApiLimits)
     clock: Callable[[], float] = time.time
+    #: Finishes users' sign-ins to ``"auth": "oauth"`` MCP servers (``None``: not configured here).
+    oauth: OAuthServices | None = None
     reads: SharedReads = field(init=False)
     owners: Ownership = field(init=False)
     tokens: ResumeTokens = field(init=False)
@@ -552,6 +559,48 @@ async def method_not_allowed(request: Request, exc: Exception) -> Response:
     return _error(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}")
 
 
+_SIGN_IN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title></head>
+<body><p>{text}</p></body></html>
+"""
+
+
+def _sign_in_page(status: int, text: str) -> Response:
+    import html
+
+    body = _SIGN_IN_PAGE.format(title="Sign-in", text=html.escape(text))
+    return Response(body, status, media_type="text/html; charset=utf-8", headers=_PAGE_SECURITY)
+
+
+def _oauth_route(state: ApiState) -> Callable[[Request], Awaitable[Response]]:
+    async def oauth_callback(request: Request) -> Response:
+        """The browser's return from an MCP server's sign-in: tokens stored, the waiting call resumed."""
+        if state.oauth is None:
+            return _sign_in_page(404, "Sign-ins to MCP servers are not configured on this deployment.")
+        query = request.query_params
+        try:
+            server, signed_in = await complete_sign_in(
+                state.oauth,
+                query.get("state"),
+                query.get("code"),
+                query.get("error"),
+                state.client.sender.send,
+            )
+        except SignInRefused as error:
+            return _sign_in_page(400, f"Sign-in failed: {error}.")
+        except SignInError as error:
+            return _sign_in_page(502, f"Sign-in failed: {error}.")
+        except TransientError:
+            return _sign_in_page(
+                503, "Sign-in could not be completed just now; reload this page to try again."
+            )
+        if signed_in:
+            return _sign_in_page(200, f"Signed in to {server}. You can close this tab.")
+        return _sign_in_page(200, f"You declined to sign in to {server}. You can close this tab.")
+
+    return oauth_callback
+
+
 def build_app(state: ApiState) -> Starlette:
     """The application over ``state``."""
     base = "/v1/threads/{thread}"
@@ -562,6 +611,7 @@ def build_app(state: ApiState) -> Starlette:
         Route(base + "/elicitations", _route(state, send_elicitation), methods=["POST"]),
         Route(base + "/events", _route(state, get_events), methods=["GET"]),
         Route(base, _route(state, get_history), methods=["GET"]),
+        Route("/v1/oauth/callback", _oauth_route(state), methods=["GET"]),
         *(Route(path, static, methods=["GET"]) for path in _STATIC),
     ]
     return Starlette(

@@ -14,6 +14,7 @@ the same key (:mod:`stepagent.api.keys`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from typing import Any
 
@@ -27,6 +28,7 @@ from stepagent.api.auth import ApiAuthSettings, Verifier
 from stepagent.api.keys import keys_for
 from stepagent.api.policy import ApiPolicy
 from stepagent.api.quotas import ApiLimits
+from stepagent.aws.oauth_setup import open_oauth
 from stepagent.client import Client
 from stepagent.errors import ConfigurationError
 
@@ -38,6 +40,7 @@ class LambdaApi:
         self._app: Any = None
         self._lock = asyncio.Lock()
         self._client: Client | None = None
+        self._opened = contextlib.AsyncExitStack()  # the KMS client of MCP sign-ins, kept with the app
 
     async def _build(self) -> Any:
         async with self._lock:
@@ -52,12 +55,14 @@ class LambdaApi:
                 client = await Client().open()
                 try:
                     keys = await keys_for(client.settings, required=True)
+                    # MCP sign-ins' callback: the template's KMS key (none: the callback says so).
+                    oauth = await open_oauth(client.settings, client.state, self._opened, required=False)
                 except BaseException:
                     await client.close()
                     raise
                 self._client = client
                 self._app = build_app(
-                    ApiState(client, Verifier(auth), keys=keys, policy=policy, limits=limits)
+                    ApiState(client, Verifier(auth), keys=keys, policy=policy, limits=limits, oauth=oauth)
                 )
             return self._app
 

@@ -26,6 +26,7 @@ from stepagent.api.quotas import ApiLimits
 from stepagent.client import Client
 from stepagent.errors import ConfigurationError
 from stepagent.rap.server import is_loopback, serve_in_background
+from stepagent.tools.mcp_oauth import OAuthServices
 
 __all__ = ["DEFAULT_PORT", "auth_settings", "is_loopback", "open_api", "serve_api"]
 
@@ -53,10 +54,13 @@ async def open_api(
     keys: ApiKeys | None = None,
     policy: ApiPolicy | None = None,
     limits: ApiLimits | None = None,
+    oauth: OAuthServices | None = None,
 ) -> AsyncIterator[str]:
     """Serve the API over the open ``api_client`` on ``host:port`` (0: a free port); yields its URL.
     ``policy`` defaults to none (no profile selectable), ``keys`` to those of the client's settings,
-    ``limits`` (the per-subject quotas) to the environment's; ``max_streams`` overrides theirs."""
+    ``limits`` (the per-subject quotas) to the environment's; ``max_streams`` overrides theirs. ``oauth``
+    (MCP sign-ins' callback) defaults to what the client's settings configure (a KMS key or a state
+    directory; neither: the callback says sign-ins are not configured)."""
     if auth.mode == "none" and not is_loopback(host):
         raise ConfigurationError(f"STEPAGENT_API_AUTH=none is allowed only on a loopback address, not {host}")
     if keys is None:
@@ -65,15 +69,22 @@ async def open_api(
     if max_streams is not None:
         limits = dataclasses.replace(limits, max_open_streams=max_streams)
     verifier = Verifier(auth)
-    state = ApiState(api_client, verifier, keys=keys, policy=policy or ApiPolicy(), limits=limits)
-    if heartbeat_s is not None:
-        state.heartbeat_s = heartbeat_s
-    # The one embedded-server loop: it leaves Ctrl-C and SIGTERM to the program (bounded shutdown).
-    try:
-        async with serve_in_background(build_app(state), host, port, lifespan="off", backlog=4096) as url:
-            yield url
-    finally:
-        await verifier.aclose()
+    async with contextlib.AsyncExitStack() as opened:
+        if oauth is None and api_client.settings.state_table:
+            from stepagent.aws.oauth_setup import open_oauth
+
+            oauth = await open_oauth(api_client.settings, api_client.state, opened, required=False)
+        state = ApiState(
+            api_client, verifier, keys=keys, policy=policy or ApiPolicy(), limits=limits, oauth=oauth
+        )
+        if heartbeat_s is not None:
+            state.heartbeat_s = heartbeat_s
+        # The one embedded-server loop: it leaves Ctrl-C and SIGTERM to the program (bounded shutdown).
+        try:
+            async with serve_in_background(build_app(state), host, port, lifespan="off", backlog=4096) as url:
+                yield url
+        finally:
+            await verifier.aclose()
 
 
 async def serve_api(

@@ -36,6 +36,7 @@ from stepagent.aws.clients import AwsSession, LazyClient, aws_session, client
 from stepagent.aws.inbox import InboxSender
 from stepagent.aws.lambda_events import BatchResponse, SqsEvent
 from stepagent.aws.live import LiveText, NoticingPublisher
+from stepagent.aws.oauth_setup import needs_oauth, open_oauth
 from stepagent.aws.secrets import provider_environment, resolve_secrets
 from stepagent.aws.settings import Settings
 from stepagent.aws.timers import AwsTimers, deliver_due_schedules, handle_delay_batch
@@ -58,6 +59,7 @@ from stepagent.stores.metrics import StoreMetrics
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import Invocable, load_toolset
+from stepagent.tools.mcp_oauth import OAuthServices
 from stepagent.tools.remote import load_remote
 from stepagent.tools.sleep import Clock, Sleep, SleepUntil, utc_now
 from stepagent.tracing import Tracer
@@ -130,6 +132,8 @@ class AwsRuntime:
         self._stores: tuple[DynamoConversationStore, DynamoStateStore] | None = None
         #: Reads a person's answer to an MCP server's question (the tool runner role; see handle_tool_batch).
         self._read_kept: Callable[[str], Awaitable[str | None]] | None = None
+        #: Users' sign-ins to ``"auth": "oauth"`` MCP servers (``None``: no such server).
+        self.oauth: OAuthServices | None = None
         self.live = LiveText.disabled()
         # The providers this runtime built: their HTTP/AWS clients (kept per loop) close with it.
         self._made_providers: list[ModelProvider] = []
@@ -232,6 +236,14 @@ class AwsRuntime:
                         state_table=str(settings.state_table),
                     )
                     self._read_kept = reader.cache_get
+                    if needs_oauth(settings):
+                        self.oauth = await open_oauth(
+                            settings, reader, self._stack, session=session, required=True
+                        )
+                elif needs_oauth(settings):
+                    raise ConfigurationError(
+                        'an MCP server with "auth": "oauth" needs STEPAGENT_STATE_TABLE (where sign-ins and tokens are kept)'
+                    )
             return
         assert provider is not None  # create() resolved it for the worker role
         self.dynamodb = await self._stack.enter_async_context(client(session, "dynamodb", settings))
@@ -245,6 +257,9 @@ class AwsRuntime:
             blobs=self.blobs,
             page_size=None,  # DynamoDB's 1 MB pages: one Query for any context under a megabyte
         )
+        if needs_oauth(settings) and TOOL_RUNNER in self.roles:
+            # The tool runner makes the MCP calls: a worker alone never opens a user's tokens.
+            self.oauth = await open_oauth(settings, state, self._stack, session=session, required=True)
         timers = AwsTimers(
             self.queues,
             delay_queue_url=str(settings.delay_queue_url),
@@ -402,6 +417,7 @@ class AwsRuntime:
             metrics=self.metrics,
             read_kept=read_kept,
             input_wait=self.settings.mcp_input_wait,
+            oauth=self.oauth,
         )
 
     async def handle_delay_batch(

@@ -51,6 +51,8 @@ SETTING_NAMES = (
     "STEPAGENT_CALLBACK_SECRET",
     "STEPAGENT_MCP_SERVERS",
     "STEPAGENT_MCP_INPUT_WAIT",
+    "STEPAGENT_OAUTH_KEY_ID",
+    "STEPAGENT_API_URL",
     "STEPAGENT_CALLBACK_SECRET_ID",
     "STEPAGENT_PROVIDER_API_KEY_ID",
     "STEPAGENT_LIVE_TEXT",
@@ -131,6 +133,14 @@ class Settings:
     #: Seconds the tool runner holds an older (session) MCP server's call open for the user's answer to
     #: the server's question before it declines (``STEPAGENT_MCP_INPUT_WAIT``, default 120).
     mcp_input_wait: float = DEFAULT_MCP_INPUT_WAIT
+    #: The KMS key that seals users' OAuth tokens for ``"auth": "oauth"`` MCP servers
+    #: (``STEPAGENT_OAUTH_KEY_ID``; unset: a local key file in ``STEPAGENT_STATE_DIR``).
+    oauth_key_id: str | None = None
+    #: The HTTP API's public base URL (``STEPAGENT_API_URL``): OAuth sign-ins return to
+    #: ``<it>/v1/oauth/callback``.
+    api_url: str | None = None
+    #: The embedded stack's state directory (``STEPAGENT_STATE_DIR``): where the local token key lives.
+    state_dir: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -176,6 +186,7 @@ class Settings:
             ),
             DEFAULT_MCP_INPUT_WAIT,
         )
+        api_url = checked(lambda: _http_url("STEPAGENT_API_URL", get("STEPAGENT_API_URL")), None)
         if problems:
             raise ConfigurationError("\n".join(problems))
         return cls(
@@ -204,6 +215,9 @@ class Settings:
             scheduler_dlq_arn=get("STEPAGENT_SCHEDULER_DLQ_ARN"),
             region=get("AWS_REGION") or get("AWS_DEFAULT_REGION"),
             agent_settings={name: value for name in AGENT_SETTING_NAMES if (value := get(name)) is not None},
+            oauth_key_id=get("STEPAGENT_OAUTH_KEY_ID"),
+            api_url=api_url,
+            state_dir=get("STEPAGENT_STATE_DIR"),
         )
 
     def agent_config(self, roots: list[Path] | None = None) -> AgentConfig:
@@ -227,6 +241,12 @@ class Settings:
                 + ", ".join(missing)
                 + " (set them in the environment; `stepagent infra create` prints the resource ones)"
             )
+
+
+def _http_url(name: str, raw: str | None) -> str | None:
+    if raw is not None and not raw.startswith(("http://", "https://")):
+        raise ConfigurationError(f"{name}={raw!r} is invalid: expected an http(s) URL")
+    return raw
 
 
 _warned: set[str] = set()

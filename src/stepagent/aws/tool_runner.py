@@ -51,6 +51,7 @@ from stepagent.tracing import (
 )
 
 if TYPE_CHECKING:
+    from stepagent.tools.mcp_oauth import OAuthServices
     from stepagent.tools.mcp_runs import ReadKept
 
 logger = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ async def run_tool_call(
     sender: InputSender | None = None,
     read_kept: ReadKept | None = None,
     input_wait: float = 0.0,
+    oauth: OAuthServices | None = None,
 ) -> str | None:
     """The result text of one call (``Error: ...`` for anything the model should see as a failure), or
     ``None`` when an MCP tool asked the person a question and the call continues with their answer."""
@@ -162,6 +164,7 @@ async def run_tool_call(
         # Only a process with MCP servers has loaded the MCP module (a worker's cold start never imports it).
         mcp = sys.modules.get("stepagent.tools.mcp")
         if mcp is not None and isinstance(function_tool, mcp.McpTool) and sender is not None:
+            from stepagent.tools.mcp_oauth import owner_of
             from stepagent.tools.mcp_runs import run_mcp_call
 
             wait = input_wait if time_limit is None else max(min(input_wait, time_limit - 1.0), 0.0)
@@ -175,6 +178,8 @@ async def run_tool_call(
                 sender=sender,
                 read_kept=read_kept,
                 input_wait=wait,
+                owner=owner_of(call.user_id, call.thread_stack),
+                oauth=oauth,
             )
         else:
             running = function_tool.invoke(call.arguments)
@@ -200,6 +205,7 @@ async def handle_tool_batch(
     metrics: DimensionedSink | None = None,
     read_kept: ReadKept | None = None,
     input_wait: float = 0.0,
+    oauth: OAuthServices | None = None,
 ) -> BatchResponse:
     """Run every queued call concurrently and send each result to its thread. Never raises for a
     partial failure. With a ``tracer``, each run is an ``execute_tool`` span in the trace of the step that
@@ -228,13 +234,19 @@ async def handle_tool_batch(
                 started = time.monotonic()
                 try:
                     text = await run_tool_call(
-                        tools, call, limit, sender=sender, read_kept=read_kept, input_wait=input_wait
+                        tools,
+                        call,
+                        limit,
+                        sender=sender,
+                        read_kept=read_kept,
+                        input_wait=input_wait,
+                        oauth=oauth,
                     )
                 except Exception:  # classify says retry: this record alone goes back to the queue
                     logger.exception("tool run failed; will be retried", extra={"message_id": message_id})
                     return {"itemIdentifier": message_id}
-                if text is None:  # a question went to the person; the call continues with their answer
-                    logger.info("tool call waits for the person's answer", extra={"tool": call.tool_name})
+                if text is None:  # a question or a sign-in went to the person; the call continues after it
+                    logger.info("tool call waits for the person", extra={"tool": call.tool_name})
                     return None
                 if metrics is not None:
                     publish_tool_latency(metrics, call.tool_name, (time.monotonic() - started) * 1000.0)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Coroutine
 from typing import Any
 
@@ -61,6 +62,14 @@ def register(subparsers: Any) -> None:
 
 def _run(args: argparse.Namespace) -> Coroutine[Any, Any, int]:
     from stepagent.devstack.chat import run_chat
+
+    if args.api and args.api_port != 0:
+        # MCP sign-ins ("auth": "oauth") return to this API's callback unless told otherwise.
+        from stepagent.api import DEFAULT_PORT
+
+        port = DEFAULT_PORT if args.api_port is None else args.api_port
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        os.environ.setdefault("STEPAGENT_API_URL", f"http://{host}:{port}")
 
     return run_chat(
         say=args.say,

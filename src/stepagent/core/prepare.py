@@ -15,8 +15,8 @@ Rules, in order (the first that applies decides):
    ``receive_event__injected`` call/result pair;
 6. a person's decision on a call waiting for approval → :func:`~stepagent.core.approval.fold_decision`
    (a call to run goes to :attr:`Preparer.approved`, run by the step after its commit); a tool's question
-   to the user and the person's answer → :mod:`stepagent.core.elicitation` (a resumed call goes to
-   :attr:`Preparer.approved` too);
+   to the user and the person's answer → :mod:`stepagent.core.elicitation`, a finished sign-in →
+   :mod:`stepagent.core.sign_in` (a resumed call goes to :attr:`Preparer.approved` too);
 7. everything else → a ``user`` or ``tool_result`` item through ``HistoryManager.handle_content``.
 
 The preparer decides; every write it needs — a state change, a compaction claim, a child spawned from
@@ -43,6 +43,7 @@ from stepagent.core.effects import (
 )
 from stepagent.core.elicitation import fold_answer, fold_question
 from stepagent.core.history import INTERRUPTED_TEXT, HistoryManager
+from stepagent.core.sign_in import fold_sign_in
 from stepagent.events import (
     AgentEvent,
     CompactionApplied,
@@ -71,6 +72,7 @@ from stepagent.messages import (
     ElicitationAnswer,
     InputMessage,
     InputRequired,
+    OAuthComplete,
     OAuthRequired,
     ParentMessage,
     SubscriptionEvent,
@@ -144,6 +146,8 @@ class Preparer:
             if intent is not None:
                 self.approved.append(intent)
             return False
+        if isinstance(content, OAuthComplete):
+            return await self._prepare_sign_in(message, content, message_id)
         if isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage):
             assert isinstance(content, ToolResult)  # guaranteed by InputMessage validation
             return await self._prepare_event(message, synthetic, content, message_id)
@@ -152,6 +156,16 @@ class Preparer:
             if late is not None:
                 return await self._inline(late, content, message_id, child=None)
         return await self._prepare_content(message, message_id)
+
+    async def _prepare_sign_in(self, message: InputMessage, done: OAuthComplete, message_id: str) -> bool:
+        """A finished sign-in: the waiting call is dispatched again (after the commit), or — declined —
+        answered with the error the model sees."""
+        folded = fold_sign_in(self.history, done, message_id, self.emit)
+        if folded.intent is not None:
+            self.approved.append(folded.intent)
+        if folded.result is None:
+            return False
+        return await self._prepare_content(message.model_copy(update={"content": folded.result}), message_id)
 
     async def _prepare_compaction(self, synthetic: Compaction | CompactionComplete, message_id: str) -> None:
         history = self.history
@@ -191,7 +205,13 @@ class Preparer:
         """User content or a tool result, appended to history."""
         content = message.content
         assert not isinstance(
-            content, OAuthRequired | UserChoiceRequired | ApprovalDecision | InputRequired | ElicitationAnswer
+            content,
+            OAuthRequired
+            | UserChoiceRequired
+            | ApprovalDecision
+            | InputRequired
+            | ElicitationAnswer
+            | OAuthComplete,
         )  # the caller's
         item: HistoryItem
         refusal = None

@@ -9,6 +9,7 @@ only the queues and tables are local (moto, or LocalStack via ``AWS_ENDPOINT_URL
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import sys
@@ -293,6 +294,9 @@ async def _chat(
         )
         kept = SpanBuffer()
         tracer.provider.add_span_processor(kept)
+    if state_dir and not settings.state_dir:
+        # "auth": "oauth" MCP servers keep users' tokens under the state directory's local key.
+        settings = dataclasses.replace(settings, state_dir=state_dir)
     try:
         async with local_services(settings, demo=demo, provider=provider, tracer=tracer) as services:
             if session is not None:

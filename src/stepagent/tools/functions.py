@@ -27,12 +27,15 @@ import importlib
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar, overload, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, overload, runtime_checkable
 
 from stepagent.errors import ConfigurationError, ToolError
 from stepagent.function_schema import DEFAULT_TIMEOUT, TypedFunction, result_text
 from stepagent.messages import ToolResult
 from stepagent.tools.base import Tool, ToolContext, Toolset
+
+if TYPE_CHECKING:
+    from stepagent.tools.mcp_oauth import OAuthServices
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -287,6 +290,8 @@ class InProcessFunctionRunner:
 
     #: Seconds an older MCP server's call is held open for the person's answer to its question.
     input_wait: float = 120.0
+    #: What ``"auth": "oauth"`` MCP servers' sign-ins need (``None``: such a call fails with an error).
+    oauth: OAuthServices | None = None
 
     def __init__(self, tools: Iterable[Tool] | Mapping[str, Tool] = (), *, background: bool = False) -> None:
         values: Iterable[Tool] = tools.values() if isinstance(tools, Mapping) else tools
@@ -339,6 +344,7 @@ class InProcessFunctionRunner:
 
         if not isinstance(function_tool, McpTool):
             return await function_tool.invoke(arguments)
+        from stepagent.tools.mcp_oauth import owner_of
         from stepagent.tools.mcp_runs import run_mcp_call
 
         return await run_mcp_call(
@@ -351,6 +357,8 @@ class InProcessFunctionRunner:
             sender=context.sender,
             read_kept=context.access.cache_get,
             input_wait=self.input_wait,
+            owner=owner_of(context.user_id, context.thread_stack),
+            oauth=self.oauth,
         )
 
     async def join(self) -> None:

@@ -36,7 +36,7 @@ from stepagent.messages import ToolResult
 from stepagent.tools.base import Tool, ToolContext
 from stepagent.tools.mcp_config import McpServer
 from stepagent.tools.mcp_input import Ask, PendingInput, Resume, elicit_result, pending_input, question_of
-from stepagent.tools.mcp_session import McpConnection, facts
+from stepagent.tools.mcp_session import Bearer, McpConnection, facts
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,14 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _MAX_NAME = 64
 #: Rounds a call may be sent again when a 2026-07-28 server answers with state alone (no question).
 _STATE_ONLY_ROUNDS = 10
+
+
+class ServerUnauthorized(ToolError):
+    """The server answered 401: the call needs a (new) sign-in. ``challenge`` is its ``WWW-Authenticate``."""
+
+    def __init__(self, message: str, challenge: str | None) -> None:
+        super().__init__(message)
+        self.challenge = challenge
 
 
 def tool_name(server: str, tool: str) -> str:
@@ -134,18 +142,21 @@ class McpTool(Tool):
         resume: Resume | None = None,
         ask: Ask | None = None,
         ask_wait: float = 0.0,
+        token: str | None = None,
     ) -> str | PendingInput:
         """Call the tool (or resume a call with the user's answer): the result's text, a
         :class:`PendingInput` when a 2026-07-28 server asks the user something, or ``ToolError``.
         ``ask`` answers a handshake-era server's question while the session stays open; ``ask_wait``
-        (seconds it may take) is added to the call's timeout."""
+        (seconds it may take) is added to the call's timeout. ``token`` is the user's access token (an
+        ``auth: oauth`` server); a 401 raises :class:`ServerUnauthorized`."""
         server = self.connection.server.name
+        bearer = Bearer(token) if self.connection.server.auth == "oauth" else None
         try:
             if self.timeout is None:
-                result = await self._call(dict(arguments), resume, ask)
+                result = await self._call(dict(arguments), resume, ask, bearer)
             else:
                 limit = self.timeout + (ask_wait if ask is not None else 0.0)
-                result = await asyncio.wait_for(self._call(dict(arguments), resume, ask), limit)
+                result = await asyncio.wait_for(self._call(dict(arguments), resume, ask, bearer), limit)
         except TimeoutError:
             raise ToolError(
                 f"MCP tool '{self.remote_name}' of server '{server}' timed out after {self.timeout:g} s"
@@ -153,6 +164,11 @@ class McpTool(Tool):
         except ToolError:
             raise
         except Exception as exc:  # spawn failures, protocol errors, HTTP errors (often in exception groups)
+            if bearer is not None and bearer.refused:
+                raise ServerUnauthorized(
+                    f"MCP server '{server}' refused the call to '{self.remote_name}': the user must sign in",
+                    bearer.challenge,
+                ) from None
             raise ToolError(
                 f"MCP server '{server}' failed on '{self.remote_name}': {_describe(exc)}"
             ) from None
@@ -165,21 +181,25 @@ class McpTool(Tool):
             )
         return text
 
-    async def _call(self, arguments: dict[str, Any], resume: Resume | None, ask: Ask | None) -> Any:
+    async def _call(
+        self, arguments: dict[str, Any], resume: Resume | None, ask: Ask | None, bearer: Bearer | None
+    ) -> Any:
         from mcp.shared.exceptions import MCPError
         from mcp_types import HEADER_MISMATCH
 
         try:
-            return await self._call_once(arguments, resume, ask)
+            return await self._call_once(arguments, resume, ask, bearer)
         except Exception as error:
             cause = _first_cause(error)
             if not (isinstance(cause, MCPError) and cause.code == HEADER_MISMATCH):
                 raise
             # A 2026-07-28 server says the remembered listing of this tool is stale: the failed session
             # forgot it (mcp_session); the call is sent once more on a fresh listing.
-            return await self._call_once(arguments, resume, ask)
+            return await self._call_once(arguments, resume, ask, bearer)
 
-    async def _call_once(self, arguments: dict[str, Any], resume: Resume | None, ask: Ask | None) -> Any:
+    async def _call_once(
+        self, arguments: dict[str, Any], resume: Resume | None, ask: Ask | None, bearer: Bearer | None
+    ) -> Any:
         from mcp_types import ElicitResult, InputRequiredResult
 
         async def answer(_context: Any, params: Any) -> Any:
@@ -187,7 +207,7 @@ class McpTool(Tool):
                 return ElicitResult(action="decline")
             return elicit_result(await ask(question_of(params)))
 
-        async with self.connection.session(elicitation_callback=answer) as client:
+        async with self.connection.session(elicitation_callback=answer, bearer=bearer) as client:
             responses = None if resume is None else {resume.key: elicit_result(resume.answer)}
             state = None if resume is None else resume.request_state
             for _ in range(_STATE_ONLY_ROUNDS):

@@ -9,7 +9,7 @@ and reports every bad value at once, one line each, naming the server's place in
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, Strict, TypeAdapter, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -23,7 +23,9 @@ _Text = Annotated[str, Field(min_length=1)]
 
 
 class McpServer(ConfigModel):
-    """One MCP server: stdio (``command``/``args``/``env``) or streamable HTTP (``url``/``headers``)."""
+    """One MCP server: stdio (``command``/``args``/``env``) or streamable HTTP (``url``/``headers``). An HTTP
+    server with ``auth="oauth"`` is called with each user's own token (:mod:`stepagent.tools.mcp_oauth`):
+    ``client_id`` names a registered client (else dynamic client registration), ``scopes`` are requested."""
 
     name: _Text
     command: _Text | None = None
@@ -31,12 +33,26 @@ class McpServer(ConfigModel):
     env: dict[str, str] = {}
     url: _Text | None = None
     headers: dict[str, str] = {}
+    auth: Literal["oauth"] | None = None
+    client_id: _Text | None = None
+    scopes: Annotated[tuple[_Text, ...], Strict(False)] = ()
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServer:
         if (self.command is None) == (self.url is None):
             raise PydanticCustomError(
                 "config", "needs exactly one of 'command' (stdio) or 'url' (streamable HTTP)"
+            )
+        if self.auth is None and (self.client_id is not None or self.scopes):
+            raise PydanticCustomError("config", "'client_id' and 'scopes' need \"auth\": \"oauth\"")
+        if self.auth == "oauth" and self.url is None:
+            raise PydanticCustomError(
+                "config", '"auth": "oauth" needs an HTTP server (\'url\'); a stdio server has no sign-in'
+            )
+        if self.auth == "oauth" and any(key.lower() == "authorization" for key in self.headers):
+            raise PydanticCustomError(
+                "config",
+                '"auth": "oauth" sends each user\'s own token: remove the \'Authorization\' header',
             )
         return self
 

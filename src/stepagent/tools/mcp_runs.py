@@ -12,6 +12,11 @@
   open; it is sent to the thread the same way (``era: session``) and the answer is read from the state
   store (where the thread's step keeps it) every :data:`POLL_S` seconds. No answer in time — or no
   store to read — declines, and the server decides what a declined question means.
+- **A sign-in is a wait like a question** (``"auth": "oauth"`` servers, :mod:`stepagent.tools.mcp_oauth`).
+  The call goes out with the owner's access token (refreshed first when expired). No token, or a 401
+  (the token was revoked: it is dropped), sends the thread an ``oauth_required`` input with the
+  authorization URL (dedup id ``<tool call id>-oauth-<round>``) and the run ends without a result; the
+  API's callback re-dispatches the call once the person has signed in.
 """
 
 from __future__ import annotations
@@ -22,10 +27,19 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from stepagent.messages import InputMessage, InputRequired
+from stepagent.errors import ToolError
+from stepagent.messages import InputMessage, InputRequired, OAuthRequired
 from stepagent.senders.base import InputSender
-from stepagent.tools.mcp import McpTool
+from stepagent.tools.mcp import McpTool, ServerUnauthorized
 from stepagent.tools.mcp_input import InputAnswer, InputQuestion, PendingInput, Resume, question_key
+from stepagent.tools.mcp_oauth import (
+    OAuthServices,
+    SignInError,
+    begin_sign_in,
+    drop_tokens,
+    next_round,
+    usable_token,
+)
 
 #: How often a held call looks for the person's answer.
 POLL_S = 0.5
@@ -45,9 +59,68 @@ async def run_mcp_call(
     sender: InputSender,
     read_kept: ReadKept | None,
     input_wait: float,
+    owner: str | None = None,
+    oauth: OAuthServices | None = None,
 ) -> str | None:
     """The call's result text (``ToolError`` for a failure), or ``None`` when the server asked the person a
-    question and the call continues when they answer (see the module docstring)."""
+    question, or the person must sign in, and the call continues when they answer (see the module
+    docstring)."""
+    server = tool.connection.server
+    token = None
+    if server.auth == "oauth":
+        if oauth is None or owner is None:
+            raise ToolError(
+                f"MCP server '{server.name}' needs the user to sign in, which this runner cannot ask for"
+            )
+        token = await usable_token(oauth, server, owner)
+    try:
+        return await _run(
+            tool, arguments, thread_id, tool_call_id, call_id, resume, sender, read_kept, input_wait, token
+        )
+    except ServerUnauthorized as refused:
+        if oauth is None or owner is None:
+            raise
+        if token is not None:
+            await drop_tokens(oauth, server, owner)  # revoked or otherwise refused: ask again
+        round_no = await next_round(oauth, thread_id, tool_call_id)
+        try:
+            url = await begin_sign_in(
+                oauth,
+                server,
+                owner,
+                thread_id=thread_id,
+                tool_call_id=tool_call_id,
+                call_id=call_id,
+                round_no=round_no,
+                challenge=refused.challenge,
+                resume=resume,
+            )
+        except SignInError as error:
+            raise ToolError(str(error)) from None
+        except Exception as error:  # discovery or registration failed: the model is told, not the queue
+            raise ToolError(
+                f"MCP server '{server.name}' needs the user to sign in, but its authorization server "
+                f"could not be used: {type(error).__name__}: {error}"
+            ) from None
+        notice = OAuthRequired(id=tool_call_id, call_id=call_id, auth_url=url)
+        await sender.send(
+            InputMessage(content=notice, group_id=thread_id), f"{tool_call_id}-oauth-{round_no}"
+        )
+        return None
+
+
+async def _run(
+    tool: McpTool,
+    arguments: Mapping[str, Any],
+    thread_id: str,
+    tool_call_id: str,
+    call_id: str | None,
+    resume: Mapping[str, Any] | None,
+    sender: InputSender,
+    read_kept: ReadKept | None,
+    input_wait: float,
+    token: str | None,
+) -> str | None:
     resumed = None if resume is None else Resume.from_json(dict(resume))
     round_no = int(resume.get("round", 1)) + 1 if resume is not None else 1
     asked = 0
@@ -70,7 +143,7 @@ async def run_mcp_call(
                 return InputAnswer("decline")
             await asyncio.sleep(POLL_S)
 
-    outcome = await tool.call(arguments, resume=resumed, ask=ask, ask_wait=input_wait)
+    outcome = await tool.call(arguments, resume=resumed, ask=ask, ask_wait=input_wait, token=token)
     if not isinstance(outcome, PendingInput):
         return outcome
     notice = _notice(outcome.question, tool_call_id, call_id, era="stateless", round_no=round_no)

@@ -80,13 +80,29 @@ async def _list_all(client: Any) -> Any:
 
 
 @dataclass(slots=True)
+class Bearer:
+    """A user's access token for one connection (``auth: oauth`` servers), and what the server said of it:
+    ``refused`` once it answered 401, with its ``WWW-Authenticate`` header in ``challenge``."""
+
+    token: str | None
+    refused: bool = False
+    challenge: str | None = None
+
+    async def watch(self, response: Any) -> None:
+        """An httpx response hook: remember a 401 (the SDK reports it only as a generic error)."""
+        if response.status_code == 401:
+            self.refused = True
+            self.challenge = response.headers.get("www-authenticate")
+
+
+@dataclass(slots=True)
 class McpConnection:
     """How to reach one server; :meth:`session` opens a connected ``mcp.Client`` (see the module docstring)."""
 
     server: McpServer
     errlog: TextIO | None = None
 
-    def _transport(self) -> AbstractAsyncContextManager[Any]:
+    def _transport(self, bearer: Bearer | None = None) -> AbstractAsyncContextManager[Any]:
         server = self.server
         if server.command is not None:
             from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -101,14 +117,25 @@ class McpConnection:
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
-        client = httpx2.AsyncClient(headers=dict(server.headers), timeout=httpx2.Timeout(30.0, read=300.0))
+        headers = dict(server.headers)
+        hooks: dict[str, list[Any]] = {}
+        if bearer is not None:
+            if bearer.token is not None:
+                headers["Authorization"] = f"Bearer {bearer.token}"
+            hooks["response"] = [bearer.watch]
+        client = httpx2.AsyncClient(
+            headers=headers, timeout=httpx2.Timeout(30.0, read=300.0), event_hooks=hooks
+        )
         return _owning(client, streamable_http_client(str(server.url), http_client=client))
 
     @asynccontextmanager
-    async def session(self, *, elicitation_callback: Any = None) -> AsyncIterator[Any]:
+    async def session(
+        self, *, elicitation_callback: Any = None, bearer: Bearer | None = None
+    ) -> AsyncIterator[Any]:
         """A connected client: stateless for a known 2026-07-28 server, a handshake for a known older one,
         the SDK's probe for a server not seen yet. ``elicitation_callback`` answers a handshake-era
-        server's questions during a call (and declares the elicitation capability in both eras)."""
+        server's questions during a call (and declares the elicitation capability in both eras);
+        ``bearer`` sends a user's token and notes a 401."""
         from mcp import Client
 
         server = self.server
@@ -125,7 +152,7 @@ class McpConnection:
             options["mode"] = known.discover.supported_versions[-1]
             options["prior_discover"] = known.discover
         try:
-            async with Client(self._transport(), **options) as client:
+            async with Client(self._transport(bearer), **options) as client:
                 session = client.session
                 if known is None:
                     known = ServerFacts(discover=session.discover_result)
