@@ -58,6 +58,6 @@ def fold_sign_in(
     if done.outcome == "declined":
         return SignInFolded(result=ToolResult.text(call.id, declined_text(done.server), call_id=call.call_id))
     intent = DispatchIntent(call.id, call.name, call.arguments, call.call_id, resume=done.resume)
-    history.add_intent(intent)
+    history.pending.add_intent(intent)
     history.record_processed(message_id)
     return SignInFolded(intent=intent)
