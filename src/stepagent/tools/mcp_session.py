@@ -20,7 +20,6 @@ between invocations, a cold start begins empty. Nothing of a user's is kept in i
 
 from __future__ import annotations
 
-import json
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -44,10 +43,7 @@ _FACTS: dict[str, ServerFacts] = {}
 
 def server_key(server: McpServer) -> str:
     """The configuration a server is remembered by (two entries that differ anywhere are two servers)."""
-    return json.dumps(
-        [server.name, server.command, list(server.args), dict(server.env), server.url, dict(server.headers)],
-        sort_keys=True,
-    )
+    return server.model_dump_json()
 
 
 def facts(server: McpServer) -> ServerFacts | None:
