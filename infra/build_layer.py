@@ -51,6 +51,7 @@ RUNTIME_AWS_SERVICES = (
     "bedrock-runtime",
     "cloudformation",
     "dynamodb",
+    "kms",
     "s3",
     "scheduler",
     "secretsmanager",

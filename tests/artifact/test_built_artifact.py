@@ -350,10 +350,12 @@ async def deployed(layer: Path, task_root: Path, otlp_endpoint: str) -> AsyncIte
         s3 = await stack.enter_async_context(aws_client("s3"))
         dynamodb = await stack.enter_async_context(aws_client("dynamodb"))
         secrets = await stack.enter_async_context(aws_client("secretsmanager"))
+        kms = await stack.enter_async_context(aws_client("kms"))
         prefix = unique_name("art")
         resources = await ensure_queues_and_bucket(sqs, s3, prefix=prefix, region=REGION)
         await ensure_tables(dynamodb, f"{prefix}-conversation", f"{prefix}-state")
         secret = await secrets.create_secret(Name=f"{prefix}-callback", SecretString=uuid.uuid4().hex * 2)
+        oauth_key = (await kms.create_key(Description=f"{prefix} oauth tokens"))["KeyMetadata"]["KeyId"]
 
         demo_url = await stack.enter_async_context(serve_in_background(build_server().app))
         jwks = stack.enter_context(jwks_server([API_KEY]))
@@ -369,6 +371,9 @@ async def deployed(layer: Path, task_root: Path, otlp_endpoint: str) -> AsyncIte
             "ToolQueue": resources.tool_queue_url,
             "BlobBucket": resources.bucket,
             "CallbackSecret": secret["ARN"],
+            "OAuthTokenKey": oauth_key,
+            # The tool runner's STEPAGENT_API_URL (where MCP sign-ins return); no sign-in runs here.
+            "ApiFunctionUrl.FunctionUrl": "https://api.lambda-url.us-east-1.on.aws/",
             "SchedulerRole.Arn": LOCAL_SCHEDULER_ROLE_ARN,
             "DelayDeadLetterQueue.Arn": resources.scheduler_dlq_arn,
             "RapReceiverFunctionUrl.FunctionUrl": receiver_url + "/",

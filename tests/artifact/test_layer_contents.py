@@ -20,6 +20,7 @@ def test_every_service_the_runtime_calls_keeps_its_botocore_model() -> None:
     called = set(re.findall(r'client\([^"\n]*?"([a-z0-9-]+)"', source))
     assert {
         "dynamodb",
+        "kms",
         "sqs",
         "s3",
         "scheduler",
