@@ -118,10 +118,12 @@ async def deployment(
     tools: Sequence[Tool] | None = None,
     prices: PriceTable | str | None = None,
     mcp_servers: tuple[Any, ...] = (),
+    settings_overrides: dict[str, Any] | None = None,
 ) -> AsyncIterator[Deployment]:
     """The stack, running until the context exits (``model``: a provider, e.g. :class:`FunctionModel`;
     ``agent_settings``: ``STEPAGENT_*`` agent settings, e.g. ``STEPAGENT_APPROVAL``; ``tools``: the
-    agent's Python tools; ``prices``: the model prices, as ``STEPAGENT_PRICES`` would give them)."""
+    agent's Python tools; ``prices``: the model prices, as ``STEPAGENT_PRICES`` would give them;
+    ``settings_overrides``: other :class:`Settings` fields, e.g. ``state_dir``)."""
     if isinstance(prices, str):  # as STEPAGENT_PRICES says it
         prices = parse_prices(prices)
     async with AsyncExitStack() as stack:
@@ -137,6 +139,7 @@ async def deployment(
             agent_settings={**settings.agent_settings, **(agent_settings or {})},
             prices=prices if prices is not None else settings.prices,
             mcp_servers=mcp_servers or settings.mcp_servers,
+            **(settings_overrides or {}),
         )
         services = await stack.enter_async_context(
             local_services(settings, demo=True, provider=model, tools=tools)

@@ -439,6 +439,8 @@ async def serve_in_background(
     uvicorn would otherwise take them over while it serves, and a signal would stop only this server."""
     import uvicorn
 
+    # Defined here, not at module level, because its base class is uvicorn's: the RAP server SDK (and the
+    # devstack that imports this module) loads uvicorn only when a server is actually started.
     class EmbeddedServer(uvicorn.Server):
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
