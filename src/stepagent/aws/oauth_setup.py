@@ -18,11 +18,6 @@ from stepagent.tools.mcp_oauth import KeyValue, OAuthServices, redirect_uri_of
 from stepagent.tools.token_cipher import Cipher, LocalCipher
 
 
-def needs_oauth(settings: Settings) -> bool:
-    """Whether any configured MCP server signs its users in."""
-    return any(server.auth == "oauth" for server in settings.mcp_servers)
-
-
 async def open_oauth(
     settings: Settings, store: KeyValue, stack: AsyncExitStack, *, session: Any = None, required: bool
 ) -> OAuthServices | None:

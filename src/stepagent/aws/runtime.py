@@ -36,7 +36,6 @@ from stepagent.aws.clients import AwsSession, LazyClient, aws_session, client
 from stepagent.aws.inbox import InboxSender
 from stepagent.aws.lambda_events import BatchResponse, SqsEvent
 from stepagent.aws.live import LiveText, NoticingPublisher
-from stepagent.aws.oauth_setup import needs_oauth, open_oauth
 from stepagent.aws.secrets import provider_environment, resolve_secrets
 from stepagent.aws.settings import Settings
 from stepagent.aws.timers import AwsTimers, deliver_due_schedules, handle_delay_batch
@@ -59,7 +58,7 @@ from stepagent.stores.metrics import StoreMetrics
 from stepagent.tools.base import Tool, Toolset
 from stepagent.tools.builtins import builtin_tools
 from stepagent.tools.functions import Invocable, load_toolset
-from stepagent.tools.mcp_oauth import OAuthServices
+from stepagent.tools.mcp_config import needs_oauth
 from stepagent.tools.remote import load_remote
 from stepagent.tools.sleep import Clock, Sleep, SleepUntil, utc_now
 from stepagent.tracing import Tracer
@@ -69,6 +68,8 @@ if TYPE_CHECKING:  # the types-aiobotocore stubs: a development dependency, neve
     from types_aiobotocore_s3 import S3Client
     from types_aiobotocore_scheduler import EventBridgeSchedulerClient
     from types_aiobotocore_sqs import SQSClient
+
+    from stepagent.tools.mcp_oauth import OAuthServices  # loaded at run time only where sign-ins are used
 
 WORKER, TOOL_RUNNER, TIMER_RELAY = "worker", "tool_runner", "timer_relay"
 ALL_ROLES = frozenset({WORKER, TOOL_RUNNER, TIMER_RELAY})
@@ -236,11 +237,13 @@ class AwsRuntime:
                         state_table=str(settings.state_table),
                     )
                     self._read_kept = reader.cache_get
-                    if needs_oauth(settings):
+                    if needs_oauth(settings.mcp_servers):
+                        from stepagent.aws.oauth_setup import open_oauth  # the sign-in code: only if used
+
                         self.oauth = await open_oauth(
                             settings, reader, self._stack, session=session, required=True
                         )
-                elif needs_oauth(settings):
+                elif needs_oauth(settings.mcp_servers):
                     raise ConfigurationError(
                         'an MCP server with "auth": "oauth" needs STEPAGENT_STATE_TABLE (where sign-ins and tokens are kept)'
                     )
@@ -257,8 +260,10 @@ class AwsRuntime:
             blobs=self.blobs,
             page_size=None,  # DynamoDB's 1 MB pages: one Query for any context under a megabyte
         )
-        if needs_oauth(settings) and TOOL_RUNNER in self.roles:
+        if needs_oauth(settings.mcp_servers) and TOOL_RUNNER in self.roles:
             # The tool runner makes the MCP calls: a worker alone never opens a user's tokens.
+            from stepagent.aws.oauth_setup import open_oauth
+
             self.oauth = await open_oauth(settings, state, self._stack, session=session, required=True)
         timers = AwsTimers(
             self.queues,

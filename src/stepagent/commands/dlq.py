@@ -13,7 +13,13 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the stubs are a development dependency: never imported at run time
+    from types_aiobotocore_s3 import S3Client
+    from types_aiobotocore_sqs import SQSClient
+
+    from stepagent.aws.dlq import DeadLetter
 
 
 def register(subparsers: Any) -> None:
@@ -87,7 +93,7 @@ async def _dead_letters(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _redrive(sqs: Any, queues: dict[str, tuple[str, str]], ids: list[str]) -> int:
+async def _redrive(sqs: SQSClient, queues: dict[str, tuple[str, str]], ids: list[str]) -> int:
     """Redrive ``ids`` from whichever DLQ holds each, or everything when ``ids`` is empty."""
     from stepagent.aws import dlq
 
@@ -110,7 +116,7 @@ async def _redrive(sqs: Any, queues: dict[str, tuple[str, str]], ids: list[str])
 
 
 async def _show_letter(
-    found: Sequence[Any], message_id: str, wanted: list[str], s3: Any, bucket: str | None
+    found: Sequence[DeadLetter], message_id: str, wanted: list[str], s3: S3Client | None, bucket: str | None
 ) -> int:
     from stepagent.blobs import ContentBlobs
     from stepagent.senders.claim_check import unwrap_body

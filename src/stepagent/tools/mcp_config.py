@@ -9,6 +9,7 @@ and reports every bad value at once, one line each, naming the server's place in
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, Strict, TypeAdapter, ValidationError, model_validator
@@ -61,6 +62,11 @@ class McpServer(ConfigModel):
 _Servers = Annotated[tuple[McpServer, ...], Strict(False)]
 
 
+def needs_oauth(servers: Iterable[McpServer]) -> bool:
+    """Whether any of ``servers`` signs its users in (``"auth": "oauth"``)."""
+    return any(server.auth == "oauth" for server in servers)
+
+
 def parse_mcp_servers(raw: str | None) -> tuple[McpServer, ...]:
     """The servers ``STEPAGENT_MCP_SERVERS`` lists (a JSON list of server objects; unset: none)."""
     if raw is None:
@@ -80,4 +86,4 @@ def parse_mcp_servers(raw: str | None) -> tuple[McpServer, ...]:
     return servers
 
 
-__all__ = ["McpServer", "parse_mcp_servers"]
+__all__ = ["McpServer", "needs_oauth", "parse_mcp_servers"]
