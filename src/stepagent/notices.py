@@ -41,6 +41,9 @@ LIMIT_REACHED: Final = "limit_reached"
 #: The notice kinds a step also keeps with the thread (its usage record): refusals, answers given up on,
 #: limit stops.
 KEPT_NOTICE_KINDS: Final = ("error", LIMIT_REACHED)
+#: The notice kinds a call waits on the person for (a sign-in link, a question): a client that starts
+#: reading while the call still waits is shown them again.
+WAITING_NOTICE_KINDS: Final = ("oauth_required", "input_required")
 
 
 class ErrorEvent(TypedDict):

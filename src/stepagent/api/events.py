@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent.client.watch import StoreReader
-from stepagent.notices import KEPT_NOTICE_KINDS, Notice, UnknownNotice
+from stepagent.notices import KEPT_NOTICE_KINDS, WAITING_NOTICE_KINDS, Notice, UnknownNotice
 from stepagent.outputs.build import record_events, record_notices, row_events
 from stepagent.outputs.events import (
     OtherNoticeInThread,
@@ -346,6 +346,8 @@ class TreeEvents:
             pos.version = info.version
         live = view.live
         if pos.notices is None:
+            async for event in self._still_waiting(thread, info, live):
+                yield event
             pos.notices = live.notice_seq
         else:
             for number, notice in live.numbered_notices(pos.notices):
@@ -365,6 +367,26 @@ class TreeEvents:
                     "text": delta,
                 }
                 yield self.token(), delta_event
+
+    async def _still_waiting(
+        self, thread: str, info: ThreadInfo | None, live: LiveState
+    ) -> AsyncIterator[tuple[str, StreamEvent]]:
+        """What a fresh stream owes a person from before it began: the sign-in link or question a call of
+        this thread still waits on (the latest per call; none once the call has its result). Other notices
+        from before the stream are history's to show, not the stream's, so a second device or a new tab
+        sees what it must do to go on — the same event, with the same id, the output queue carried."""
+        if info is None or info.closed:
+            return
+        latest: dict[str, Notice] = {}
+        for _, notice in live.numbered_notices(0):
+            if not isinstance(notice, UnknownNotice) and notice["type"] in WAITING_NOTICE_KINDS:
+                latest[str(notice.get("tool_call_id"))] = notice
+        if not latest:
+            return
+        answered = await self.reader.state.filter_answered(thread, list(latest))
+        for tool_call_id, notice in latest.items():
+            if tool_call_id not in answered:
+                yield await self._emit(thread, notice)
 
     async def _locate(self, message_id: str) -> bool:
         """Find the root row ``message_id`` began its turn with (each root row is searched once); from

@@ -1,0 +1,54 @@
+"""A stream opened while a call waits on the person — a second device, a new tab — is shown what they must
+do to go on: the call's sign-in link (``oauth_required``), the same event with the same id as the output
+queue and the first stream carried; once the call has its result, a fresh stream shows it no more. Older
+notices (errors, refusals) are not replayed: history shows those. The deployment-shaped stack (moto, the
+real worker and tool runner) with a tool that needs the user's sign-in, as in ``test_browser_signin``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepagent.api.auth import DevAuth
+from tests.api.helpers import api_stack, new_thread
+from tests.api.test_browser_signin import GOOD_URL, ConnectDrive, reply
+from tests.api.test_events import read_stream
+from tests.client.deployment import FunctionModel
+
+
+def caught_up(sse: Any) -> bool:
+    """The stream sent everything there was (its first poll) and has since been quiet: a heartbeat."""
+    return sse.comment == "heartbeat"
+
+
+async def test_a_stream_opened_while_a_sign_in_waits_shows_its_link_until_the_call_goes_on() -> None:
+    dev = DevAuth.generate()
+    tool = ConnectDrive()
+    async with api_stack(FunctionModel(reply), dev.settings, tools=[tool], heartbeat_s=0.2) as api:
+        api.http.headers["Authorization"] = f"Bearer {dev.token('ann')}"
+        thread = new_thread("waits")
+        events = f"/v1/threads/{thread}/events?follow=1"
+        sent = await api.http.post(f"/v1/threads/{thread}/messages", json={"text": "connect my drive"})
+        assert sent.status_code == 202
+
+        first, _ = await read_stream(api.http, events, until=lambda e: e.event == "oauth_required")
+        asked = first[-1].data
+        assert asked["auth_url"] == GOOD_URL and asked["tool_call_id"] == "call-signin-good"
+
+        # Another device opens the conversation while the sign-in waits: it is shown the link too.
+        second, _ = await read_stream(api.http, events, until=caught_up)
+        shown = [e.data for e in second if e.event == "oauth_required"]
+        assert shown == [asked]  # the same event, the same event_id
+        assert [e.event for e in second].index("oauth_required") > [e.event for e in second].index(
+            "tool_call"
+        )
+
+        # The user signed in and the call went on: a fresh stream no longer asks.
+        await tool.calls["call-signin-good"].send_result("connected: 3 files")
+        await read_stream(
+            api.http,
+            events,
+            until=lambda e: e.event == "text" and e.data["text"] == "Your drive is connected.",
+        )
+        third, _ = await read_stream(api.http, events, until=caught_up)
+        assert [e.event for e in third if e.event == "oauth_required"] == []
+        assert "Your drive is connected." in [e.data.get("text") for e in third]
