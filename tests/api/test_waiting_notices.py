@@ -1,18 +1,31 @@
 """A stream opened while a call waits on the person — a second device, a new tab — is shown what they must
 do to go on: the call's sign-in link (``oauth_required``), the same event with the same id as the output
-queue and the first stream carried; once the call has its result, a fresh stream shows it no more. Older
-notices (errors, refusals) are not replayed: history shows those. The deployment-shaped stack (moto, the
-real worker and tool runner) with a tool that needs the user's sign-in, as in ``test_browser_signin``."""
+queue and the first stream carried, until the call has its result; a tool's question (``input_required``)
+until it is answered. Older notices (errors, refusals) are not replayed: history shows those. The
+deployment-shaped stack (moto, the real worker and tool runner), with a tool that needs the user's sign-in
+as in ``test_browser_signin`` and a real loopback MCP server that asks a question."""
 
 from __future__ import annotations
 
+import json
+from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
+import httpx
+
 from stepagent.api.auth import DevAuth
+from stepagent.api.server import open_api
+from stepagent.client import Client
+from stepagent.providers.factory import make_provider
+from stepagent.rap.server import serve_in_background
+from stepagent.tools.mcp_config import McpServer
 from tests.api.helpers import api_stack, new_thread
 from tests.api.test_browser_signin import GOOD_URL, ConnectDrive, reply
 from tests.api.test_events import read_stream
-from tests.client.deployment import FunctionModel
+from tests.client.deployment import FunctionModel, deployment
+from tests.client.test_elicitation_client import SCRIPT as ASKING
+from tests.mcp.fixtures.eras import Recorder, build, recording
 
 
 def caught_up(sse: Any) -> bool:
@@ -52,3 +65,43 @@ async def test_a_stream_opened_while_a_sign_in_waits_shows_its_link_until_the_ca
         third, _ = await read_stream(api.http, events, until=caught_up)
         assert [e.event for e in third if e.event == "oauth_required"] == []
         assert "Your drive is connected." in [e.data.get("text") for e in third]
+
+
+async def test_a_stream_opened_while_a_question_waits_shows_it_until_it_is_answered(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(ASKING))
+    dev = DevAuth.generate()
+    app = recording(build().streamable_http_app(), Recorder(), legacy=False)
+    async with AsyncExitStack() as stack:
+        base = await stack.enter_async_context(serve_in_background(app))
+        server = McpServer(name="web", url=f"{base}/mcp")
+        d = await stack.enter_async_context(
+            deployment(make_provider(f"scripted:{script}"), mcp_servers=(server,))
+        )
+        client = await stack.enter_async_context(Client(d.settings, poll_interval=0.05))
+        url = await stack.enter_async_context(open_api(client, dev.settings, port=0, heartbeat_s=0.2))
+        http = await stack.enter_async_context(
+            httpx.AsyncClient(
+                base_url=url, timeout=30, headers={"Authorization": f"Bearer {dev.token('ann')}"}
+            )
+        )
+        thread = new_thread("asks")
+        events = f"/v1/threads/{thread}/events?follow=1"
+        assert (
+            await http.post(f"/v1/threads/{thread}/messages", json={"text": "delete a.txt"})
+        ).status_code == 202
+        first, _ = await read_stream(http, events, until=lambda e: e.event == "input_required")
+        asked = first[-1].data
+
+        second, _ = await read_stream(http, events, until=caught_up)
+        assert [e.data for e in second if e.event == "input_required"] == [asked]
+
+        answer = {
+            "tool_call_id": asked["tool_call_id"],
+            "action": "accept",
+            "content": {"reason": "it is old"},
+        }
+        assert (await http.post(f"/v1/threads/{thread}/elicitations", json=answer)).status_code == 202
+        await read_stream(http, events, until=lambda e: e.event == "text" and e.data["text"] == "Done.")
+        third, _ = await read_stream(http, events, until=caught_up)
+        assert [e for e in third if e.event == "input_required"] == []

@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepagent.client.watch import StoreReader
+from stepagent.core.elicitation import read_question
 from stepagent.notices import KEPT_NOTICE_KINDS, WAITING_NOTICE_KINDS, Notice, UnknownNotice
 from stepagent.outputs.build import record_events, record_notices, row_events
 from stepagent.outputs.events import (
@@ -385,8 +386,13 @@ class TreeEvents:
             return
         answered = await self.reader.state.filter_answered(thread, list(latest))
         for tool_call_id, notice in latest.items():
-            if tool_call_id not in answered:
-                yield await self._emit(thread, notice)
+            if tool_call_id in answered:
+                continue
+            if notice["type"] == "input_required":
+                kept = await read_question(self.reader.state, thread, tool_call_id)
+                if kept is not None and kept.answered_by is not None:
+                    continue  # answered: the call is on its way to its result
+            yield await self._emit(thread, notice)
 
     async def _locate(self, message_id: str) -> bool:
         """Find the root row ``message_id`` began its turn with (each root row is searched once); from
