@@ -19,12 +19,14 @@ from stepagent.api.server import open_api
 from stepagent.client import Client
 from stepagent.providers.factory import make_provider
 from stepagent.rap.server import serve_in_background
+from stepagent.stores.dynamodb.io import item_key
 from stepagent.tools.mcp_config import McpServer
 from tests.api.helpers import api_stack, new_thread
 from tests.api.test_browser_signin import GOOD_URL, ConnectDrive, reply
 from tests.api.test_events import read_stream
 from tests.client.deployment import FunctionModel, deployment
 from tests.client.test_elicitation_client import SCRIPT as ASKING
+from tests.conftest import aws_client
 from tests.mcp.fixtures.eras import Recorder, build, recording
 
 
@@ -65,6 +67,15 @@ async def test_a_stream_opened_while_a_sign_in_waits_shows_its_link_until_the_ca
         third, _ = await read_stream(api.http, events, until=caught_up)
         assert [e.event for e in third if e.event == "oauth_required"] == []
         assert "Your drive is connected." in [e.data.get("text") for e in third]
+
+        # Days later the call's answered-marker has expired (a TTL item): the thread's finished turn still
+        # says nothing waits, so a fresh stream still does not ask.
+        async with aws_client("dynamodb") as dynamodb:
+            await dynamodb.delete_item(
+                TableName=str(api.deployment.settings.state_table), Key=item_key(thread, "A#call-signin-good")
+            )
+        fourth, _ = await read_stream(api.http, events, until=caught_up)
+        assert [e.event for e in fourth if e.event == "oauth_required"] == []
 
 
 async def test_a_stream_opened_while_a_question_waits_shows_it_until_it_is_answered(tmp_path: Path) -> None:

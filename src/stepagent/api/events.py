@@ -376,8 +376,8 @@ class TreeEvents:
         this thread still waits on (the latest per call; none once the call has its result). Other notices
         from before the stream are history's to show, not the stream's, so a second device or a new tab
         sees what it must do to go on — the same event, with the same id, the output queue carried."""
-        if info is None or info.closed:
-            return
+        if info is None or info.closed or info.turn_complete:
+            return  # nothing waits (the turn's last commit said so; answered-markers expire, this does not)
         latest: dict[str, Notice] = {}
         for _, notice in live.numbered_notices(0):
             if not isinstance(notice, UnknownNotice) and notice["type"] in WAITING_NOTICE_KINDS:
