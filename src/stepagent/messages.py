@@ -496,37 +496,28 @@ def _describe(error: ValidationError) -> tuple[str, str]:
     return ".".join(parts) or "(message)", str(first["msg"])
 
 
+#: The answers only a person (or, for a sign-in, the HTTP API's callback) gives, and what refusing one that
+#: came as a synthetic message says.
+_NEVER_SYNTHETIC: dict[type[BaseModel], str] = {
+    OAuthComplete: "a sign-in's completion is never synthetic",
+    ElicitationAnswer: "an elicitation answer is a person's, never synthetic",
+    ApprovalDecision: "an approval is a person's answer, never synthetic",
+}
+
+
 def check_input_fields(message: InputMessage) -> None:
     """The id and metadata rules of :mod:`stepagent.input_rules` for a message built from untrusted data."""
     check_id(message.id, "id")
     check_id(message.group_id, "group_id")
     content = message.content
-    if isinstance(content, ToolResult | OAuthRequired | UserChoiceRequired):
+    if isinstance(content, ToolResult | OAuthRequired | UserChoiceRequired | InputRequired):
         check_id(content.id, "content.id")
         check_id(content.call_id, "content.call_id")
-    if isinstance(content, InputRequired):
-        check_id(content.id, "content.id")
-        check_id(content.call_id, "content.call_id")
-    if isinstance(content, OAuthComplete):
+    if isinstance(content, OAuthComplete | ElicitationAnswer | ApprovalDecision):
         check_id(content.tool_call_id, "content.tool_call_id")
         if message.synthetic is not None:
             raise MalformedMessageError(
-                "invalid input message: synthetic: a sign-in's completion is never synthetic",
-                field="synthetic",
-            )
-    if isinstance(content, ElicitationAnswer):
-        check_id(content.tool_call_id, "content.tool_call_id")
-        if message.synthetic is not None:
-            raise MalformedMessageError(
-                "invalid input message: synthetic: an elicitation answer is a person's, never synthetic",
-                field="synthetic",
-            )
-    if isinstance(content, ApprovalDecision):
-        check_id(content.tool_call_id, "content.tool_call_id")
-        if message.synthetic is not None:
-            raise MalformedMessageError(
-                "invalid input message: synthetic: an approval is a person's answer, never synthetic",
-                field="synthetic",
+                f"invalid input message: synthetic: {_NEVER_SYNTHETIC[type(content)]}", field="synthetic"
             )
     synthetic = message.synthetic
     if isinstance(synthetic, SubscriptionEvent | ThreadReport | ParentMessage):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -89,3 +90,30 @@ def test_a_thread_id_from_outside_must_be_a_valid_sqs_message_group_id() -> None
     for bad in ("", "a b", "x\uffff", "caf\u00e9", "tab\there", "t" * 129, "line\n"):
         with pytest.raises(MalformedMessageError, match="thread id"):
             check_group_id(bad, "thread id")
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (
+            {"type": "approval", "tool_call_id": "c1", "decision": "approve"},
+            "an approval is a person's answer, never synthetic",
+        ),
+        (
+            {"type": "elicitation", "tool_call_id": "c1", "action": "decline"},
+            "an elicitation answer is a person's, never synthetic",
+        ),
+        (
+            {"type": "oauth_complete", "tool_call_id": "c1", "outcome": "signed_in", "server": "notes"},
+            "a sign-in's completion is never synthetic",
+        ),
+    ],
+)
+def test_a_persons_answer_that_comes_as_a_synthetic_message_is_refused(
+    content: dict[str, Any], says: str
+) -> None:
+    body = {"content": content, "group_id": "t", "synthetic": {"type": "compaction"}}
+    with pytest.raises(MalformedMessageError) as refused:
+        parse_input_message(body)
+    assert str(refused.value) == f"invalid input message: synthetic: {says}"
+    assert parse_input_message({**body, "synthetic": None}).content.type == content["type"]
